@@ -1,0 +1,23 @@
+# Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
+# spec sha256: bfc91a7f5da384234b03f5ae517826cee5d3051f15291320ed97885258808436
+"""felix_wire: the Felix wire protocol v1, generated from the catalogue.
+
+Modules (one concern each):
+  frame       - the 12-byte header, limits, and the incremental FrameReader
+  flags       - frame flag bits and `layout_of(flags)`, the check every receiver runs
+  features    - feature bits, the extended-word rules, Capabilities
+  messages    - every JSON message as a msgspec Struct; encode/decode
+  binary      - every binary layout: Structs and straight-line codecs
+  codec       - decode_payload / encode_frame over both
+  gating      - which peer must have announced what; shape_for_peer; auth negotiation
+  errors      - error codes, retry classes, one BrokerError subclass per code
+  wire_errors - typed local decode/encode errors
+  routing     - routing keys to shards
+  catalogue   - read-only index of everything above
+  strategies  - hypothesis strategies (tests only)
+"""
+
+from .codec import Decoded, decode_frame, decode_payload, encode_frame
+from .frame import Frame, FrameReader
+
+__all__ = ["Decoded", "Frame", "FrameReader", "decode_frame", "decode_payload", "encode_frame"]

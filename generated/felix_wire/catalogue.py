@@ -1,0 +1,150 @@
+# Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
+# spec sha256: bfc91a7f5da384234b03f5ae517826cee5d3051f15291320ed97885258808436
+"""Read-only index of the catalogue: every name the generated layer knows.
+
+Tests count these against the facts; tools (the conformance kit, docs) read them
+to learn what exists without parsing the YAML.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Mapping, NamedTuple
+
+from .binary import BINARY_CLASSES
+from .errors import ERROR_CLASSES, ErrorCode
+from .features import FEATURE_INFO
+from .flags import FLAG_INFO, LAYOUT_BY_FLAG
+from .messages import MESSAGE_CLASSES
+
+__all__ = [
+    "SPEC_SHA256",
+    "Decision",
+    "DECISIONS",
+    "MESSAGES",
+    "BINARY_LAYOUTS",
+    "LEGAL_FLAG_VALUES",
+    "ERROR_CODES",
+    "FLAGS",
+    "FEATURES",
+    "COUNTS",
+]
+
+SPEC_SHA256 = "bfc91a7f5da384234b03f5ae517826cee5d3051f15291320ed97885258808436"
+
+
+class Decision(NamedTuple):
+    topic: str
+    choice: str
+    why: str
+
+
+DECISIONS: Mapping[str, Decision] = MappingProxyType(
+    {
+        "cache-put-answer": Decision(
+            "answer to cache_put",
+            "cache_ok with request_id; a cache_put without request_id is answered with cache_ok carrying request_id 0",
+            "the seed and the official client expect cache_ok with request_id; plain ok makes the official client reconnect, and cache_ok without request_id fails its decoder",
+        ),
+        "acked-json-publish-answer": Decision(
+            "answer to an acked JSON publish",
+            "publish_ok / publish_error",
+            "the protocol's message section and the seed; the 'ok' of a legacy flow diagram is not followed",
+        ),
+        "cache-get-request-id-type": Decision(
+            "cache_get request_id type", "u64", "every source but one seed example uses a number"
+        ),
+        "publish-error-detail-null": Decision(
+            "publish_error.detail",
+            "omitted when absent; null accepted on decode",
+            "the reference codec omits absent fields",
+        ),
+        "subscribed-offsets": Decision(
+            "start_offset/live_offset on a plain subscribe",
+            "sent to clients that negotiated 0x0020 on durable streams even without start",
+            "the protocol document is authoritative over the seed",
+        ),
+        "ack-default": Decision(
+            "default of publish.ack when absent",
+            "none (no answer) unless the client negotiated FEATURE_PUBLISH_PIPELINE and sent a request_id, in which case an answer is owed",
+            "the seed says none; the reference broker's pipelining path answers a JSON publish carrying a request_id",
+        ),
+        "unknown-type-without-unsupported": Decision(
+            "unknown request type without FEATURE_UNSUPPORTED",
+            "close the stream (not the connection)",
+            "the protocol's newer statement",
+        ),
+        "group-poll-wait-ms": Decision(
+            "group_poll.wait_ms = 0 on encode",
+            "emitted",
+            "older reference codecs emit it; a decoder treats missing as 0 either way",
+        ),
+        "cache-put-if-ttl": Decision(
+            "absent cache_put_if.ttl_ms on encode",
+            "omitted; null accepted on decode",
+            "the protocol's presence rule for optional fields",
+        ),
+        "group-discard-redrive-answer": Decision(
+            "answer to group_discard / group_redrive", "cache_ok", "the reference client expects it"
+        ),
+        "group-info-widths": Decision(
+            "width of group_info in_flight / owed / dead_letters",
+            "u64",
+            "u64 is safe for any count",
+        ),
+        "subscription-id-on-requests": Decision(
+            "client-supplied subscription_id on subscribe / cache_watch",
+            "accepted and ignored; the broker assigns the id it reports",
+            "its meaning is unspecified",
+        ),
+        "publish-width": Decision(
+            "publish_width fields and gate",
+            "tenant_id, namespace, stream, shards (u32); no request_id; no answer; gated by FEATURE_PUBLISH_WIDTH = extended bit 0x4",
+            "observed from the official client 0.6.2, which sends it only when the broker sets EXTENDED and hi bit 0x4",
+        ),
+        "stream-deleted": Decision(
+            "stream_deleted fields and gate",
+            "subscription_id (u64, required) by analogy with the other last frames; FEATURE_STREAM_DELETED has no known bit value and is never advertised or offered",
+            "seed only; no source gives fields or a bit",
+        ),
+        "hex-trailing-newline": Decision(
+            "upstream .hex files ending with a newline",
+            "strip white space before comparing",
+            "the newline is not part of the data",
+        ),
+        "layout-bit-combinations": Decision(
+            "frames combining two layout bits",
+            "rejected as an illegal flag combination",
+            "not described anywhere; a layout must be unambiguous",
+        ),
+        "pending-feature-words": Decision(
+            "extended bits 0x2 and 0x8 offered by the official client",
+            "catalogued as unnamed bits that we neither advertise nor gate anything on",
+            "observed, meaning unknown",
+        ),
+    }
+)
+
+MESSAGES = MESSAGE_CLASSES
+BINARY_LAYOUTS = BINARY_CLASSES
+LEGAL_FLAG_VALUES = LAYOUT_BY_FLAG
+ERROR_CODES: Mapping[int, ErrorCode] = MappingProxyType({int(c): c for c in ERROR_CLASSES})
+FLAGS = FLAG_INFO
+FEATURES = FEATURE_INFO
+
+COUNTS: Mapping[str, int] = MappingProxyType(
+    {
+        "messages": 78,
+        "client_to_broker": 38,
+        "broker_to_client": 40,
+        "flags": 15,
+        "binary_layouts": 4,
+        "legal_binary_flag_values": 38,
+        "features": 36,
+        "features_with_known_bits": 35,
+        "error_codes": 17,
+        "retry_classes": 5,
+        "shapes": 25,
+        "decisions": 17,
+    }
+)
