@@ -24,8 +24,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"felix_codegen: {exc}", file=sys.stderr)
         return 1
     if args.check:
-        print(f"catalogue ok: {len(cat.messages)} messages, {len(cat.flags)} flags, "
-              f"{len(cat.features)} features, {len(cat.error_codes)} error codes")
+        print(
+            f"catalogue ok: {len(cat.messages)} messages, {len(cat.flags)} flags, "
+            f"{len(cat.features)} features, {len(cat.error_codes)} error codes"
+        )
         return 0
     written = write(cat, args.out)
     print(f"wrote {len(written)} files to {args.out} (spec {cat.spec_hash[:12]})")

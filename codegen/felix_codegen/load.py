@@ -212,14 +212,26 @@ def _build(m: dict[str, Any], f: dict[str, Any], spec_hash: str) -> Catalogue:
                 records=tuple(_binary_field(x) for x in p.get("records", {}).get("items", ())),
             )
             if part.when:
-                check(part.when in {mo.name for mo in modifiers}, pw, f"{part.when} does not modify {raw['flag']}")
+                check(
+                    part.when in {mo.name for mo in modifiers},
+                    pw,
+                    f"{part.when} does not modify {raw['flag']}",
+                )
             for bf in (*part.fields, *part.records):
                 if bf.enum:
                     check(bf.enum in binary_enum_names, pw, f"unknown binary enum {bf.enum}")
                 if bf.when:
-                    check(bf.when in {mo.name for mo in modifiers}, pw, f"{bf.when} does not modify {raw['flag']}")
+                    check(
+                        bf.when in {mo.name for mo in modifiers},
+                        pw,
+                        f"{bf.when} does not modify {raw['flag']}",
+                    )
             if part.records:
-                check(part.records[-1].type == "bytes32", pw, "a record item ends with its bytes32 payload")
+                check(
+                    part.records[-1].type == "bytes32",
+                    pw,
+                    "a record item ends with its bytes32 payload",
+                )
                 for bf in part.records:
                     check(bf.list_name is not None, pw, f"record item {bf.name} needs a list_name")
             if part.group:
@@ -343,7 +355,11 @@ def _build(m: dict[str, Any], f: dict[str, Any], spec_hash: str) -> Catalogue:
         for r in m["error_codes"]
     )
     for i, ec in enumerate(error_codes):
-        check(ec.default_retry in retry_names, f"messages.yaml: $.error_codes[{i}]", "unknown retry class")
+        check(
+            ec.default_retry in retry_names,
+            f"messages.yaml: $.error_codes[{i}]",
+            "unknown retry class",
+        )
     numbers = [ec.number for ec in error_codes]
     check(len(set(numbers)) == len(numbers), "messages.yaml: $.error_codes", "duplicate number")
 

@@ -16,7 +16,12 @@ INT_RANGES: dict[str, tuple[int, int]] = {
 SCALARS = frozenset({*INT_RANGES, "bool", "str", "b64", "json"})
 
 # Binary wire types: struct format for fixed-size ones, length width for the rest.
-BINARY_FIXED: dict[str, tuple[str, int]] = {"u8": ("B", 1), "u16": ("H", 2), "u32": ("I", 4), "u64": ("Q", 8)}
+BINARY_FIXED: dict[str, tuple[str, int]] = {
+    "u8": ("B", 1),
+    "u16": ("H", 2),
+    "u32": ("I", 4),
+    "u64": ("Q", 8),
+}
 BINARY_VARIABLE: dict[str, tuple[str, int, bool]] = {
     # type: (length struct format, length size, is UTF-8 text)
     "str8": ("B", 1, True),
@@ -161,7 +166,7 @@ class BinaryField:
 
     @property
     def max_len(self) -> int:
-        return 2 ** (8 * self.len_size) - 1
+        return (1 << (8 * self.len_size)) - 1
 
 
 @dataclass(frozen=True)

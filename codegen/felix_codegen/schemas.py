@@ -67,7 +67,9 @@ class _Builder:
             schema = {**schema, "description": text}
         return schema
 
-    def object_schema(self, fields: tuple[JsonField, ...], tag: tuple[str, str] | None) -> dict[str, Any]:
+    def object_schema(
+        self, fields: tuple[JsonField, ...], tag: tuple[str, str] | None
+    ) -> dict[str, Any]:
         properties: dict[str, Any] = {}
         required: list[str] = []
         if tag:
@@ -91,7 +93,9 @@ class _Builder:
                 schema["maxProperties"] = 1
         elif shape.kind == "union":
             self.define(self.shapes[shape.object or ""])
-            schema = {"anyOf": [{"enum": list(shape.literals)}, {"$ref": f"#/$defs/{shape.object}"}]}
+            schema = {
+                "anyOf": [{"enum": list(shape.literals)}, {"$ref": f"#/$defs/{shape.object}"}]
+            }
         else:
             for _tag, variant in shape.variants:
                 self.define(self.shapes[variant])

@@ -131,13 +131,6 @@ def _too_long(what: str, field: str, pos: int, length: int, end: int) -> LengthO
     )
 
 
-def _utf8(what: str, field: str, pos: int, raw: bytes) -> str:
-    try:
-        return raw.decode()
-    except UnicodeDecodeError as exc:
-        raise InvalidUtf8Error(what, field, pos + exc.start, "invalid UTF-8") from None
-
-
 def _frame(flags: int, parts: list[Any]) -> bytes:
     """Header + parts (parts[0] is a placeholder for the header)."""
     length = sum(map(len, parts)) - len(parts[0])
@@ -363,7 +356,12 @@ def decode_publish_batch(flags: int, payload: bytes | bytearray | memoryview) ->
     pos += 2
     if _n > end - pos:
         raise _too_long("publish_batch", "tenant_id", pos - 2, _n, end)
-    tenant_id = _utf8("publish_batch", "tenant_id", pos, data[pos : pos + _n])
+    try:
+        tenant_id = data[pos : pos + _n].decode()
+    except UnicodeDecodeError as exc:
+        raise InvalidUtf8Error(
+            "publish_batch", "tenant_id", pos + exc.start, "invalid UTF-8"
+        ) from None
     pos += _n
 
     if end - pos < 2:
@@ -372,7 +370,12 @@ def decode_publish_batch(flags: int, payload: bytes | bytearray | memoryview) ->
     pos += 2
     if _n > end - pos:
         raise _too_long("publish_batch", "namespace", pos - 2, _n, end)
-    namespace = _utf8("publish_batch", "namespace", pos, data[pos : pos + _n])
+    try:
+        namespace = data[pos : pos + _n].decode()
+    except UnicodeDecodeError as exc:
+        raise InvalidUtf8Error(
+            "publish_batch", "namespace", pos + exc.start, "invalid UTF-8"
+        ) from None
     pos += _n
 
     if end - pos < 2:
@@ -381,7 +384,12 @@ def decode_publish_batch(flags: int, payload: bytes | bytearray | memoryview) ->
     pos += 2
     if _n > end - pos:
         raise _too_long("publish_batch", "stream", pos - 2, _n, end)
-    stream = _utf8("publish_batch", "stream", pos, data[pos : pos + _n])
+    try:
+        stream = data[pos : pos + _n].decode()
+    except UnicodeDecodeError as exc:
+        raise InvalidUtf8Error(
+            "publish_batch", "stream", pos + exc.start, "invalid UTF-8"
+        ) from None
     pos += _n
 
     _columns, payloads, pos = _read_items(
@@ -544,7 +552,10 @@ def decode_publish_ack(flags: int, payload: bytes | bytearray | memoryview) -> P
     pos += 2
     if _n > end - pos:
         raise _too_long("publish_ack", "message", pos - 2, _n, end)
-    message = _utf8("publish_ack", "message", pos, data[pos : pos + _n])
+    try:
+        message = data[pos : pos + _n].decode()
+    except UnicodeDecodeError as exc:
+        raise InvalidUtf8Error("publish_ack", "message", pos + exc.start, "invalid UTF-8") from None
     pos += _n
 
     if flags & 0x0200:
@@ -574,7 +585,12 @@ def decode_publish_ack(flags: int, payload: bytes | bytearray | memoryview) -> P
         pos += 2
         if _n > end - pos:
             raise _too_long("publish_ack", "reason", pos - 2, _n, end)
-        reason = _utf8("publish_ack", "reason", pos, data[pos : pos + _n]) or None
+        try:
+            reason = data[pos : pos + _n].decode() or None
+        except UnicodeDecodeError as exc:
+            raise InvalidUtf8Error(
+                "publish_ack", "reason", pos + exc.start, "invalid UTF-8"
+            ) from None
         pos += _n
 
         if end - pos < 8:
@@ -590,7 +606,12 @@ def decode_publish_ack(flags: int, payload: bytes | bytearray | memoryview) -> P
         pos += 2
         if _n > end - pos:
             raise _too_long("publish_ack", "node_id", pos - 2, _n, end)
-        node_id = _utf8("publish_ack", "node_id", pos, data[pos : pos + _n])
+        try:
+            node_id = data[pos : pos + _n].decode()
+        except UnicodeDecodeError as exc:
+            raise InvalidUtf8Error(
+                "publish_ack", "node_id", pos + exc.start, "invalid UTF-8"
+            ) from None
         pos += _n
 
         if end - pos < 2:
@@ -599,7 +620,12 @@ def decode_publish_ack(flags: int, payload: bytes | bytearray | memoryview) -> P
         pos += 2
         if _n > end - pos:
             raise _too_long("publish_ack", "addr", pos - 2, _n, end)
-        addr = _utf8("publish_ack", "addr", pos, data[pos : pos + _n]) or None
+        try:
+            addr = data[pos : pos + _n].decode() or None
+        except UnicodeDecodeError as exc:
+            raise InvalidUtf8Error(
+                "publish_ack", "addr", pos + exc.start, "invalid UTF-8"
+            ) from None
         pos += _n
 
         if end - pos < 8:
@@ -757,7 +783,12 @@ def decode_event_batch_legacy(
         pos += 1
         if _n > end - pos:
             raise _too_long("event_batch_legacy", "publisher", pos - 1, _n, end)
-        publisher = _utf8("event_batch_legacy", "publisher", pos, data[pos : pos + _n])
+        try:
+            publisher = data[pos : pos + _n].decode()
+        except UnicodeDecodeError as exc:
+            raise InvalidUtf8Error(
+                "event_batch_legacy", "publisher", pos + exc.start, "invalid UTF-8"
+            ) from None
         pos += _n
 
     if flags & 0x4000:
@@ -895,7 +926,12 @@ def decode_event_batch_shared(
         pos += 1
         if _n > end - pos:
             raise _too_long("event_batch_shared", "publisher", pos - 1, _n, end)
-        publisher = _utf8("event_batch_shared", "publisher", pos, data[pos : pos + _n])
+        try:
+            publisher = data[pos : pos + _n].decode()
+        except UnicodeDecodeError as exc:
+            raise InvalidUtf8Error(
+                "event_batch_shared", "publisher", pos + exc.start, "invalid UTF-8"
+            ) from None
         pos += _n
 
     if flags & 0x4000:

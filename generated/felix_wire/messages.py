@@ -2544,7 +2544,11 @@ def decode_message(payload: bytes | bytearray | memoryview) -> Message | Unknown
 
 def _explain(payload: bytes | bytearray | memoryview, exc: msgspec.ValidationError) -> Unknown:
     """Slow path: tell an unknown type (not an error) from a bad known message."""
-    raw = _ANY_DECODER.decode(payload)
+    try:
+        raw = _ANY_DECODER.decode(payload)
+    except msgspec.DecodeError as decode_exc:
+        # The typed decode may fail on a field before it meets the bad bytes.
+        raise MalformedJsonError("json", None, None, str(decode_exc)) from None
     if not isinstance(raw, dict):
         raise MalformedJsonError("json", None, None, "payload is not a JSON object") from None
     kind = raw.get("type")
