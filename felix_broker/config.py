@@ -1,0 +1,572 @@
+"""Broker configuration: every knob, its default, and where a value may come from.
+
+Precedence, lowest to highest (a later source overrides an earlier one, knob by
+knob):
+
+1. built-in defaults (the values of facts §12, listed on :class:`BrokerConfig`);
+2. the YAML file given with ``--config`` (top-level keys are the knob names,
+   plus the ``catalog:`` section read by :mod:`felix_broker.catalog`);
+3. ``FELIX_*`` environment variables (names of facts §12 where it gives one;
+   where a knob has an alias, e.g. ``FELIX_SUB_QUEUE_CAPACITY`` for
+   ``FELIX_SUBSCRIBER_QUEUE_CAPACITY``, the canonical name wins when both are
+   set); ``FELIX_*`` variables this module does not know are ignored, because
+   other Felix programs (the client) read their own;
+4. explicit command-line overrides (``--set key=value`` and the few dedicated
+   flags of :func:`add_cli_arguments`).
+
+Anything wrong fails at start with a :class:`ConfigError` naming the key and
+the source: an unknown key in the file or on the command line, a value of the
+wrong type, out of range, outside its enum, or a malformed ``host:port``.
+Relative paths are resolved against the working folder the broker starts in.
+"""
+
+# The knob helpers (_int, _bool, ...) return dataclasses.field(...) carrying the
+# knob's metadata; RUF009 cannot see through them, so it is off for this file.
+# ruff: noqa: RUF009
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import ipaddress
+import os
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from enum import Enum, StrEnum
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from felix_broker.catalog import CatalogError, StaticCatalog, default_catalog, load_catalog
+
+__all__ = [
+    "BrokerConfig",
+    "ConfigError",
+    "FsyncMode",
+    "HostPort",
+    "InvalidConfigValueError",
+    "LaneShard",
+    "QuicImpl",
+    "SubscriberQueuePolicy",
+    "UnknownConfigKeyError",
+    "add_cli_arguments",
+    "config_from_args",
+    "load_config",
+]
+
+_MIB = 1024 * 1024
+_DEFAULT_DATA_DIR = "felix-data"
+_U32_MAX = 2**32 - 1
+
+
+class ConfigError(ValueError):
+    """A configuration problem; ``key`` names the knob, ``source`` where it came from."""
+
+    def __init__(self, key: str, source: str, reason: str) -> None:
+        super().__init__(f"{key}: {reason} (from {source})")
+        self.key = key
+        self.source = source
+        self.reason = reason
+
+
+class UnknownConfigKeyError(ConfigError):
+    """A key the broker does not know (a typo, or a knob of another program)."""
+
+
+class InvalidConfigValueError(ConfigError):
+    """A known key with a value of the wrong type, out of range or not allowed."""
+
+
+class SubscriberQueuePolicy(StrEnum):
+    """What a full subscriber queue does with the next batch."""
+
+    BLOCK = "block"
+    DROP_NEW = "drop_new"
+    DROP_OLD = "drop_old"
+
+
+class LaneShard(StrEnum):
+    """How subscriptions are spread over writer lanes."""
+
+    AUTO = "auto"
+    SUBSCRIBER_ID_HASH = "subscriber_id_hash"
+    CONNECTION_ID_HASH = "connection_id_hash"
+    ROUND_ROBIN_PIN = "round_robin_pin"
+
+
+class FsyncMode(StrEnum):
+    """When durable storage calls fsync."""
+
+    NONE = "none"
+    PERIODIC = "periodic"
+    ON_COMMIT = "on_commit"
+
+
+class QuicImpl(StrEnum):
+    """Which QUIC stack the transport runs on."""
+
+    QH3 = "qh3"
+    AIOQUIC = "aioquic"
+
+
+# RFC 1123 host names: dot-separated labels of letters, digits and inner hyphens.
+_HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
+
+
+@dataclass(frozen=True, slots=True)
+class HostPort:
+    """A listen address; port 0 asks the OS for a free port (useful in tests)."""
+
+    host: str
+    port: int
+
+    @classmethod
+    def parse(cls, text: str) -> HostPort:
+        """Parse ``host:port`` or ``[ipv6]:port``; raise ValueError with the reason."""
+        if text.startswith("["):
+            host, sep, port_text = text[1:].partition("]:")
+            if not sep:
+                raise ValueError(f"expected '[ipv6]:port', got {text!r}")
+            try:
+                ipaddress.IPv6Address(host)
+            except ValueError:
+                raise ValueError(f"{host!r} is not an IPv6 address") from None
+        else:
+            host, sep, port_text = text.rpartition(":")
+            if not sep or not host:
+                raise ValueError(f"expected 'host:port', got {text!r}")
+            if ":" in host:
+                raise ValueError(f"write an IPv6 address as '[addr]:port', got {text!r}")
+            labels = host.split(".")
+            if not all(_HOST_LABEL.fullmatch(label) for label in labels):
+                raise ValueError(f"{host!r} is not a valid host name or IPv4 address")
+            if all(label.isdigit() for label in labels):
+                # All-numeric names are never DNS names, so this must be an IPv4 literal.
+                try:
+                    ipaddress.IPv4Address(host)
+                except ValueError:
+                    raise ValueError(f"{host!r} is not a valid IPv4 address") from None
+        # isascii: str.isdigit also accepts non-ASCII digits, which int() would take.
+        if not (port_text.isascii() and port_text.isdigit()):
+            raise ValueError(f"port {port_text!r} is not a number")
+        port = int(port_text)
+        if port > 65535:
+            raise ValueError(f"port {port} is out of range 0-65535")
+        return cls(host, port)
+
+    def __str__(self) -> str:
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+class _Kind(Enum):
+    INT = "an integer"
+    BOOL = "true or false"
+    ENUM = "one of the listed values"
+    BIND = "'host:port'"
+    PATH = "a path"
+    OPTIONAL_PATH = "a path or nothing"
+
+
+@dataclass(frozen=True, slots=True)
+class _Knob:
+    kind: _Kind
+    env: tuple[str, ...] = ()
+    minimum: int | None = None
+    maximum: int | None = None
+    enum: type[StrEnum] | None = None
+
+
+def _int(default: int, *env: str, minimum: int = 0, maximum: int = _U32_MAX) -> Any:
+    return field(default=default, metadata={"knob": _Knob(_Kind.INT, env, minimum, maximum)})
+
+
+def _bool(default: bool, *env: str) -> Any:
+    return field(default=default, metadata={"knob": _Knob(_Kind.BOOL, env)})
+
+
+def _enum(default: StrEnum, *env: str) -> Any:
+    knob = _Knob(_Kind.ENUM, env, enum=type(default))
+    return field(default=default, metadata={"knob": knob})
+
+
+def _bind(default: str, *env: str) -> Any:
+    return field(default=HostPort.parse(default), metadata={"knob": _Knob(_Kind.BIND, env)})
+
+
+def _path(default: str, *env: str) -> Any:
+    return field(default=Path(default), metadata={"knob": _Knob(_Kind.PATH, env)})
+
+
+def _optional_path(*env: str) -> Any:
+    return field(default=None, metadata={"knob": _Knob(_Kind.OPTIONAL_PATH, env)})
+
+
+@dataclass(frozen=True, slots=True)
+class BrokerConfig:
+    """Every knob of a standalone broker, with the defaults of facts §12.
+
+    Durations are in the unit their name ends with; sizes in bytes.
+    """
+
+    # Listeners and transport.
+    quic_bind: HostPort = _bind("0.0.0.0:5000", "FELIX_QUIC_BIND")
+    metrics_bind: HostPort = _bind("0.0.0.0:8080", "FELIX_BROKER_METRICS_BIND")
+    quic_impl: QuicImpl = _enum(QuicImpl.QH3, "FELIX_QUIC_IMPL")
+    max_idle_timeout_ms: int = _int(6000, "FELIX_MAX_IDLE_TIMEOUT_MS", minimum=1)
+    # QUIC's floor is 1200 bytes; 65527 is the largest UDP payload over IPv4.
+    max_datagram_size: int = _int(1200, "FELIX_MAX_DATAGRAM_SIZE", minimum=1200, maximum=65527)
+    pub_conn_recv_window: int = _int(16 * _MIB, "FELIX_BROKER_PUB_CONN_RECV_WINDOW", minimum=1)
+    pub_stream_recv_window: int = _int(16 * _MIB, "FELIX_BROKER_PUB_STREAM_RECV_WINDOW", minimum=1)
+    cache_send_window: int = _int(256 * _MIB, "FELIX_CACHE_SEND_WINDOW", minimum=1)
+
+    # TLS. Without tls_cert/tls_key a development CA and leaf are kept in data_dir.
+    tls_cert: Path | None = _optional_path("FELIX_TLS_CERT")
+    tls_key: Path | None = _optional_path("FELIX_TLS_KEY")
+    tls_ca: Path | None = _optional_path("FELIX_TLS_CA")
+    tls_cert_export: Path | None = _optional_path("FELIX_TLS_CERT_EXPORT")
+    tls_require_alpn: bool = _bool(False, "FELIX_TLS_REQUIRE_ALPN")
+
+    # Connections and authentication.
+    preauth_max_frame_bytes: int = _int(65536, "FELIX_PREAUTH_MAX_FRAME_BYTES", minimum=1)
+    preauth_max_streams_per_conn: int = _int(16, "FELIX_PREAUTH_MAX_STREAMS_PER_CONN", minimum=1)
+    auth_timeout_ms: int = _int(10000, "FELIX_AUTH_TIMEOUT_MS")  # 0 disables
+    max_client_connections: int = _int(8192, "FELIX_MAX_CLIENT_CONNECTIONS", minimum=1)
+    max_frame_bytes: int = _int(16 * _MIB, "FELIX_MAX_FRAME_BYTES", minimum=1)
+    # A JWKS JSON file to verify tokens with; unset = the development issuer's.
+    jwks_path: Path | None = _optional_path("FELIX_JWKS_PATH")
+
+    # Publishing.
+    ack_on_commit: bool = _bool(False, "FELIX_ACK_ON_COMMIT")
+    record_publishers: bool = _bool(False, "FELIX_RECORD_PUBLISHERS")
+    publish_window: int = _int(256, "FELIX_BROKER_PUBLISH_WINDOW")  # 0 = no pipelining
+    pub_conn_inflight_bytes: int = _int(
+        16 * _MIB, "FELIX_BROKER_PUBLISH_CONN_INFLIGHT_BYTES", minimum=1, maximum=2**63 - 1
+    )
+    # 0 = derived: 4x pub_conn_inflight_bytes, capped at pub_inflight_bytes.
+    pub_conn_total_inflight_bytes: int = _int(
+        0, "FELIX_BROKER_PUBLISH_CONN_TOTAL_INFLIGHT_BYTES", maximum=2**63 - 1
+    )
+    pub_inflight_bytes: int = _int(
+        64 * _MIB, "FELIX_BROKER_PUBLISH_INFLIGHT_BYTES", minimum=1, maximum=2**63 - 1
+    )
+    pub_queue_depth: int = _int(64, "FELIX_BROKER_PUB_QUEUE_DEPTH", minimum=1)
+    pub_workers_per_conn: int = _int(4, "FELIX_BROKER_PUB_WORKERS_PER_CONN", minimum=1)
+    publish_queue_wait_timeout_ms: int = _int(2000, "FELIX_PUBLISH_QUEUE_WAIT_MS")
+    ack_wait_timeout_ms: int = _int(2000, "FELIX_ACK_WAIT_TIMEOUT_MS", minimum=1)
+    pub_ingress_wait: bool = _bool(False, "FELIX_PUB_INGRESS_WAIT")
+
+    # Subscriptions and delivery.
+    subscriber_queue_capacity: int = _int(
+        512, "FELIX_SUBSCRIBER_QUEUE_CAPACITY", "FELIX_SUB_QUEUE_CAPACITY", minimum=1
+    )
+    subscriber_queue_capacity_max: int = _int(
+        4096, "FELIX_SUBSCRIBER_QUEUE_CAPACITY_MAX", minimum=1
+    )
+    subscriber_queue_policy: SubscriberQueuePolicy = _enum(
+        SubscriberQueuePolicy.DROP_NEW, "FELIX_SUB_QUEUE_POLICY"
+    )
+    subscriber_writer_lanes: int = _int(4, "FELIX_SUB_WRITER_LANES", minimum=1)
+    subscriber_lane_queue_depth: int = _int(64, "FELIX_SUB_LANE_QUEUE_DEPTH", minimum=1)
+    max_subscriber_writer_lanes: int = _int(8, "FELIX_MAX_SUB_WRITER_LANES", minimum=1)
+    subscriber_lane_shard: LaneShard = _enum(LaneShard.AUTO, "FELIX_SUB_LANE_SHARD")
+    event_batch_max_events: int = _int(64, "FELIX_EVENT_BATCH_MAX_EVENTS", minimum=1)
+    event_batch_max_bytes: int = _int(65536, "FELIX_EVENT_BATCH_MAX_BYTES", minimum=1)
+    event_batch_max_delay_us: int = _int(250, "FELIX_EVENT_BATCH_MAX_DELAY_US")
+    fanout_batch_size: int = _int(64, "FELIX_FANOUT_BATCH", minimum=1)
+    max_subscriptions_per_conn: int = _int(4096, "FELIX_MAX_SUBSCRIPTIONS_PER_CONN", minimum=1)
+    max_subscriptions_per_conn_total: int = _int(
+        16384, "FELIX_MAX_SUBSCRIPTIONS_PER_CONN_TOTAL", minimum=1
+    )
+
+    # Durable storage; unset durable_storage_dir = in-memory only (no groups, no counters).
+    durable_storage_dir: Path | None = _optional_path("FELIX_DURABLE_STORAGE_DIR")
+    durable_fsync_mode: FsyncMode = _enum(FsyncMode.PERIODIC, "FELIX_DURABLE_FSYNC_MODE")
+    durable_max_records_per_read: int = _int(10000, "FELIX_DURABLE_MAX_RECORDS_PER_READ", minimum=1)
+
+    # Consumer groups.
+    group_visibility_timeout_ms: int = _int(30000, "FELIX_GROUP_VISIBILITY_TIMEOUT_MS", minimum=1)
+    group_max_attempts: int = _int(5, "FELIX_GROUP_MAX_ATTEMPTS", minimum=1)
+    group_max_wait_ms: int = _int(30000, "FELIX_GROUP_MAX_WAIT_MS")
+    group_max_in_flight: int = _int(10000, "FELIX_GROUP_MAX_IN_FLIGHT", minimum=1)
+    group_max_visibility_ms: int = _int(43_200_000, "FELIX_GROUP_MAX_VISIBILITY_MS", minimum=1)
+
+    # Process.
+    data_dir: Path = _path(_DEFAULT_DATA_DIR, "FELIX_DATA_DIR")
+    # How long a draining broker waits for in-flight work before closing (our choice).
+    drain_timeout_ms: int = _int(10000, "FELIX_DRAIN_TIMEOUT_MS")
+
+    catalog: StaticCatalog = field(default_factory=default_catalog)
+
+    @property
+    def durable_enabled(self) -> bool:
+        """Whether durable storage (and so groups and counters) is available."""
+        return self.durable_storage_dir is not None
+
+    @property
+    def effective_pub_conn_total_inflight_bytes(self) -> int:
+        """The per-connection budget across identities (0 in config means derived)."""
+        if self.pub_conn_total_inflight_bytes:
+            return self.pub_conn_total_inflight_bytes
+        return min(4 * self.pub_conn_inflight_bytes, self.pub_inflight_bytes)
+
+    @property
+    def effective_group_max_visibility_ms(self) -> int:
+        """The visibility cap, never below the visibility timeout (facts §12)."""
+        return max(self.group_max_visibility_ms, self.group_visibility_timeout_ms)
+
+    @property
+    def effective_subscriber_writer_lanes(self) -> int:
+        """Writer lanes after the ``max_subscriber_writer_lanes`` safety clamp."""
+        return min(self.subscriber_writer_lanes, self.max_subscriber_writer_lanes)
+
+
+_KNOBS: dict[str, _Knob] = {
+    f.name: f.metadata["knob"] for f in dataclasses.fields(BrokerConfig) if "knob" in f.metadata
+}
+_CATALOG_KEY = "catalog"
+_TRUE = frozenset({"1", "true", "yes", "on"})
+_FALSE = frozenset({"0", "false", "no", "off"})
+
+
+def _check_int(key: str, knob: _Knob, value: int, source: str) -> int:
+    lo, hi = knob.minimum, knob.maximum
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        raise InvalidConfigValueError(key, source, f"must be between {lo} and {hi}, got {value}")
+    return value
+
+
+def _enum_value(key: str, knob: _Knob, value: object, source: str) -> StrEnum:
+    assert knob.enum is not None
+    for member in knob.enum:
+        if value == member.value:
+            return member
+    allowed = ", ".join(m.value for m in knob.enum)
+    raise InvalidConfigValueError(key, source, f"expected one of {allowed}, got {value!r}")
+
+
+def _bind_value(key: str, value: object, source: str) -> HostPort:
+    if not isinstance(value, str):
+        raise InvalidConfigValueError(key, source, f"expected 'host:port', got {value!r}")
+    try:
+        return HostPort.parse(value)
+    except ValueError as exc:
+        raise InvalidConfigValueError(key, source, str(exc)) from None
+
+
+def _typed(key: str, knob: _Knob, value: object, source: str) -> object:
+    """Validate a value that already has a type (from YAML or a programmatic override)."""
+    kind = knob.kind
+    if kind is _Kind.INT:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise InvalidConfigValueError(key, source, f"expected an integer, got {value!r}")
+        return _check_int(key, knob, value, source)
+    if kind is _Kind.BOOL:
+        if not isinstance(value, bool):
+            raise InvalidConfigValueError(key, source, f"expected true or false, got {value!r}")
+        return value
+    if kind is _Kind.ENUM:
+        return _enum_value(key, knob, value, source)
+    if kind is _Kind.BIND:
+        if isinstance(value, HostPort):
+            return value
+        return _bind_value(key, value, source)
+    if value is None and kind is _Kind.OPTIONAL_PATH:
+        return None
+    if isinstance(value, Path):
+        return value
+    if not isinstance(value, str) or not value:
+        raise InvalidConfigValueError(key, source, f"expected {kind.value}, got {value!r}")
+    return Path(value)
+
+
+def _from_text(key: str, knob: _Knob, text: str, source: str) -> object:
+    """Parse a value given as text (an environment variable or a ``--set``)."""
+    kind = knob.kind
+    stripped = text.strip()
+    if kind is _Kind.INT:
+        try:
+            number = int(stripped, 10)
+        except ValueError:
+            raise InvalidConfigValueError(
+                key, source, f"expected an integer, got {text!r}"
+            ) from None
+        return _check_int(key, knob, number, source)
+    if kind is _Kind.BOOL:
+        lowered = stripped.lower()
+        if lowered in _TRUE:
+            return True
+        if lowered in _FALSE:
+            return False
+        raise InvalidConfigValueError(key, source, f"expected true or false, got {text!r}")
+    if kind is _Kind.ENUM:
+        return _enum_value(key, knob, stripped, source)
+    if kind is _Kind.BIND:
+        return _bind_value(key, stripped, source)
+    if not stripped:
+        if kind is _Kind.OPTIONAL_PATH:
+            return None
+        raise InvalidConfigValueError(key, source, "expected a path, got an empty value")
+    return Path(stripped)
+
+
+def _read_yaml(path: Path) -> Mapping[str, object]:
+    source = f"config file {path}"
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise ConfigError("--config", source, f"cannot read: {exc.strerror or exc}") from None
+    try:
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise ConfigError("--config", source, f"not valid YAML: {exc}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, Mapping):
+        raise ConfigError("--config", source, "the top level must be a mapping of knob names")
+    return data
+
+
+def _knob_for(key: object, source: str) -> _Knob:
+    knob = _KNOBS.get(key) if isinstance(key, str) else None
+    if knob is None:
+        raise UnknownConfigKeyError(str(key), source, "unknown configuration key")
+    return knob
+
+
+def load_config(
+    config_file: Path | str | None = None,
+    *,
+    environ: Mapping[str, str] | None = None,
+    overrides: Mapping[str, object] | None = None,
+    cwd: Path | None = None,
+) -> BrokerConfig:
+    """Build the configuration from defaults, file, environment and overrides.
+
+    ``environ`` defaults to ``os.environ``; ``overrides`` are the command-line
+    values (text is parsed like an environment variable, typed values are
+    checked like YAML); ``cwd`` (default: the process's) resolves relative
+    paths. Raises :class:`ConfigError` naming the key and source.
+    """
+    base = Path.cwd() if cwd is None else cwd
+    # Any: each value was checked against its knob; the dataclass takes them by name.
+    values: dict[str, Any] = {}
+    sources: dict[str, str] = {}
+    catalog_section: object = None
+
+    if config_file is not None:
+        path = Path(config_file)
+        source = f"config file {path}"
+        for key, value in _read_yaml(path).items():
+            if key == _CATALOG_KEY:
+                catalog_section = value
+                continue
+            knob = _knob_for(key, source)
+            values[str(key)] = _typed(str(key), knob, value, source)
+            sources[str(key)] = source
+
+    env = os.environ if environ is None else environ
+    for key, knob in _KNOBS.items():
+        for name in knob.env:  # canonical name first, so it beats its alias
+            if name in env:
+                source = f"environment variable {name}"
+                values[key] = _from_text(key, knob, env[name], source)
+                sources[key] = source
+                break
+
+    for key, value in (overrides or {}).items():
+        source = "command line"
+        knob = _knob_for(key, source)
+        if isinstance(value, str):
+            values[key] = _from_text(key, knob, value, source)
+        else:
+            values[key] = _typed(key, knob, value, source)
+        sources[key] = source
+
+    for key, value in values.items():
+        if isinstance(value, Path) and not value.is_absolute():
+            values[key] = base / value
+    values.setdefault("data_dir", base / _DEFAULT_DATA_DIR)
+
+    try:
+        catalog = load_catalog(catalog_section)
+    except CatalogError as exc:
+        source = f"config file {config_file}"
+        raise InvalidConfigValueError(exc.path, source, exc.reason) from exc
+
+    config = BrokerConfig(catalog=catalog, **values)
+    _cross_check(config, sources, f"config file {config_file}")
+    return config
+
+
+def _cross_check(config: BrokerConfig, sources: Mapping[str, str], file_source: str) -> None:
+    """Checks that involve more than one knob, so no single value is wrong on its own."""
+
+    def fail(key: str, reason: str) -> None:
+        raise InvalidConfigValueError(key, sources.get(key, "defaults"), reason)
+
+    if (config.tls_cert is None) != (config.tls_key is None):
+        fail(
+            "tls_key" if config.tls_key is None else "tls_cert",
+            "tls_cert and tls_key must be given together",
+        )
+    if config.tls_ca is not None and config.tls_cert is None:
+        fail("tls_ca", "tls_ca describes a configured tls_cert; none is configured")
+    if config.subscriber_queue_capacity > config.subscriber_queue_capacity_max:
+        fail(
+            "subscriber_queue_capacity",
+            f"{config.subscriber_queue_capacity} exceeds subscriber_queue_capacity_max "
+            f"{config.subscriber_queue_capacity_max}",
+        )
+    if config.preauth_max_frame_bytes > config.max_frame_bytes:
+        fail(
+            "preauth_max_frame_bytes",
+            f"{config.preauth_max_frame_bytes} exceeds max_frame_bytes {config.max_frame_bytes}",
+        )
+    if config.durable_storage_dir is None:
+        for spec in config.catalog.streams():
+            if spec.durable:
+                raise InvalidConfigValueError(
+                    f"catalog.tenants.{spec.tenant_id}.namespaces.{spec.namespace}"
+                    f".streams.{spec.name}.durable",
+                    file_source,
+                    "a durable stream needs durable_storage_dir (FELIX_DURABLE_STORAGE_DIR)",
+                )
+
+
+def add_cli_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``--config``, ``--set key=value`` and shortcuts for the common knobs."""
+    parser.add_argument("--config", type=Path, help="YAML configuration file")
+    parser.add_argument(
+        "--set",
+        dest="config_set",
+        action="append",
+        default=[],
+        metavar="KEY=VALUE",
+        help="override one configuration knob (highest precedence; repeatable)",
+    )
+    parser.add_argument("--quic-bind", help="client QUIC listener, host:port")
+    parser.add_argument("--metrics-bind", help="HTTP metrics/health listener, host:port")
+    parser.add_argument("--data-dir", help="folder for keys, certificates and state")
+
+
+def config_from_args(
+    args: argparse.Namespace,
+    *,
+    environ: Mapping[str, str] | None = None,
+    cwd: Path | None = None,
+) -> BrokerConfig:
+    """Load the configuration for arguments from a parser set up by :func:`add_cli_arguments`."""
+    overrides: dict[str, object] = {}
+    items: Sequence[str] = args.config_set
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(item, "command line", "expected --set KEY=VALUE")
+        overrides[key.strip()] = value
+    for key in ("quic_bind", "metrics_bind", "data_dir"):
+        value = getattr(args, key)
+        if value is not None:
+            overrides[key] = value
+    return load_config(args.config, environ=environ, overrides=overrides, cwd=cwd)

@@ -1,0 +1,73 @@
+"""The broker's Prometheus metrics, owned per broker instance.
+
+Every :class:`BrokerMetrics` has its own ``CollectorRegistry`` rather than the
+process-global one, so several brokers can run in one process (tests do) and
+each ``/metrics`` shows only its own broker. Label sets are kept small and
+bounded: ``tenant`` appears only where the protocol names it
+(``felix_tenant_publish_queue_full_total``), ``reason`` only takes the fixed
+names of token checks.
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+
+__all__ = ["CONTENT_TYPE", "BrokerMetrics"]
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+
+
+class BrokerMetrics:
+    """One broker's metric objects, registered in its own registry."""
+
+    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+        self.registry = CollectorRegistry(auto_describe=True) if registry is None else registry
+        r = self.registry
+        self.publishes = Counter(
+            "felix_broker_publishes", "Messages accepted for publishing.", registry=r
+        )
+        self.published_bytes = Counter(
+            "felix_broker_published_bytes", "Payload bytes accepted for publishing.", registry=r
+        )
+        self.json_publishes = Counter(
+            "felix_broker_json_publishes",
+            "Publishes received on the JSON compatibility path, by message type.",
+            ["frame"],
+            registry=r,
+        )
+        self.tenant_publish_queue_full = Counter(
+            "felix_tenant_publish_queue_full",
+            "Publishes refused because the tenant's publish queue had no room.",
+            ["tenant"],
+            registry=r,
+        )
+        self.deliveries = Counter(
+            "felix_broker_deliveries", "Events handed to subscribers' event streams.", registry=r
+        )
+        self.subscriber_queue_depth = Gauge(
+            "felix_broker_subscriber_queue_depth",
+            "Batches waiting in subscriber queues, summed over subscribers.",
+            registry=r,
+        )
+        self.subscriber_drops = Counter(
+            "felix_broker_subscriber_drops",
+            "Events dropped because a subscriber queue was full.",
+            registry=r,
+        )
+        self.connections = Gauge(
+            "felix_broker_connections", "Client connections currently open.", registry=r
+        )
+        self.connections_accepted = Counter(
+            "felix_broker_connections_accepted", "Client connections accepted.", registry=r
+        )
+        self.auth_failures = Counter(
+            "felix_broker_auth_failures",
+            "Refused auth attempts, by the check that failed.",
+            ["reason"],
+            registry=r,
+        )
+
+    def exposition(self) -> bytes:
+        """The registry in Prometheus text format."""
+        return generate_latest(self.registry)
