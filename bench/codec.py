@@ -22,8 +22,8 @@ import time
 from collections.abc import Callable
 
 from felix_wire.binary import (
-    EventBatchShared,
-    PublishBatch,
+    EventBatchSharedFrame,
+    PublishBatchFrame,
     decode_event_batch_shared,
     decode_publish_batch,
     encode_event_batch_shared,
@@ -146,12 +146,12 @@ def main() -> None:
     args = parser.parse_args()
     rounds, seconds = args.rounds, args.seconds
 
-    batch = PublishBatch(tenant_id="t1", namespace="default", stream="orders", payloads=PAYLOADS)
+    batch = PublishBatchFrame(tenant_id="t1", namespace="default", stream="orders", payloads=PAYLOADS)
     flags, publish_payload = encode_publish_batch(batch)
     assert naive_encode_publish("t1", "default", "orders", PAYLOADS) == publish_payload
     assert naive_decode_publish(publish_payload)[3] == decode_publish_batch(flags, publish_payload).payloads
 
-    events = EventBatchShared(base_offset=1_000_000, payloads=PAYLOADS)
+    events = EventBatchSharedFrame(base_offset=1_000_000, payloads=PAYLOADS)
     event_flags, event_payload = encode_event_batch_shared(events)
     assert naive_encode_events(1_000_000, PAYLOADS) == event_payload
     assert naive_decode_events(event_payload)[1] == decode_event_batch_shared(event_flags, event_payload).payloads

@@ -202,7 +202,9 @@ class BinaryLayout:
 
     @property
     def class_name(self) -> str:
-        return camel(self.name)
+        # "Frame" keeps binary layouts apart from JSON messages of the same name
+        # (binary publish_batch vs the JSON publish_batch message).
+        return camel(self.name) + "Frame"
 
     @property
     def scalar_fields(self) -> tuple[BinaryField, ...]:

@@ -43,16 +43,16 @@ from .wire_errors import (
 __all__ = [
     "BinaryAckMode",
     "AckStatus",
-    "PublishBatch",
+    "PublishBatchFrame",
     "encode_publish_batch",
     "decode_publish_batch",
-    "PublishAck",
+    "PublishAckFrame",
     "encode_publish_ack",
     "decode_publish_ack",
-    "EventBatchLegacy",
+    "EventBatchLegacyFrame",
     "encode_event_batch_legacy",
     "decode_event_batch_legacy",
-    "EventBatchShared",
+    "EventBatchSharedFrame",
     "encode_event_batch_shared",
     "decode_event_batch_shared",
     "BinaryFrame",
@@ -212,7 +212,7 @@ def _write_items(
             parts.append(payload)
 
 
-class PublishBatch(msgspec.Struct, kw_only=True):
+class PublishBatchFrame(msgspec.Struct, kw_only=True):
     """Every publish frame. Prefix order is fixed - acked, then producer, then key, then the body - so request_id is always at payload offset 0 of an acked frame.
 
     Flags: BINARY_PUBLISH_BATCH (0x0001); legal values: 0x0001, 0x0009, 0x0041, 0x0049, 0x0109, 0x0149.
@@ -238,7 +238,7 @@ class PublishBatch(msgspec.Struct, kw_only=True):
 _PUBLISH_BATCH_HEAD = struct.Struct(">I")
 
 
-def _encode_publish_batch_parts(m: PublishBatch) -> tuple[int, list[Any]]:
+def _encode_publish_batch_parts(m: PublishBatchFrame) -> tuple[int, list[Any]]:
     flags = 0x0001
     parts: list[Any] = [b""]
     if m.request_id is not None or m.ack_mode is not None:
@@ -287,19 +287,19 @@ def _encode_publish_batch_parts(m: PublishBatch) -> tuple[int, list[Any]]:
     return flags, parts
 
 
-def encode_publish_batch(m: PublishBatch) -> tuple[int, bytes]:
+def encode_publish_batch(m: PublishBatchFrame) -> tuple[int, bytes]:
     """(flags, payload) for a publish_batch frame."""
     flags, parts = _encode_publish_batch_parts(m)
     return flags, b"".join(parts)
 
 
-def encode_publish_batch_frame(m: PublishBatch) -> bytes:
+def encode_publish_batch_frame(m: PublishBatchFrame) -> bytes:
     """The whole frame, header included."""
     flags, parts = _encode_publish_batch_parts(m)
     return _frame(flags, parts)
 
 
-def decode_publish_batch(flags: int, payload: bytes | bytearray | memoryview) -> PublishBatch:
+def decode_publish_batch(flags: int, payload: bytes | bytearray | memoryview) -> PublishBatchFrame:
     """Decode a publish_batch payload whose header carried `flags` (already checked by
     flags.layout_of)."""
     data = payload if type(payload) is bytes else bytes(payload)
@@ -399,7 +399,7 @@ def decode_publish_batch(flags: int, payload: bytes | bytearray | memoryview) ->
         raise TrailingBytesError(
             "publish_batch", None, pos, f"{end - pos} bytes after the last field"
         )
-    return PublishBatch(
+    return PublishBatchFrame(
         request_id=request_id,
         ack_mode=ack_mode,
         producer_id=producer_id,
@@ -412,7 +412,7 @@ def decode_publish_batch(flags: int, payload: bytes | bytearray | memoryview) ->
     )
 
 
-class PublishAck(msgspec.Struct, kw_only=True):
+class PublishAckFrame(msgspec.Struct, kw_only=True):
     """Binary answer to an acked binary publish. Minimum payload 11 bytes.
 
     Flags: BINARY_PUBLISH_ACK (0x0010); legal values: 0x0010, 0x0090, 0x0210, 0x0290, 0x0610, 0x0690, 0x1010, 0x1090.
@@ -440,7 +440,7 @@ class PublishAck(msgspec.Struct, kw_only=True):
     """[BINARY_PUBLISH_ACK_OFFSET] offset of the batch's first record; it comes after the owner group"""
 
 
-def _encode_publish_ack_parts(m: PublishAck) -> tuple[int, list[Any]]:
+def _encode_publish_ack_parts(m: PublishAckFrame) -> tuple[int, list[Any]]:
     flags = 0x0010
     parts: list[Any] = [b""]
     _v = m.status
@@ -506,19 +506,19 @@ def _encode_publish_ack_parts(m: PublishAck) -> tuple[int, list[Any]]:
     return flags, parts
 
 
-def encode_publish_ack(m: PublishAck) -> tuple[int, bytes]:
+def encode_publish_ack(m: PublishAckFrame) -> tuple[int, bytes]:
     """(flags, payload) for a publish_ack frame."""
     flags, parts = _encode_publish_ack_parts(m)
     return flags, b"".join(parts)
 
 
-def encode_publish_ack_frame(m: PublishAck) -> bytes:
+def encode_publish_ack_frame(m: PublishAckFrame) -> bytes:
     """The whole frame, header included."""
     flags, parts = _encode_publish_ack_parts(m)
     return _frame(flags, parts)
 
 
-def decode_publish_ack(flags: int, payload: bytes | bytearray | memoryview) -> PublishAck:
+def decode_publish_ack(flags: int, payload: bytes | bytearray | memoryview) -> PublishAckFrame:
     """Decode a publish_ack payload whose header carried `flags` (already checked by
     flags.layout_of)."""
     data = payload if type(payload) is bytes else bytes(payload)
@@ -652,7 +652,7 @@ def decode_publish_ack(flags: int, payload: bytes | bytearray | memoryview) -> P
         raise TrailingBytesError(
             "publish_ack", None, pos, f"{end - pos} bytes after the last field"
         )
-    return PublishAck(
+    return PublishAckFrame(
         status=status,
         request_id=request_id,
         message=message,
@@ -667,7 +667,7 @@ def decode_publish_ack(flags: int, payload: bytes | bytearray | memoryview) -> P
     )
 
 
-class EventBatchLegacy(msgspec.Struct, kw_only=True):
+class EventBatchLegacyFrame(msgspec.Struct, kw_only=True):
     """Legacy per-subscriber event batch; still decodable.
 
     Flags: BINARY_EVENT_BATCH (0x0002); legal values: 0x0002, 0x0022, 0x0822, 0x2002, 0x2022, 0x2822, 0x4002, 0x4022, 0x4822, 0x6002, 0x6022, 0x6822.
@@ -689,7 +689,7 @@ _EVENT_BATCH_LEGACY_HEAD_WITH_TIMESTAMP_MICROS = struct.Struct(">QI")
 _EVENT_BATCH_LEGACY_HEAD = struct.Struct(">I")
 
 
-def _encode_event_batch_legacy_parts(m: EventBatchLegacy) -> tuple[int, list[Any]]:
+def _encode_event_batch_legacy_parts(m: EventBatchLegacyFrame) -> tuple[int, list[Any]]:
     flags = 0x0002
     parts: list[Any] = [b""]
     _v = m.subscription_id
@@ -733,13 +733,13 @@ def _encode_event_batch_legacy_parts(m: EventBatchLegacy) -> tuple[int, list[Any
     return flags, parts
 
 
-def encode_event_batch_legacy(m: EventBatchLegacy) -> tuple[int, bytes]:
+def encode_event_batch_legacy(m: EventBatchLegacyFrame) -> tuple[int, bytes]:
     """(flags, payload) for a event_batch_legacy frame."""
     flags, parts = _encode_event_batch_legacy_parts(m)
     return flags, b"".join(parts)
 
 
-def encode_event_batch_legacy_frame(m: EventBatchLegacy) -> bytes:
+def encode_event_batch_legacy_frame(m: EventBatchLegacyFrame) -> bytes:
     """The whole frame, header included."""
     flags, parts = _encode_event_batch_legacy_parts(m)
     return _frame(flags, parts)
@@ -747,7 +747,7 @@ def encode_event_batch_legacy_frame(m: EventBatchLegacy) -> bytes:
 
 def decode_event_batch_legacy(
     flags: int, payload: bytes | bytearray | memoryview
-) -> EventBatchLegacy:
+) -> EventBatchLegacyFrame:
     """Decode a event_batch_legacy payload whose header carried `flags` (already checked by
     flags.layout_of)."""
     data = payload if type(payload) is bytes else bytes(payload)
@@ -811,7 +811,7 @@ def decode_event_batch_legacy(
         raise TrailingBytesError(
             "event_batch_legacy", None, pos, f"{end - pos} bytes after the last field"
         )
-    return EventBatchLegacy(
+    return EventBatchLegacyFrame(
         subscription_id=subscription_id,
         base_offset=base_offset,
         skipped_before=skipped_before,
@@ -821,7 +821,7 @@ def decode_event_batch_legacy(
     )
 
 
-class EventBatchShared(msgspec.Struct, kw_only=True):
+class EventBatchSharedFrame(msgspec.Struct, kw_only=True):
     """Encode-once event batch shared by every subscriber of a variant; the subscription is implied by the stream's event_stream_hello.
 
     Flags: BINARY_EVENT_BATCH_SHARED (0x0004); legal values: 0x0004, 0x0024, 0x0824, 0x2004, 0x2024, 0x2824, 0x4004, 0x4024, 0x4824, 0x6004, 0x6024, 0x6824.
@@ -842,7 +842,7 @@ _EVENT_BATCH_SHARED_HEAD_WITH_TIMESTAMP_MICROS = struct.Struct(">QI")
 _EVENT_BATCH_SHARED_HEAD = struct.Struct(">I")
 
 
-def _encode_event_batch_shared_parts(m: EventBatchShared) -> tuple[int, list[Any]]:
+def _encode_event_batch_shared_parts(m: EventBatchSharedFrame) -> tuple[int, list[Any]]:
     flags = 0x0004
     parts: list[Any] = [b""]
     if m.base_offset is not None:
@@ -882,13 +882,13 @@ def _encode_event_batch_shared_parts(m: EventBatchShared) -> tuple[int, list[Any
     return flags, parts
 
 
-def encode_event_batch_shared(m: EventBatchShared) -> tuple[int, bytes]:
+def encode_event_batch_shared(m: EventBatchSharedFrame) -> tuple[int, bytes]:
     """(flags, payload) for a event_batch_shared frame."""
     flags, parts = _encode_event_batch_shared_parts(m)
     return flags, b"".join(parts)
 
 
-def encode_event_batch_shared_frame(m: EventBatchShared) -> bytes:
+def encode_event_batch_shared_frame(m: EventBatchSharedFrame) -> bytes:
     """The whole frame, header included."""
     flags, parts = _encode_event_batch_shared_parts(m)
     return _frame(flags, parts)
@@ -896,7 +896,7 @@ def encode_event_batch_shared_frame(m: EventBatchShared) -> bytes:
 
 def decode_event_batch_shared(
     flags: int, payload: bytes | bytearray | memoryview
-) -> EventBatchShared:
+) -> EventBatchSharedFrame:
     """Decode a event_batch_shared payload whose header carried `flags` (already checked by
     flags.layout_of)."""
     data = payload if type(payload) is bytes else bytes(payload)
@@ -954,7 +954,7 @@ def decode_event_batch_shared(
         raise TrailingBytesError(
             "event_batch_shared", None, pos, f"{end - pos} bytes after the last field"
         )
-    return EventBatchShared(
+    return EventBatchSharedFrame(
         base_offset=base_offset,
         skipped_before=skipped_before,
         publisher=publisher,
@@ -963,15 +963,17 @@ def decode_event_batch_shared(
     )
 
 
-BinaryFrame = Union[PublishBatch, PublishAck, EventBatchLegacy, EventBatchShared]
+BinaryFrame = Union[
+    PublishBatchFrame, PublishAckFrame, EventBatchLegacyFrame, EventBatchSharedFrame
+]
 """Any binary-layout frame."""
 
 BINARY_CLASSES: Mapping[str, type[BinaryFrame]] = MappingProxyType(
     {
-        "publish_batch": PublishBatch,
-        "publish_ack": PublishAck,
-        "event_batch_legacy": EventBatchLegacy,
-        "event_batch_shared": EventBatchShared,
+        "publish_batch": PublishBatchFrame,
+        "publish_ack": PublishAckFrame,
+        "event_batch_legacy": EventBatchLegacyFrame,
+        "event_batch_shared": EventBatchSharedFrame,
     }
 )
 DECODERS: Mapping[str, Callable[[int, bytes], BinaryFrame]] = MappingProxyType(
@@ -984,9 +986,9 @@ DECODERS: Mapping[str, Callable[[int, bytes], BinaryFrame]] = MappingProxyType(
 )
 ENCODERS: Mapping[type, Callable[[Any], bytes]] = MappingProxyType(
     {
-        PublishBatch: encode_publish_batch_frame,
-        PublishAck: encode_publish_ack_frame,
-        EventBatchLegacy: encode_event_batch_legacy_frame,
-        EventBatchShared: encode_event_batch_shared_frame,
+        PublishBatchFrame: encode_publish_batch_frame,
+        PublishAckFrame: encode_publish_ack_frame,
+        EventBatchLegacyFrame: encode_event_batch_legacy_frame,
+        EventBatchSharedFrame: encode_event_batch_shared_frame,
     }
 )

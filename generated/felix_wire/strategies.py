@@ -873,7 +873,9 @@ def message() -> st.SearchStrategy[Any]:
 
 
 @st.composite
-def _publish_batch(draw: Callable[[st.SearchStrategy[Any]], Any], flags: int) -> _b.PublishBatch:
+def _publish_batch(
+    draw: Callable[[st.SearchStrategy[Any]], Any], flags: int
+) -> _b.PublishBatchFrame:
     values: dict[str, Any] = {}
     if flags & 0x0008:
         values["request_id"] = draw(st.integers(0, 18446744073709551615))
@@ -888,11 +890,11 @@ def _publish_batch(draw: Callable[[st.SearchStrategy[Any]], Any], flags: int) ->
     values["stream"] = draw(st.text(max_size=12))
     payloads = draw(st.lists(st.binary(max_size=32), max_size=6))
     values["payloads"] = payloads
-    return _b.PublishBatch(**values)
+    return _b.PublishBatchFrame(**values)
 
 
 @st.composite
-def _publish_ack(draw: Callable[[st.SearchStrategy[Any]], Any], flags: int) -> _b.PublishAck:
+def _publish_ack(draw: Callable[[st.SearchStrategy[Any]], Any], flags: int) -> _b.PublishAckFrame:
     values: dict[str, Any] = {}
     values["status"] = draw(st.sampled_from(_b.AckStatus))
     values["request_id"] = draw(st.integers(0, 18446744073709551615))
@@ -921,13 +923,13 @@ def _publish_ack(draw: Callable[[st.SearchStrategy[Any]], Any], flags: int) -> _
         values["status"] = _b.AckStatus.ERROR
     if flags & 0x1000:  # this group only travels with that status
         values["status"] = _b.AckStatus.OK
-    return _b.PublishAck(**values)
+    return _b.PublishAckFrame(**values)
 
 
 @st.composite
 def _event_batch_legacy(
     draw: Callable[[st.SearchStrategy[Any]], Any], flags: int
-) -> _b.EventBatchLegacy:
+) -> _b.EventBatchLegacyFrame:
     values: dict[str, Any] = {}
     values["subscription_id"] = draw(st.integers(0, 18446744073709551615))
     if flags & 0x0020:
@@ -944,13 +946,13 @@ def _event_batch_legacy(
                 st.integers(0, 18446744073709551615), min_size=len(payloads), max_size=len(payloads)
             )
         )
-    return _b.EventBatchLegacy(**values)
+    return _b.EventBatchLegacyFrame(**values)
 
 
 @st.composite
 def _event_batch_shared(
     draw: Callable[[st.SearchStrategy[Any]], Any], flags: int
-) -> _b.EventBatchShared:
+) -> _b.EventBatchSharedFrame:
     values: dict[str, Any] = {}
     if flags & 0x0020:
         values["base_offset"] = draw(st.integers(0, 18446744073709551615))
@@ -966,7 +968,7 @@ def _event_batch_shared(
                 st.integers(0, 18446744073709551615), min_size=len(payloads), max_size=len(payloads)
             )
         )
-    return _b.EventBatchShared(**values)
+    return _b.EventBatchSharedFrame(**values)
 
 
 BINARY_STRATEGIES: Mapping[str, Callable[[int], st.SearchStrategy[Any]]] = MappingProxyType(

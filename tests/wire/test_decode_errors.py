@@ -10,9 +10,9 @@ from felix_wire import wire_errors as we
 from felix_wire.binary import (
     AckStatus,
     BinaryAckMode,
-    EventBatchShared,
-    PublishAck,
-    PublishBatch,
+    EventBatchSharedFrame,
+    PublishAckFrame,
+    PublishBatchFrame,
     decode_event_batch_shared,
     decode_publish_ack,
     decode_publish_batch,
@@ -28,7 +28,7 @@ def header(flags: int, length: int, magic: int = MAGIC, version: int = 1) -> byt
     return struct.pack(">IHHI", magic, version, flags, length)
 
 
-PLAIN = PublishBatch(tenant_id="t1", namespace="ns", stream="s", payloads=[b"a", b"bc"])
+PLAIN = PublishBatchFrame(tenant_id="t1", namespace="ns", stream="s", payloads=[b"a", b"bc"])
 PLAIN_PAYLOAD = encode_frame(PLAIN)[HEADER_SIZE:]
 
 
@@ -243,11 +243,11 @@ def test_publish_refusal_needs_exactly_one_reason() -> None:
 
 def test_encode_refuses_values_that_do_not_fit() -> None:
     with pytest.raises(we.EncodeError) as info:
-        encode_frame(PublishBatch(tenant_id="x" * 70000, namespace="n", stream="s", payloads=[]))
+        encode_frame(PublishBatchFrame(tenant_id="x" * 70000, namespace="n", stream="s", payloads=[]))
     assert info.value.field == "tenant_id"
     with pytest.raises(we.EncodeError) as info:
         encode_frame(
-            PublishBatch(
+            PublishBatchFrame(
                 request_id=2**64,
                 ack_mode=BinaryAckMode.PER_BATCH,
                 tenant_id="t",
@@ -262,17 +262,17 @@ def test_encode_refuses_values_that_do_not_fit() -> None:
 def test_encode_refuses_half_set_groups() -> None:
     with pytest.raises(we.EncodeError) as info:
         encode_frame(
-            PublishBatch(request_id=1, tenant_id="t", namespace="n", stream="s", payloads=[])
+            PublishBatchFrame(request_id=1, tenant_id="t", namespace="n", stream="s", payloads=[])
         )
     assert info.value.field == "acked"
 
 
 def test_encode_refuses_groups_the_status_forbids() -> None:
     with pytest.raises(we.EncodeError):
-        encode_frame(PublishAck(status=AckStatus.ERROR, request_id=1, message="no", offset=5))
+        encode_frame(PublishAckFrame(status=AckStatus.ERROR, request_id=1, message="no", offset=5))
     with pytest.raises(we.EncodeError):
         encode_frame(
-            PublishAck(
+            PublishAckFrame(
                 status=AckStatus.OK, request_id=1, message="", code=3, retry=RetryClass.FATAL
             )
         )
@@ -280,11 +280,11 @@ def test_encode_refuses_groups_the_status_forbids() -> None:
 
 def test_encode_refuses_mismatched_timestamps() -> None:
     with pytest.raises(we.EncodeError):
-        encode_frame(EventBatchShared(payloads=[b"a", b"b"], timestamps=[1]))
+        encode_frame(EventBatchSharedFrame(payloads=[b"a", b"b"], timestamps=[1]))
 
 
 def test_skipped_before_is_written_only_when_non_zero() -> None:
-    frame = encode_frame(EventBatchShared(base_offset=5, skipped_before=0, payloads=[b"x"]))
+    frame = encode_frame(EventBatchSharedFrame(base_offset=5, skipped_before=0, payloads=[b"x"]))
     assert (
         int.from_bytes(frame[6:8], "big")
         == Flag.BINARY_EVENT_BATCH_SHARED | Flag.EVENT_BATCH_OFFSETS

@@ -10,7 +10,7 @@ from typing import Any
 import msgspec
 import pytest
 from felix_wire import FrameReader, decode_frame, encode_frame
-from felix_wire.binary import PublishAck, PublishBatch
+from felix_wire.binary import PublishAckFrame, PublishBatchFrame
 from felix_wire.frame import HEADER_SIZE, decode_header
 from felix_wire.messages import decode_message
 
@@ -59,7 +59,7 @@ def test_vector_decodes_and_reencodes_byte_exact(path: Path) -> None:
 
 def _check_binary_fields(kind: str, decoded: object, vector: dict[str, Any]) -> None:
     if kind in ("binary_publish_batch", "binary_acked_publish_batch"):
-        assert isinstance(decoded, PublishBatch)
+        assert isinstance(decoded, PublishBatchFrame)
         assert decoded.tenant_id == vector["tenant_id"]
         assert decoded.namespace == vector["namespace"]
         assert decoded.stream == vector["stream"]
@@ -73,7 +73,7 @@ def _check_binary_fields(kind: str, decoded: object, vector: dict[str, Any]) -> 
             assert decoded.ack_mode is not None
             assert decoded.ack_mode.name.lower() == vector["ack_mode"]
     elif kind == "binary_publish_ack":
-        assert isinstance(decoded, PublishAck)
+        assert isinstance(decoded, PublishAckFrame)
         assert decoded.request_id == vector["request_id"]
         assert decoded.status.name.lower() == vector["status"]
         # The vectors write the empty message of a successful ack as null.

@@ -7,10 +7,10 @@ from felix_wire import FrameReader, decode_frame, encode_frame
 from felix_wire.binary import (
     AckStatus,
     BinaryAckMode,
-    EventBatchLegacy,
-    EventBatchShared,
-    PublishAck,
-    PublishBatch,
+    EventBatchLegacyFrame,
+    EventBatchSharedFrame,
+    PublishAckFrame,
+    PublishBatchFrame,
 )
 from felix_wire.errors import ErrorCode, RetryClass
 from felix_wire.messages import PublishOk
@@ -21,11 +21,11 @@ EXAMPLES = {
         "464c583100010000000000307b2274797065223a227075626c6973685f6f6b222c22726571756573745f6964223a372c226f6666736574223a34327d",
     ),
     "B plain binary publish": (
-        PublishBatch(tenant_id="t1", namespace="ns", stream="s", payloads=[b"a", b"bc"]),
+        PublishBatchFrame(tenant_id="t1", namespace="ns", stream="s", payloads=[b"a", b"bc"]),
         "464c5831000100010000001a0002743100026e73000173000000020000000161000000026263",
     ),
     "C acked idempotent keyed publish": (
-        PublishBatch(
+        PublishBatchFrame(
             request_id=5,
             ack_mode=BinaryAckMode.PER_BATCH,
             producer_id=0x0102030405060708,
@@ -39,7 +39,7 @@ EXAMPLES = {
         "464c5831000101490000002e0000000000000005020102030405060708000000000000000300016b00017400016e000173000000010000000178",
     ),
     "D failed ack with code and detail": (
-        PublishAck(
+        PublishAckFrame(
             status=AckStatus.ERROR,
             request_id=9,
             message="moving",
@@ -51,13 +51,13 @@ EXAMPLES = {
         "464c5831000106100000002401000000000000000900066d6f76696e6700050100066d6f76696e6700000000000000fa",
     ),
     "E ok ack with owner and offset": (
-        PublishAck(
+        PublishAckFrame(
             status=AckStatus.OK, request_id=7, message="", node_id="b2", generation=4, offset=100
         ),
         "464c58310001109000000021000000000000000007000000026232000000000000000000040000000000000064",
     ),
     "F shared batch with everything": (
-        EventBatchShared(
+        EventBatchSharedFrame(
             base_offset=10,
             skipped_before=1,
             publisher="p",
@@ -67,11 +67,11 @@ EXAMPLES = {
         "464c58310001682400000030000000000000000a000000000000000101700000000200060a24181e4000000000016100060a24181e40000000000162",
     ),
     "G legacy batch with offsets": (
-        EventBatchLegacy(subscription_id=3, base_offset=5, payloads=[b"hi"]),
+        EventBatchLegacyFrame(subscription_id=3, base_offset=5, payloads=[b"hi"]),
         "464c5831000100220000001a0000000000000003000000000000000500000001000000026869",
     ),
     "H plain shared batch": (
-        EventBatchShared(payloads=[b"hi"]),
+        EventBatchSharedFrame(payloads=[b"hi"]),
         "464c5831000100040000000a00000001000000026869",
     ),
 }

@@ -1,0 +1,248 @@
+"""`felix-broker`: run a broker, mint a development token, or serve a test fixture.
+
+    felix-broker [--config FILE] [--set KEY=VALUE ...]   run on the embedded defaults
+    felix-broker token --tenant T [--perm P ...] [--ttl SECONDS]
+    felix-broker fixture --out fixture.json --ca-file ca.pem
+
+The broker prints, on start, where it listens, where its CA certificate is and
+how to get a token; otherwise it logs warnings only unless `--log-level` says so.
+SIGTERM or SIGINT drains it (see Broker.drain) and exits 0.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import logging
+import signal
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+from .catalog import CacheSpec, Routing, StaticCatalog, StreamSpec
+from .config import (
+    BrokerConfig,
+    ConfigError,
+    HostPort,
+    add_cli_arguments,
+    config_from_args,
+    load_config,
+)
+from .server import Broker
+from .tokens import DevIssuer
+
+__all__ = ["full_rights", "main"]
+
+_log = logging.getLogger(__name__)
+
+
+def full_rights(tenant_id: str) -> list[str]:
+    """Every data-plane grant within one tenant."""
+    return [
+        f"stream.publish:stream:{tenant_id}/*",
+        f"stream.subscribe:stream:{tenant_id}/*",
+        f"stream.manage:stream:{tenant_id}/*",
+        f"cache.read:cache:{tenant_id}/*",
+        f"cache.write:cache:{tenant_id}/*",
+        f"cache.manage:cache:{tenant_id}/*",
+        f"group.consume:group:{tenant_id}/*",
+        f"group.manage:group:{tenant_id}/*",
+    ]
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="felix-broker", description="A Felix broker.")
+    parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    add_cli_arguments(parser)
+    sub = parser.add_subparsers(dest="command")
+    token = sub.add_parser("token", help="print a token signed by this broker's development issuer")
+    token.add_argument("--tenant", required=True)
+    token.add_argument("--subject", default="developer")
+    token.add_argument(
+        "--perm",
+        action="append",
+        dest="perms",
+        help="a grant, repeatable (default: full rights in the tenant)",
+    )
+    token.add_argument("--ttl", type=int, default=3600, help="lifetime in seconds (default 3600)")
+    fixture = sub.add_parser("fixture", help="serve a broker for client test suites on loopback")
+    fixture.add_argument("--out", type=Path, required=True, help="where to write the fixture JSON")
+    fixture.add_argument("--ca-file", type=Path, required=True, help="where to write the CA PEM")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    try:
+        config = config_from_args(args)
+    except ConfigError as exc:
+        print(f"felix-broker: {exc}", file=sys.stderr)
+        return 2
+    if args.command == "token":
+        issuer = DevIssuer.load_or_create(config.data_dir)
+        perms = args.perms if args.perms is not None else full_rights(args.tenant)
+        print(issuer.mint(args.tenant, subject=args.subject, perms=perms, ttl_seconds=args.ttl))
+        return 0
+    if args.command == "fixture":
+        return asyncio.run(_fixture(args.out, args.ca_file, args.log_level))
+    return asyncio.run(_serve(config))
+
+
+async def _run_until_signalled(broker: Broker) -> None:
+    loop = asyncio.get_running_loop()
+    stop = asyncio.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stop.set)
+    await stop.wait()
+    await broker.stop()
+
+
+async def _serve(config: BrokerConfig) -> int:
+    broker = Broker(config)
+    try:
+        await broker.start()
+    except OSError as exc:
+        print(f"felix-broker: cannot start: {exc}", file=sys.stderr)
+        return 1
+    quic = HostPort(config.quic_bind.host, broker.quic_port)
+    print(
+        f"felix-broker: QUIC on {quic} ({config.quic_impl.value}), HTTP on "
+        f"{config.metrics_bind.host}:{broker.http_port}",
+        flush=True,
+    )
+    print(f"felix-broker: CA certificate {broker.ca_path}", flush=True)
+    print("felix-broker: a token: felix-broker token --tenant t1", flush=True)
+    await _run_until_signalled(broker)
+    return 0
+
+
+FIXTURE_TENANT = "t1"
+FIXTURE_NAMESPACE = "default"
+
+
+def fixture_catalog() -> StaticCatalog:
+    t, ns = FIXTURE_TENANT, FIXTURE_NAMESPACE
+    return StaticCatalog(
+        streams=[
+            StreamSpec(t, ns, "durable", durable=True, shards=4, routing=Routing.MODULO),
+            StreamSpec(t, ns, "memory", durable=False, shards=1),
+        ],
+        caches=[CacheSpec(t, ns, "cache", shards=4), CacheSpec(t, ns, "single", shards=1)],
+    )
+
+
+async def _fixture(out: Path, ca_file: Path, log_level: str) -> int:
+    data_dir = Path(tempfile.mkdtemp(prefix="felix-fixture-"))
+    config = load_config(
+        environ={},
+        overrides={
+            "quic_bind": "127.0.0.1:0",
+            "metrics_bind": "127.0.0.1:0",
+            "data_dir": str(data_dir),
+            "durable_storage_dir": str(data_dir / "durable"),
+            "tls_cert_export": str(ca_file),
+        },
+    )
+    config = _with_catalog(config, fixture_catalog())
+    broker = Broker(config)
+    await broker.start()
+    assert broker.issuer is not None
+    issuer = broker.issuer
+    forger = DevIssuer(Ed25519PrivateKey.generate())
+    control = await asyncio.start_server(
+        lambda r, w: _token_endpoint(r, w, issuer, forger), "127.0.0.1", 0
+    )
+    control_port = control.sockets[0].getsockname()[1]
+    document: dict[str, Any] = {
+        "addrs": [f"127.0.0.1:{broker.quic_port}"],
+        "tenant_id": FIXTURE_TENANT,
+        "namespace": FIXTURE_NAMESPACE,
+        "token": issuer.mint(
+            FIXTURE_TENANT, subject="fixture", perms=full_rights(FIXTURE_TENANT), ttl_seconds=86400
+        ),
+        "unauthorized_token": issuer.mint(
+            FIXTURE_TENANT, subject="nobody", perms=[], ttl_seconds=86400
+        ),
+        "ca_file": str(ca_file),
+        "durable_stream": "durable",
+        "memory_stream": "memory",
+        "cache": "cache",
+        "single_shard_cache": "single",
+        "missing_stream": "no-such-stream",
+        "control_url": f"http://127.0.0.1:{control_port}",
+        "http_url": f"http://127.0.0.1:{broker.http_port}",
+    }
+    tmp = out.with_suffix(out.suffix + ".tmp")
+    tmp.write_text(json.dumps(document, indent=2) + "\n")
+    tmp.replace(out)  # readers never see a half-written fixture
+    print(f"felix-broker fixture: {out}", flush=True)
+    try:
+        await _run_until_signalled(broker)
+    finally:
+        control.close()
+        await control.wait_closed()
+    return 0
+
+
+def _with_catalog(config: BrokerConfig, catalog: StaticCatalog) -> BrokerConfig:
+    from dataclasses import replace
+
+    return replace(config, catalog=catalog)
+
+
+async def _token_endpoint(
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, issuer: DevIssuer, forger: DevIssuer
+) -> None:
+    """POST /tokens {"ttl_secs": N, "forged": bool} -> {"token": "..."} (tests mint tokens here)."""
+    status, body = 404, {"error": "not found"}
+    try:
+        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
+        lines = head.decode("latin-1").split("\r\n")
+        method, path, _ = lines[0].split(" ", 2)
+        length = 0
+        for line in lines[1:]:
+            name, _, value = line.partition(":")
+            if name.strip().lower() == "content-length":
+                length = min(int(value.strip()), 65536)
+        raw = await asyncio.wait_for(reader.readexactly(length), 5) if length else b"{}"
+        if method == "POST" and path == "/tokens":
+            request = json.loads(raw or b"{}")
+            ttl = int(request.get("ttl_secs", 3600))
+            perms = request.get("perms", full_rights(FIXTURE_TENANT))
+            signer = forger if request.get("forged") else issuer
+            token = signer.mint(
+                FIXTURE_TENANT,
+                subject=str(request.get("subject", "fixture")),
+                perms=perms,
+                ttl_seconds=ttl,
+            )
+            status, body = 200, {"token": token}
+    except (
+        ValueError,
+        asyncio.IncompleteReadError,
+        asyncio.LimitOverrunError,
+        TimeoutError,
+    ) as exc:
+        status, body = 400, {"error": str(exc)}
+    payload = json.dumps(body).encode()
+    reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}[status]
+    writer.write(
+        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
+        + payload
+    )
+    try:
+        await writer.drain()
+    finally:
+        writer.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,450 @@
+"""Streams, shards, publish queues and subscriber queues: the broker's data path.
+
+No transport here: the engine takes publish requests and hands encoded event
+frames to subscriber queues; the server's adapters move bytes.
+
+Publishing. Each tenant has one bounded publish queue (`pub_queue_depth`
+batches) drained by one worker task. A full queue refuses: an unacked publish at
+once (shed and counted), an acked one after waiting up to
+`publish_queue_wait_timeout_ms`; nothing is queued either way (`Overloaded`).
+The worker appends every batch waiting for it to its shard, resolves each
+request's future with the batch's base offset, then flushes the shards it
+touched: disk (later) and delivery order are append order.
+
+Delivery. A flush cuts the appended records into event batches of at most
+`event_batch_max_events` events and `event_batch_max_bytes` payload bytes (a new
+batch also starts where the publisher changes, for variants that carry it) and
+encodes each batch ONCE per delivery variant present among the shard's
+subscribers; every subscriber of a variant gets the same bytes. Batches grow
+under load because the worker flushes once per pass over everything queued, so
+`event_batch_max_delay_us` is met by construction: records wait at most one
+worker pass.
+
+Subscribers. Each has a bounded queue of frames (`subscriber_queue_capacity`,
+clamped `queue_capacity` when the client asked). At the bound, `drop_new`
+(default) drops the new frame, `drop_old` drops the oldest queued frame, and
+`block` makes the tenant's worker wait for room (slowing that tenant's
+publishers). Drops are counted per subscriber and in the metrics. A slow
+subscriber never slows the publisher or other subscribers under the drop
+policies.
+
+In-memory streams keep no history: offsets are counted internally (so a resume
+point can be checked) but never sent, `earliest` is the tail, and events carry
+no offsets or times, as the protocol describes for in-memory streams.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import itertools
+import logging
+import time
+from collections import deque
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from felix_wire.binary import (
+    EventBatchLegacyFrame,
+    EventBatchSharedFrame,
+    encode_event_batch_legacy_frame,
+    encode_event_batch_shared_frame,
+)
+from felix_wire.codec import encode_frame
+from felix_wire.features import Capabilities
+from felix_wire.flags import Flag
+from felix_wire.messages import EventBatch
+from felix_wire.routing import shard_for_key
+
+from .catalog import Catalog, StreamSpec
+from .config import BrokerConfig, SubscriberQueuePolicy
+from .metrics import BrokerMetrics
+
+__all__ = [
+    "DeliveryKind",
+    "Engine",
+    "OverloadedError",
+    "PublishRequest",
+    "Shard",
+    "Subscriber",
+    "Variant",
+    "variant_for",
+]
+
+_log = logging.getLogger(__name__)
+
+# The most that the publisher field can carry (u8 length).
+MAX_PUBLISHER_BYTES = 255
+
+
+class OverloadedError(Exception):
+    """The tenant's publish queue had no room; nothing was queued."""
+
+    def __init__(self, tenant_id: str, retry_after_ms: int) -> None:
+        super().__init__(f"publish queue full; retry in {retry_after_ms} ms")
+        self.tenant_id = tenant_id
+        self.retry_after_ms = retry_after_ms
+
+
+class DeliveryKind(enum.Enum):
+    SHARED = "shared"  # flag 0x0004: encoded once, shared by every subscriber of the variant
+    LEGACY = "legacy"  # flag 0x0002: carries the subscription id, so encoded per subscriber
+    JSON = "json"  # event_batch messages, for clients that offered no binary event layout
+
+
+@dataclass(frozen=True, slots=True)
+class Variant:
+    """How one subscriber's events are laid out: every subscriber of a variant
+    receives the same bytes (but for LEGACY, which names the subscription)."""
+
+    kind: DeliveryKind
+    publisher: bool  # EVENT_BATCH_PUBLISHER offered (binary layouts only)
+
+
+def variant_for(client: Capabilities) -> Variant:
+    """The best layout the client offered."""
+    if client.has(Flag.BINARY_EVENT_BATCH_SHARED):
+        kind = DeliveryKind.SHARED
+    elif client.has(Flag.BINARY_EVENT_BATCH):
+        kind = DeliveryKind.LEGACY
+    else:
+        kind = DeliveryKind.JSON
+    publisher = kind is not DeliveryKind.JSON and client.has(Flag.EVENT_BATCH_PUBLISHER)
+    return Variant(kind, publisher)
+
+
+@dataclass(slots=True)
+class PublishRequest:
+    """One publish batch on its way to a shard."""
+
+    shard: Shard
+    payloads: list[bytes]
+    publisher: str | None
+    done: asyncio.Future[int] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future()
+    )
+
+    @property
+    def size(self) -> int:
+        return sum(map(len, self.payloads))
+
+
+class Subscriber:
+    """One subscription's bounded queue of encoded frames."""
+
+    def __init__(
+        self,
+        subscription_id: int,
+        shard: Shard,
+        variant: Variant,
+        capacity: int,
+        policy: SubscriberQueuePolicy,
+        metrics: BrokerMetrics,
+    ) -> None:
+        self.subscription_id = subscription_id
+        self.shard = shard
+        self.variant = variant
+        self.capacity = capacity
+        self.policy = policy
+        self.dropped = 0
+        self.delivered = 0
+        self.closed = False
+        self._metrics = metrics
+        self._frames: deque[tuple[bytes, int]] = deque()
+        self._ready = asyncio.Event()
+        self._room = asyncio.Event()
+        self._room.set()
+
+    @property
+    def depth(self) -> int:
+        return len(self._frames)
+
+    def offer(self, frame: bytes, records: int) -> bool:
+        """Queue a frame; False when it had to wait for room (policy `block`)."""
+        if self.closed:
+            return True
+        if len(self._frames) >= self.capacity:
+            if self.policy is SubscriberQueuePolicy.BLOCK:
+                self._room.clear()
+                return False
+            if self.policy is SubscriberQueuePolicy.DROP_OLD:
+                _, old_records = self._frames.popleft()
+                self._drop(old_records)
+                self._metrics.subscriber_queue_depth.dec()
+            else:
+                self._drop(records)
+                return True
+        self._frames.append((frame, records))
+        self._metrics.subscriber_queue_depth.inc()
+        self._ready.set()
+        return True
+
+    async def wait_for_room(self) -> None:
+        while not self.closed and len(self._frames) >= self.capacity:
+            self._room.clear()
+            await self._room.wait()
+
+    def _drop(self, records: int) -> None:
+        self.dropped += records
+        self._metrics.subscriber_drops.inc(records)
+
+    async def next_frames(self) -> list[bytes]:
+        """Every queued frame (waiting for at least one); [] once closed."""
+        while not self._frames:
+            if self.closed:
+                return []
+            self._ready.clear()
+            await self._ready.wait()
+        frames = [frame for frame, _ in self._frames]
+        records = sum(r for _, r in self._frames)
+        self._metrics.subscriber_queue_depth.dec(len(self._frames))
+        self._frames.clear()
+        self.delivered += records
+        self._metrics.deliveries.inc(records)
+        self._room.set()
+        return frames
+
+    def close(self) -> None:
+        if self.closed:
+            return
+        self.closed = True
+        self._metrics.subscriber_queue_depth.dec(len(self._frames))
+        self._frames.clear()
+        self._ready.set()
+        self._room.set()
+
+
+@dataclass(slots=True)
+class _Appended:
+    payloads: list[bytes]
+    publisher: str | None
+
+
+class Shard:
+    """One shard of a stream: its offset counter, live subscribers and pending deliveries."""
+
+    def __init__(self, spec: StreamSpec, index: int, config: BrokerConfig) -> None:
+        self.spec = spec
+        self.index = index
+        self.next_offset = 0
+        self.subscribers: list[Subscriber] = []
+        self._pending: list[_Appended] = []
+        self._max_events = config.event_batch_max_events
+        self._max_bytes = config.event_batch_max_bytes
+
+    def append(self, payloads: list[bytes], publisher: str | None) -> int:
+        base = self.next_offset
+        self.next_offset += len(payloads)
+        if self.subscribers:
+            self._pending.append(_Appended(payloads, publisher))
+        return base
+
+    def _chunks(self, split_by_publisher: bool) -> list[tuple[list[bytes], str | None]]:
+        """The pending records cut into event batches."""
+        chunks: list[tuple[list[bytes], str | None]] = []
+        current: list[bytes] = []
+        size = 0
+        owner: str | None = None
+        for appended in self._pending:
+            publisher = appended.publisher if split_by_publisher else None
+            if current and publisher != owner:
+                chunks.append((current, owner))
+                current, size = [], 0
+            owner = publisher
+            for payload in appended.payloads:
+                if current and (
+                    len(current) >= self._max_events or size + len(payload) > self._max_bytes
+                ):
+                    chunks.append((current, owner))
+                    current, size = [], 0
+                current.append(payload)
+                size += len(payload)
+        if current:
+            chunks.append((current, owner))
+        return chunks
+
+    def flush(self) -> list[Subscriber]:
+        """Encode pending records once per variant and queue them; returns the
+        subscribers that are full under the `block` policy (the caller waits)."""
+        if not self._pending:
+            return []
+        subscribers = [s for s in self.subscribers if not s.closed]
+        blocked: list[Subscriber] = []
+        if subscribers:
+            by_variant: dict[Variant, list[Subscriber]] = {}
+            for sub in subscribers:
+                by_variant.setdefault(sub.variant, []).append(sub)
+            chunkings: dict[bool, list[tuple[list[bytes], str | None]]] = {}
+            for variant, subs in by_variant.items():
+                if variant.publisher not in chunkings:
+                    chunkings[variant.publisher] = self._chunks(variant.publisher)
+                for payloads, publisher in chunkings[variant.publisher]:
+                    if variant.kind is DeliveryKind.LEGACY:
+                        for sub in subs:
+                            frame = encode_event_batch_legacy_frame(
+                                EventBatchLegacyFrame(
+                                    subscription_id=sub.subscription_id,
+                                    publisher=publisher,
+                                    payloads=payloads,
+                                )
+                            )
+                            if not sub.offer(frame, len(payloads)):
+                                blocked.append(sub)
+                        continue
+                    frame = self._encode(variant, payloads, publisher)
+                    for sub in subs:
+                        if not sub.offer(frame, len(payloads)):
+                            blocked.append(sub)
+        self._pending = []
+        return blocked
+
+    def _encode(self, variant: Variant, payloads: list[bytes], publisher: str | None) -> bytes:
+        if variant.kind is DeliveryKind.SHARED:
+            return encode_event_batch_shared_frame(
+                EventBatchSharedFrame(publisher=publisher, payloads=payloads)
+            )
+        spec = self.spec
+        return encode_frame(
+            EventBatch(
+                tenant_id=spec.tenant_id,
+                namespace=spec.namespace,
+                stream=spec.name,
+                payloads=payloads,
+            )
+        )
+
+
+class _TenantPipeline:
+    """One tenant's bounded publish queue and the worker that drains it."""
+
+    def __init__(self, tenant_id: str, depth: int, metrics: BrokerMetrics) -> None:
+        self.tenant_id = tenant_id
+        self.queue: asyncio.Queue[PublishRequest] = asyncio.Queue(maxsize=depth)
+        self._metrics = metrics
+        self.task = asyncio.get_running_loop().create_task(self._run(), name=f"publish-{tenant_id}")
+
+    async def _run(self) -> None:
+        queue = self.queue
+        while True:
+            batch = [await queue.get()]
+            while not queue.empty():
+                batch.append(queue.get_nowait())
+            touched: dict[int, Shard] = {}
+            for request in batch:
+                shard = request.shard
+                base = shard.append(request.payloads, request.publisher)
+                touched[id(shard)] = shard
+                self._metrics.publishes.inc(len(request.payloads))
+                self._metrics.published_bytes.inc(request.size)
+                if not request.done.done():
+                    request.done.set_result(base)
+            for shard in touched.values():
+                for sub in shard.flush():
+                    # `block` policy: this tenant waits for the slow subscriber.
+                    await sub.wait_for_room()
+            for _ in batch:
+                queue.task_done()
+
+
+class Engine:
+    """Every stream shard this broker serves, and the tenants' publish pipelines."""
+
+    def __init__(self, catalog: Catalog, config: BrokerConfig, metrics: BrokerMetrics) -> None:
+        self.catalog = catalog
+        self.config = config
+        self.metrics = metrics
+        self._shards: dict[tuple[str, str, str, int], Shard] = {}
+        self._pipelines: dict[str, _TenantPipeline] = {}
+        self._subscription_ids = itertools.count(1)
+
+    # -- lookup ------------------------------------------------------------------
+
+    def stream(self, tenant_id: str, namespace: str, stream: str) -> StreamSpec | None:
+        return self.catalog.stream(tenant_id, namespace, stream)
+
+    def shard(self, spec: StreamSpec, index: int) -> Shard:
+        key = (spec.tenant_id, spec.namespace, spec.name, index)
+        shard = self._shards.get(key)
+        if shard is None:
+            shard = self._shards[key] = Shard(spec, index, self.config)
+        return shard
+
+    def shard_for(self, spec: StreamSpec, key: bytes | None) -> Shard:
+        return self.shard(spec, shard_for_key(key, spec.shards, spec.routing.value))
+
+    # -- publishing --------------------------------------------------------------
+
+    async def publish(self, request: PublishRequest, *, acked: bool) -> asyncio.Future[int]:
+        """Queue a batch for its shard; the future resolves to its base offset once
+        appended. Raises OverloadedError when the tenant's queue has no room."""
+        tenant_id = request.shard.spec.tenant_id
+        pipeline = self._pipelines.get(tenant_id)
+        if pipeline is None:
+            pipeline = self._pipelines[tenant_id] = _TenantPipeline(
+                tenant_id, self.config.pub_queue_depth, self.metrics
+            )
+        try:
+            pipeline.queue.put_nowait(request)
+            return request.done
+        except asyncio.QueueFull:
+            pass
+        wait_ms = self.config.publish_queue_wait_timeout_ms
+        if (acked or self.config.pub_ingress_wait) and wait_ms > 0:
+            try:
+                await asyncio.wait_for(pipeline.queue.put(request), wait_ms / 1000)
+                return request.done
+            except TimeoutError:
+                pass
+        self.metrics.tenant_publish_queue_full.labels(tenant=tenant_id).inc()
+        raise OverloadedError(tenant_id, retry_after_ms=10)
+
+    async def drain(self) -> None:
+        """Wait until every queued publish has been appended and delivered to queues."""
+        for pipeline in list(self._pipelines.values()):
+            await pipeline.queue.join()
+
+    def close(self) -> None:
+        for pipeline in self._pipelines.values():
+            pipeline.task.cancel()
+        for shard in self._shards.values():
+            for sub in shard.subscribers:
+                sub.close()
+            shard.subscribers.clear()
+
+    # -- subscribing -------------------------------------------------------------
+
+    def subscribe(
+        self, shard: Shard, client: Capabilities, *, capacity: int | None = None
+    ) -> Subscriber:
+        sub = Subscriber(
+            next(self._subscription_ids),
+            shard,
+            variant_for(client),
+            capacity or self.config.subscriber_queue_capacity,
+            self.config.subscriber_queue_policy,
+            self.metrics,
+        )
+        shard.subscribers.append(sub)
+        return sub
+
+    def unsubscribe(self, sub: Subscriber) -> None:
+        sub.close()
+        with contextlib.suppress(ValueError):
+            sub.shard.subscribers.remove(sub)
+
+    def clamp_queue_capacity(self, asked: int) -> int:
+        return max(1, min(asked, self.config.subscriber_queue_capacity_max))
+
+
+def now_micros() -> int:
+    return time.time_ns() // 1000
+
+
+def publisher_of(subject: str) -> str | None:
+    """The publisher a batch reports: the token's sub, unless too long to carry."""
+    return subject if len(subject.encode()) <= MAX_PUBLISHER_BYTES else None
+
+
+def total_size(payloads: Sequence[bytes]) -> int:
+    return sum(map(len, payloads))
