@@ -77,9 +77,11 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = _parser().parse_args(argv)
-    logging.basicConfig(
-        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
-    )
+    level = args.log_level.upper()
+    logging.basicConfig(level=level, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    if level != "DEBUG":
+        # qh3 logs every peer close at WARNING; a broker says little by default.
+        logging.getLogger("quic").setLevel(logging.ERROR)
     try:
         config = config_from_args(args)
     except ConfigError as exc:
