@@ -58,6 +58,7 @@ from felix_wire.messages import (
 from felix_transport import Connection, Server, Stream, StreamClosedError, TransportConfig, serve
 from felix_transport.events import ConnectionClosedError
 
+from .cache import CACHE_REQUESTS, CacheCall, CacheService
 from .catalog import Routing, StreamSpec
 from .config import BrokerConfig
 from .engine import Engine, OverloadedError, PublishRequest, Shard, Subscriber, publisher_of
@@ -160,6 +161,7 @@ class Broker:
         self.metrics = BrokerMetrics()
         self.health = Health()
         self.engine: Engine | None = None
+        self.cache: CacheService | None = None
         self.tls: TlsMaterial | None = None
         self.issuer: DevIssuer | None = None
         self._verifier = verifier
@@ -188,6 +190,7 @@ class Broker:
                 self.issuer = DevIssuer.load_or_create(config.data_dir)
                 self._verifier = TokenVerifier(self.issuer.jwks())
         self.engine = Engine(config.catalog, config, self.metrics)
+        self.cache = CacheService(config=config, catalog=config.catalog, metrics=self.metrics)
         self._http = HttpListener(metrics=self.metrics, health=self.health)
         await self._http.start(config.metrics_bind.host, config.metrics_bind.port)
         transport = TransportConfig.server(
@@ -305,7 +308,8 @@ class Broker:
 
     def _new_protocol(self, *, publish_only: bool) -> StreamProtocol:
         config = self.config
-        features = SERVER_FEATURES
+        assert self.cache is not None
+        features = SERVER_FEATURES | self.cache.features
         if config.publish_window <= 0:
             features &= ~int(
                 Feature.FEATURE_PUBLISH_PIPELINE | Feature.FEATURE_STREAM_PUBLISH_WINDOW
@@ -391,6 +395,16 @@ class Broker:
             await self._publish_json(proto, io, request)
         elif isinstance(request, Subscribe):
             await self._subscribe(state, proto, io, request)
+        elif isinstance(request, CACHE_REQUESTS) and self.cache is not None:
+            # Each cache request runs on its own: answers go out in completion order,
+            # matched by request_id, so one slow request holds back no other.
+            call = CacheCall(
+                proto,
+                io.write,
+                lambda coro: state.spawn(coro, "cache-task"),
+                state.connection.open_uni_stream,
+            )
+            state.spawn(self.cache.handle(request, call), "cache-request")
         elif isinstance(request, StreamShards):
             await io.write(self._stream_shards(proto, request))
         elif isinstance(request, CacheShards):
