@@ -1,0 +1,260 @@
+"""aioquic 1.7 backend.
+
+aioquic grows a stream's receive window from what has *arrived*
+(``receiver.highest_offset``), not from what the application has read, so a
+peer can fill memory behind a slow reader. :class:`_CreditedConnection`
+replaces the private ``_write_stream_limits`` so that MAX_STREAM_DATA only
+advances to ``bytes read by the application + stream_receive_window``.
+"""
+
+from __future__ import annotations
+
+import ssl
+from collections.abc import Sequence
+from typing import Any
+
+from aioquic import tls
+from aioquic.quic import events as qe
+from aioquic.quic.configuration import QuicConfiguration
+from aioquic.quic.connection import MAX_STREAM_DATA_FRAME_CAPACITY, QuicConnection
+from aioquic.quic.packet import QuicFrameType
+from aioquic.quic.packet_builder import QuicPacketBuilder
+from aioquic.quic.recovery import QuicPacketSpace
+from aioquic.quic.stream import QuicStream
+from cryptography import x509
+from cryptography.hazmat.primitives import serialization
+
+from ..config import TransportConfig
+from ..events import (
+    ConnectionIdIssued,
+    ConnectionIdRetired,
+    ConnectionTerminated,
+    HandshakeCompleted,
+    StopSendingReceived,
+    StreamClosedError,
+    StreamDataReceived,
+    StreamReset,
+    TransportEvent,
+)
+from . import Address, Capabilities, ConnectionAdapter, ServerFactory
+from ._alpn import AlpnSelection, install_server_hello_hook
+
+__all__ = ["AioquicAdapter", "AioquicServerFactory", "build_configuration"]
+
+CAPABILITIES = Capabilities(
+    per_stream_receive_credit=True,
+    batch_receive=False,
+    visible_pings=True,
+    congestion_control_switch=True,
+    configurable_stream_limits=True,
+    configurable_signature_algorithms=False,
+    backlog_includes_unacked=True,
+)
+
+
+def build_configuration(config: TransportConfig, *, is_client: bool) -> QuicConfiguration:
+    """aioquic's QuicConfiguration for ``config`` (certificate objects are accepted)."""
+    qc = QuicConfiguration(
+        is_client=is_client,
+        max_datagram_size=config.max_datagram_size,
+        idle_timeout=config.idle_timeout,
+        max_data=config.connection_receive_window,
+        max_stream_data=config.stream_receive_window,
+    )
+    if config.cipher_suites is not None:
+        qc.cipher_suites = [tls.CipherSuite[name] for name in config.cipher_suites]
+    if is_client:
+        if config.ca_pem is None:
+            raise ValueError("a client needs ca_pem: peer verification is always on")
+        qc.server_name = config.server_name
+        qc.verify_mode = ssl.CERT_REQUIRED
+        qc.load_verify_locations(cadata=config.ca_pem)
+        qc.alpn_protocols = list(config.alpn_protocols) if config.offer_alpn else None
+    else:
+        if config.certificate_chain_pem is None or config.private_key_pem is None:
+            raise ValueError("a server needs certificate_chain_pem and private_key_pem")
+        chain = x509.load_pem_x509_certificates(config.certificate_chain_pem)
+        qc.certificate = chain[0]
+        qc.certificate_chain = chain[1:]
+        qc.private_key = serialization.load_pem_private_key(config.private_key_pem, None)
+        install_server_hello_hook(
+            tls.Context, tls.pull_client_hello, tls.AlertNoApplicationProtocol
+        )
+        qc.alpn_protocols = AlpnSelection(config.alpn_protocols, required=config.require_alpn)
+    return qc
+
+
+class _CreditedConnection(QuicConnection):
+    """A QuicConnection whose MAX_STREAM_DATA follows application reads."""
+
+    def __init__(self, *, window: int, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.felix_window = window
+        self.felix_consumed: dict[int, int] = {}
+
+    def _write_stream_limits(
+        self, builder: QuicPacketBuilder, space: QuicPacketSpace, stream: QuicStream
+    ) -> None:
+        # Private hook (aioquic 1.7): called for every stream while building each
+        # 1-RTT packet. Zero means a locally opened uni stream, which never receives.
+        stream_id = stream.stream_id
+        if stream_id is None:  # only aioquic's placeholder streams lack an id
+            return
+        if stream.max_stream_data_local:
+            target = self.felix_consumed.get(stream_id, 0) + self.felix_window
+            # Update in half-window steps so reads do not cost a frame each.
+            if target - stream.max_stream_data_local >= self.felix_window // 2:
+                stream.max_stream_data_local = target
+        if stream.max_stream_data_local_sent != stream.max_stream_data_local:
+            buf = builder.start_frame(
+                QuicFrameType.MAX_STREAM_DATA,
+                capacity=MAX_STREAM_DATA_FRAME_CAPACITY,
+                handler=self._on_max_stream_data_delivery,
+                handler_args=(stream,),
+            )
+            buf.push_uint_var(stream_id)
+            buf.push_uint_var(stream.max_stream_data_local)
+            stream.max_stream_data_local_sent = stream.max_stream_data_local
+
+
+class AioquicAdapter(ConnectionAdapter):
+    """aioquic QuicConnection behind the common adapter interface."""
+
+    impl = "aioquic"
+    capabilities = CAPABILITIES
+
+    def __init__(self, quic: _CreditedConnection, config: TransportConfig) -> None:
+        self._quic = quic
+        self._window = config.stream_receive_window
+        self._alpn: str | None = None
+        # Stream-count limits are private Limit objects; set before any
+        # transport parameters are serialised (at connect / first datagram).
+        for limit, value in (
+            (quic._local_max_streams_bidi, config.max_streams_bidi),
+            (quic._local_max_streams_uni, config.max_streams_uni),
+        ):
+            limit.value = limit.sent = value
+
+    @classmethod
+    def client(cls, config: TransportConfig) -> AioquicAdapter:
+        qc = build_configuration(config, is_client=True)
+        quic = _CreditedConnection(window=config.stream_receive_window, configuration=qc)
+        return cls(quic, config)
+
+    def connect(self, addr: Address, now: float) -> None:
+        self._quic.connect(addr, now=now)
+
+    def receive_datagrams(self, datagrams: Sequence[bytes], addr: Address, now: float) -> None:
+        receive = self._quic.receive_datagram
+        for data in datagrams:
+            receive(data, addr, now=now)
+
+    def datagrams_to_send(self, now: float) -> list[tuple[bytes, Address]]:
+        return self._quic.datagrams_to_send(now=now)
+
+    def get_timer(self) -> float | None:
+        return self._quic.get_timer()
+
+    def handle_timer(self, now: float) -> None:
+        self._quic.handle_timer(now=now)
+
+    def next_event(self) -> TransportEvent | None:
+        while (event := self._quic.next_event()) is not None:
+            if isinstance(event, qe.StreamDataReceived):
+                return StreamDataReceived(event.stream_id, event.data, event.end_stream)
+            if isinstance(event, qe.StreamReset):
+                return StreamReset(event.stream_id, event.error_code)
+            if isinstance(event, qe.StopSendingReceived):
+                return StopSendingReceived(event.stream_id, event.error_code)
+            if isinstance(event, qe.HandshakeCompleted):
+                self._alpn = event.alpn_protocol
+                return HandshakeCompleted(event.alpn_protocol)
+            if isinstance(event, qe.ConnectionTerminated):
+                return ConnectionTerminated(event.error_code, event.reason_phrase)
+            if isinstance(event, qe.ConnectionIdIssued):
+                return ConnectionIdIssued(event.connection_id)
+            if isinstance(event, qe.ConnectionIdRetired):
+                return ConnectionIdRetired(event.connection_id)
+            # ProtocolNegotiated duplicates HandshakeCompleted; PING acks and
+            # DATAGRAM frames are not used by Felix.
+        return None
+
+    def open_stream(self, *, unidirectional: bool) -> int:
+        # get_next_available_stream_id only peeks: two opens before any write would
+        # get the same id. Creating the stream now advances the counter (aioquic 1.7,
+        # pinned; the method is private).
+        stream_id = self._quic.get_next_available_stream_id(is_unidirectional=unidirectional)
+        self._quic._get_or_create_stream_for_send(stream_id)
+        return stream_id
+
+    def send(self, stream_id: int, data: bytes, *, end_stream: bool = False) -> None:
+        try:
+            self._quic.send_stream_data(stream_id, data, end_stream)
+        except (RuntimeError, ValueError) as exc:
+            # aioquic: RuntimeError after FIN/reset, ValueError once discarded.
+            raise StreamClosedError(stream_id, str(exc)) from exc
+
+    def reset(self, stream_id: int, error_code: int) -> None:
+        self._quic.reset_stream(stream_id, error_code)
+
+    def stop_sending(self, stream_id: int, error_code: int) -> None:
+        self._quic.stop_stream(stream_id, error_code)
+
+    def close(self, error_code: int, reason_phrase: str, *, transport: bool = False) -> None:
+        # A frame type (PADDING, 0) marks the close as transport-level.
+        self._quic.close(
+            error_code=error_code,
+            frame_type=0 if transport else None,
+            reason_phrase=reason_phrase,
+        )
+
+    def ping(self) -> None:
+        self._quic.send_ping(0)
+
+    def send_backlog(self, stream_id: int) -> int:
+        stream = self._quic._streams.get(stream_id)
+        if stream is None:
+            return 0
+        # Private sender fields: the buffer spans the first unacked offset to
+        # the last written one, i.e. unsent plus in-flight bytes.
+        sender = stream.sender
+        return sender._buffer_stop - sender._buffer_start
+
+    def consumed(self, stream_id: int, total: int) -> bool:
+        self._quic.felix_consumed[stream_id] = total
+        stream = self._quic._streams.get(stream_id)
+        if stream is None or not stream.max_stream_data_local:
+            return False
+        sent: int = stream.max_stream_data_local_sent
+        return total + self._window - sent >= self._window // 2
+
+    def forget_stream(self, stream_id: int) -> None:
+        self._quic.felix_consumed.pop(stream_id, None)
+
+    @property
+    def peer_address(self) -> Address | None:
+        return self._quic.get_peer_address()
+
+    @property
+    def alpn_protocol(self) -> str | None:
+        return self._alpn
+
+    @property
+    def initial_connection_ids(self) -> Sequence[bytes]:
+        return [self._quic.host_cid]
+
+
+class AioquicServerFactory(ServerFactory):
+    """Server adapters sharing one aioquic configuration."""
+
+    def __init__(self, config: TransportConfig) -> None:
+        self._config = config
+        self._qc = build_configuration(config, is_client=False)
+
+    def create(self, original_destination_cid: bytes) -> ConnectionAdapter:
+        quic = _CreditedConnection(
+            window=self._config.stream_receive_window,
+            configuration=self._qc,
+            original_destination_connection_id=original_destination_cid,
+        )
+        return AioquicAdapter(quic, self._config)

@@ -1,0 +1,157 @@
+"""Transport configuration shared by both QUIC backends.
+
+:class:`TransportConfig` is stack-neutral; :func:`build_quic_configuration`
+turns it into the selected stack's ``QuicConfiguration`` (the stacks are
+imported lazily so that using one never imports the other).
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field, replace
+from typing import Any, Literal
+
+__all__ = [
+    "DEFAULT_SIGNATURE_ALGORITHMS",
+    "FELIX_ALPN",
+    "Impl",
+    "TransportConfig",
+    "build_quic_configuration",
+    "default_impl",
+]
+
+Impl = Literal["qh3", "aioquic"]
+
+FELIX_ALPN = "felix/1"
+
+# ECDSA first (what certs.py issues by default), Ed25519 next: qh3 only offers
+# Ed25519 when the list names it, and the official client's leaves may use it.
+DEFAULT_SIGNATURE_ALGORITHMS: tuple[str, ...] = (
+    "ECDSA_SECP256R1_SHA256",
+    "ED25519",
+    "ECDSA_SECP384R1_SHA384",
+    "RSA_PSS_RSAE_SHA256",
+    "RSA_PKCS1_SHA256",
+)
+
+# aioquic encodes frame lengths in two bytes in places; above this it fails.
+_AIOQUIC_MAX_DATAGRAM = 16 * 1024
+_QH3_MAX_DATAGRAM = 65_000
+_MIN_DATAGRAM = 1200  # RFC 9000 section 14: every QUIC path must carry 1200 bytes.
+
+
+def default_impl() -> Impl:
+    """The backend named by ``FELIX_QUIC_IMPL`` (``qh3`` when unset)."""
+    value = os.environ.get("FELIX_QUIC_IMPL", "qh3").strip().lower() or "qh3"
+    if value not in ("qh3", "aioquic"):
+        raise ValueError(f"FELIX_QUIC_IMPL must be 'qh3' or 'aioquic', not {value!r}")
+    return "qh3" if value == "qh3" else "aioquic"
+
+
+@dataclass(frozen=True)
+class TransportConfig:
+    """Everything the transport needs for one endpoint (server or client).
+
+    Server side: ``certificate_chain_pem`` (leaf first, then the CA) and
+    ``private_key_pem``. Client side: ``ca_pem``; peer verification is always
+    on and cannot be switched off.
+
+    ALPN: a server selects ``felix/1`` (any of ``alpn_protocols``) when the
+    client offers it and negotiates nothing when the client offers nothing,
+    decided per connection; ``require_alpn`` refuses clients offering none. A
+    client offers ``alpn_protocols`` only when ``offer_alpn`` is set, and then
+    aborts if the server selects none.
+
+    Flow control: ``stream_receive_window`` is both the per-stream QUIC credit
+    and the most the transport buffers for a reader that does not read (see
+    ``felix_transport.connection``). ``send_high_watermark`` /
+    ``send_low_watermark`` bound each stream's send backlog: ``Stream.write``
+    waits above the high mark until the backlog falls below the low mark.
+    """
+
+    impl: Impl = field(default_factory=default_impl)
+    certificate_chain_pem: bytes | None = None
+    private_key_pem: bytes | None = None
+    ca_pem: bytes | None = None
+    server_name: str = "localhost"
+    alpn_protocols: tuple[str, ...] = (FELIX_ALPN,)
+    offer_alpn: bool = False
+    require_alpn: bool = False
+    # 1350 fits common tunnels and IPv6 paths; raise it on loopback only.
+    max_datagram_size: int = 1350
+    # The official client idles out after 6 s and PINGs every 2 s.
+    idle_timeout: float = 6.0
+    keepalive_interval: float | None = None
+    connection_receive_window: int = 16 * 1024 * 1024
+    stream_receive_window: int = 1024 * 1024
+    max_streams_bidi: int = 1024
+    max_streams_uni: int = 1024
+    send_high_watermark: int = 1024 * 1024
+    send_low_watermark: int = 256 * 1024
+    cipher_suites: tuple[str, ...] | None = None
+    signature_algorithms: tuple[str, ...] = DEFAULT_SIGNATURE_ALGORITHMS
+    socket_buffer_size: int = 4 * 1024 * 1024
+    max_datagrams_per_wakeup: int = 64
+
+    def __post_init__(self) -> None:
+        if self.impl not in ("qh3", "aioquic"):
+            raise ValueError(f"impl must be 'qh3' or 'aioquic', not {self.impl!r}")
+        limit = _AIOQUIC_MAX_DATAGRAM if self.impl == "aioquic" else _QH3_MAX_DATAGRAM
+        if not _MIN_DATAGRAM <= self.max_datagram_size <= limit:
+            raise ValueError(
+                f"max_datagram_size must be within {_MIN_DATAGRAM}..{limit} for {self.impl}"
+            )
+        if self.idle_timeout <= 0:
+            raise ValueError("idle_timeout must be positive")
+        if self.keepalive_interval is not None and self.keepalive_interval <= 0:
+            raise ValueError("keepalive_interval must be positive")
+        if self.stream_receive_window < 4096:
+            raise ValueError("stream_receive_window must be at least 4096 bytes")
+        if self.connection_receive_window < self.stream_receive_window:
+            raise ValueError("connection_receive_window must be >= stream_receive_window")
+        if not 0 < self.send_low_watermark <= self.send_high_watermark:
+            raise ValueError("need 0 < send_low_watermark <= send_high_watermark")
+        if self.max_streams_bidi < 1 or self.max_streams_uni < 1:
+            raise ValueError("max_streams_bidi and max_streams_uni must be >= 1")
+        if (self.offer_alpn or self.require_alpn) and not self.alpn_protocols:
+            raise ValueError("offer_alpn/require_alpn need at least one ALPN protocol")
+        if (self.certificate_chain_pem is None) != (self.private_key_pem is None):
+            raise ValueError("certificate_chain_pem and private_key_pem go together")
+
+    @classmethod
+    def server(
+        cls,
+        certificate_chain_pem: bytes,
+        private_key_pem: bytes,
+        **options: Any,
+    ) -> TransportConfig:
+        """A server configuration; ``certificate_chain_pem`` is leaf PEM + CA PEM."""
+        return cls(
+            certificate_chain_pem=certificate_chain_pem,
+            private_key_pem=private_key_pem,
+            **options,
+        )
+
+    @classmethod
+    def client(cls, ca_pem: bytes, **options: Any) -> TransportConfig:
+        """A client configuration trusting the CA certificates in ``ca_pem``."""
+        return cls(ca_pem=ca_pem, **options)
+
+    def with_impl(self, impl: Impl) -> TransportConfig:
+        """The same settings on the other backend."""
+        return replace(self, impl=impl)
+
+
+def build_quic_configuration(config: TransportConfig, *, is_client: bool) -> Any:
+    """The selected stack's ``QuicConfiguration`` for ``config``.
+
+    Typed ``Any`` because the two stacks' classes are unrelated types; each
+    backend module returns its own precise type.
+    """
+    if config.impl == "qh3":
+        from .backends import _qh3
+
+        return _qh3.build_configuration(config, is_client=is_client)
+    from .backends import _aioquic
+
+    return _aioquic.build_configuration(config, is_client=is_client)
