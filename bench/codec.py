@@ -146,24 +146,38 @@ def main() -> None:
     args = parser.parse_args()
     rounds, seconds = args.rounds, args.seconds
 
-    batch = PublishBatchFrame(tenant_id="t1", namespace="default", stream="orders", payloads=PAYLOADS)
+    batch = PublishBatchFrame(
+        tenant_id="t1", namespace="default", stream="orders", payloads=PAYLOADS
+    )
     flags, publish_payload = encode_publish_batch(batch)
     assert naive_encode_publish("t1", "default", "orders", PAYLOADS) == publish_payload
-    assert naive_decode_publish(publish_payload)[3] == decode_publish_batch(flags, publish_payload).payloads
+    assert (
+        naive_decode_publish(publish_payload)[3]
+        == decode_publish_batch(flags, publish_payload).payloads
+    )
 
     events = EventBatchSharedFrame(base_offset=1_000_000, payloads=PAYLOADS)
     event_flags, event_payload = encode_event_batch_shared(events)
     assert naive_encode_events(1_000_000, PAYLOADS) == event_payload
-    assert naive_decode_events(event_payload)[1] == decode_event_batch_shared(event_flags, event_payload).payloads
+    assert (
+        naive_decode_events(event_payload)[1]
+        == decode_event_batch_shared(event_flags, event_payload).payloads
+    )
 
     message = CacheValue(
-        tenant_id="t1", namespace="default", cache="primary", key="session-42", value=b"x" * 64, request_id=7
+        tenant_id="t1",
+        namespace="default",
+        cache="primary",
+        key="session-42",
+        value=b"x" * 64,
+        request_id=7,
     )
     json_payload = encode_message(message)
     assert json.loads(json_payload) == JSON_VALUE
 
     size = len(publish_payload)
-    print(f"binary batches: {RECORDS} x {RECORD_BYTES} B ({size} B payload); median of {rounds} rounds\n")
+    print(f"binary batches: {RECORDS} x {RECORD_BYTES} B ({size} B payload)")
+    print(f"median of {rounds} rounds\n")
     row(
         "publish batch encode",
         rate(lambda: encode_publish_batch(batch), seconds, rounds),
@@ -197,8 +211,14 @@ def main() -> None:
     naive_encode = rate(stdlib_json_encode, seconds, rounds)
     naive_decode = rate(lambda: stdlib_json_decode(json_payload), seconds, rounds)
     print()
-    print(f"{'json cache_value encode':<34} {encode_rate:>14,.0f} msg/s   stdlib json {naive_encode:>12,.0f} msg/s   ratio {encode_rate / naive_encode:5.2f}x")
-    print(f"{'json cache_value decode':<34} {decode_rate:>14,.0f} msg/s   stdlib json {naive_decode:>12,.0f} msg/s   ratio {decode_rate / naive_decode:5.2f}x")
+    for label, ours, naive in (
+        ("json cache_value encode", encode_rate, naive_encode),
+        ("json cache_value decode", decode_rate, naive_decode),
+    ):
+        print(
+            f"{label:<34} {ours:>14,.0f} msg/s   stdlib json {naive:>12,.0f} msg/s"
+            f"   ratio {ours / naive:5.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from felix_transport import Connection, Server, Stream, StreamClosedError, TransportConfig, serve
+from felix_transport.events import ConnectionClosedError
 from felix_wire.binary import PublishBatchFrame
 from felix_wire.codec import encode_frame
 from felix_wire.errors import ErrorCode
@@ -54,9 +56,6 @@ from felix_wire.messages import (
     Subscribed,
     Unsupported,
 )
-
-from felix_transport import Connection, Server, Stream, StreamClosedError, TransportConfig, serve
-from felix_transport.events import ConnectionClosedError
 
 from .cache import CACHE_REQUESTS, CacheCall, CacheService
 from .catalog import Routing, StreamSpec

@@ -33,13 +33,24 @@ from typing import Any  # noqa: E402
 import pytest  # noqa: E402
 
 
-def start_fixture_broker(tmp: Path, *extra_env: tuple[str, str]) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
+def start_fixture_broker(
+    tmp: Path, *extra_env: tuple[str, str]
+) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     """Run `felix-broker fixture` and return the process and its fixture document."""
     out = tmp / "fixture.json"
     env = dict(os.environ)
     env.update(extra_env)
     process = subprocess.Popen(
-        [sys.executable, "-m", "felix_broker.cli", "fixture", "--out", str(out), "--ca-file", str(tmp / "ca.pem")],
+        [
+            sys.executable,
+            "-m",
+            "felix_broker.cli",
+            "fixture",
+            "--out",
+            str(out),
+            "--ca-file",
+            str(tmp / "ca.pem"),
+        ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,
         env=env,
@@ -47,7 +58,8 @@ def start_fixture_broker(tmp: Path, *extra_env: tuple[str, str]) -> tuple[subpro
     deadline = time.monotonic() + 30
     while not out.exists():
         if process.poll() is not None:
-            raise RuntimeError(f"felix-broker fixture exited: {process.stderr.read().decode() if process.stderr else ''}")
+            errors = process.stderr.read().decode() if process.stderr else ""
+            raise RuntimeError(f"felix-broker fixture exited: {errors}")
         if time.monotonic() > deadline:
             process.kill()
             raise TimeoutError("felix-broker fixture did not start within 30 s")

@@ -1,4 +1,4 @@
-"""A raw wire client and an in-process broker for broker tests (real QUIC, real TLS, real tokens)."""
+"""A raw wire client and an in-process broker for broker tests (real QUIC, TLS and tokens)."""
 
 from __future__ import annotations
 

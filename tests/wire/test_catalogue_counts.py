@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 
 import pytest
+
 from felix_wire.catalogue import COUNTS, DECISIONS
 from felix_wire.errors import ERROR_CODE_BY_NAME, ErrorCode, RetryClass
 from felix_wire.features import (

@@ -5,6 +5,7 @@ from __future__ import annotations
 import struct
 
 import pytest
+
 from felix_wire import FrameReader, encode_frame
 from felix_wire import wire_errors as we
 from felix_wire.binary import (
@@ -243,7 +244,9 @@ def test_publish_refusal_needs_exactly_one_reason() -> None:
 
 def test_encode_refuses_values_that_do_not_fit() -> None:
     with pytest.raises(we.EncodeError) as info:
-        encode_frame(PublishBatchFrame(tenant_id="x" * 70000, namespace="n", stream="s", payloads=[]))
+        encode_frame(
+            PublishBatchFrame(tenant_id="x" * 70000, namespace="n", stream="s", payloads=[])
+        )
     assert info.value.field == "tenant_id"
     with pytest.raises(we.EncodeError) as info:
         encode_frame(

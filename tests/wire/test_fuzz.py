@@ -5,6 +5,9 @@ from __future__ import annotations
 import contextlib
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
 from felix_wire import FrameReader, encode_frame
 from felix_wire.codec import decode_payload
 from felix_wire.flags import LAYOUT_BY_FLAG
@@ -12,8 +15,6 @@ from felix_wire.frame import HEADER_SIZE, MAGIC
 from felix_wire.messages import decode_message
 from felix_wire.strategies import binary_frame, message
 from felix_wire.wire_errors import WireError
-from hypothesis import given, settings
-from hypothesis import strategies as st
 
 ALL_FLAGS = sorted(LAYOUT_BY_FLAG)
 

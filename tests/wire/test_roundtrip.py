@@ -10,6 +10,9 @@ from typing import Any
 
 import msgspec
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
 from felix_wire import FrameReader, decode_frame, encode_frame
 from felix_wire.binary import DECODERS
 from felix_wire.codec import decode_payload
@@ -17,8 +20,6 @@ from felix_wire.flags import LAYOUT_BY_FLAG, layout_of
 from felix_wire.frame import HEADER_SIZE
 from felix_wire.messages import MESSAGE_CLASSES, decode_message, encode_message
 from felix_wire.strategies import MESSAGE_STRATEGIES, binary_frame
-from hypothesis import given
-from hypothesis import strategies as st
 
 
 @pytest.mark.parametrize("message_type", sorted(MESSAGE_CLASSES))

@@ -9,6 +9,7 @@ from typing import Any
 
 import msgspec
 import pytest
+
 from felix_wire import FrameReader, decode_frame, encode_frame
 from felix_wire.binary import PublishAckFrame, PublishBatchFrame
 from felix_wire.frame import HEADER_SIZE, decode_header

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from felix_wire import FrameReader, decode_frame, encode_frame
 from felix_wire.binary import (
     AckStatus,
