@@ -1,0 +1,200 @@
+"""Discovery answers, HTTP endpoints, the felix-broker command line and SIGTERM drain."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import signal
+import subprocess
+import sys
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from felix_broker.tokens import TokenVerifier
+from felix_wire.messages import (
+    CacheShards,
+    CacheShardsView,
+    ShardOwner,
+    ShardOwners,
+    ShardOwnersView,
+    ShardRouting,
+    StreamShards,
+    StreamShardsView,
+    Topology,
+    Unsupported,
+)
+
+from ..conftest import start_fixture_broker, stop_fixture_broker
+from .harness import NS, TENANT, WireClient, running_broker
+
+pytestmark = pytest.mark.timeout(40)
+
+
+async def test_discovery_answers(tmp_path: Path) -> None:
+    async with running_broker(tmp_path) as broker:
+        client = await WireClient.connect(broker)
+        stream, _ = await client.authed()
+        cases = [
+            (
+                StreamShards(tenant_id=TENANT, namespace=NS, stream="mod", request_id=1),
+                StreamShardsView(shards=3, request_id=1),
+            ),
+            (
+                StreamShards(tenant_id=TENANT, namespace=NS, stream="wide", request_id=2),
+                StreamShardsView(shards=4, request_id=2, routing=ShardRouting.JUMP_HASH),
+            ),
+            # 0 means unknown, never "one" (D3); another tenant's names are unknown here.
+            (
+                StreamShards(tenant_id=TENANT, namespace=NS, stream="nope", request_id=3),
+                StreamShardsView(shards=0, request_id=3),
+            ),
+            (
+                StreamShards(tenant_id="t2", namespace=NS, stream="other", request_id=4),
+                StreamShardsView(shards=0, request_id=4),
+            ),
+            (
+                CacheShards(tenant_id=TENANT, namespace=NS, cache="c", request_id=5),
+                CacheShardsView(shards=2, request_id=5),
+            ),
+            (
+                CacheShards(tenant_id=TENANT, namespace=NS, cache="x", request_id=6),
+                CacheShardsView(shards=0, request_id=6),
+            ),
+            (
+                ShardOwners(
+                    tenant_id=TENANT, namespace=NS, name="mod", kind="stream", request_id=7
+                ),
+                ShardOwnersView(
+                    owners=[ShardOwner(shard=i, generation=0) for i in range(3)], request_id=7
+                ),
+            ),
+            (
+                ShardOwners(tenant_id=TENANT, namespace=NS, name="c", kind="cache", request_id=8),
+                ShardOwnersView(
+                    owners=[ShardOwner(shard=0, generation=0), ShardOwner(shard=1, generation=0)],
+                    request_id=8,
+                ),
+            ),
+            (
+                ShardOwners(
+                    tenant_id=TENANT, namespace=NS, name="nope", kind="stream", request_id=9
+                ),
+                ShardOwnersView(owners=[], request_id=9),
+            ),
+            # Not advertised by a standalone broker: answered unsupported, the stream goes on.
+            (Topology(), Unsupported(request_type="topology")),
+        ]
+        for request, expected in cases:
+            await stream.send(request)
+            assert await stream.recv() == expected
+        client.close()
+
+
+def _get(url: str) -> tuple[int, str]:
+    try:
+        with urllib.request.urlopen(url, timeout=5) as response:
+            return response.status, response.read().decode()
+    except urllib.error.HTTPError as exc:
+        return exc.code, exc.read().decode()
+
+
+async def test_http_endpoints_report_the_broker(tmp_path: Path) -> None:
+    async with running_broker(tmp_path) as broker:
+        base = f"http://127.0.0.1:{broker.http_port}"
+        client = await WireClient.connect(broker)
+        await client.authed()
+        assert await asyncio.to_thread(_get, base + "/live") == (200, "ok")
+        assert await asyncio.to_thread(_get, base + "/ready") == (200, "ok")
+        status, metrics = await asyncio.to_thread(_get, base + "/metrics")
+        assert status == 200 and "felix_broker_connections 1.0" in metrics
+        status, body = await asyncio.to_thread(_get, base + "/backup/offsets")
+        assert json.loads(body) == {"node_id": "", "shards": [], "skipped": []}
+        client.close()
+
+
+def test_token_command_prints_a_verifiable_token(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "felix_broker.cli",
+            "--data-dir",
+            str(tmp_path),
+            "token",
+            "--tenant",
+            "acme",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 0, result.stderr
+    from felix_broker.tokens import DevIssuer
+
+    principal = TokenVerifier(DevIssuer.load_or_create(tmp_path).jwks()).verify(
+        result.stdout.strip(), "acme"
+    )
+    assert principal.permissions.allows("stream.publish", "stream:acme/ns/s")
+
+
+def test_bad_configuration_fails_at_start_naming_the_key(tmp_path: Path) -> None:
+    config = tmp_path / "broker.yaml"
+    config.write_text("pub_queue_dept: 5\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "felix_broker.cli", "--config", str(config)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
+    assert result.returncode == 2
+    assert "pub_queue_dept" in result.stderr
+
+
+def test_fixture_serves_until_sigterm_and_drains(tmp_path: Path) -> None:
+    process, document = start_fixture_broker(tmp_path)
+    try:
+        assert document["tenant_id"] == TENANT and document["addrs"][0].startswith("127.0.0.1:")
+        assert Path(document["ca_file"]).read_text().startswith("-----BEGIN CERTIFICATE-----")
+        request = urllib.request.Request(
+            document["control_url"] + "/tokens",
+            data=json.dumps({"ttl_secs": 60, "forged": True}).encode(),
+            method="POST",
+        )
+        with urllib.request.urlopen(request, timeout=5) as response:
+            assert json.loads(response.read())["token"].count(".") == 2
+        assert _get(document["http_url"] + "/ready") == (200, "ok")
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
+    stop_fixture_broker(process)
+
+
+def test_start_message_names_addresses_ca_and_token(tmp_path: Path) -> None:
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "felix_broker.cli",
+            "--data-dir",
+            str(tmp_path),
+            "--quic-bind",
+            "127.0.0.1:0",
+            "--metrics-bind",
+            "127.0.0.1:0",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert process.stdout is not None
+        lines = [process.stdout.readline() for _ in range(3)]
+        assert "QUIC on 127.0.0.1:" in lines[0] and "HTTP on 127.0.0.1:" in lines[0]
+        assert str(tmp_path) in lines[1] and "ca.pem" in lines[1]
+        assert "felix-broker token --tenant" in lines[2]
+    finally:
+        process.send_signal(signal.SIGTERM)
+        assert process.wait(timeout=20) == 0
