@@ -360,7 +360,7 @@ async def test_a_slow_subscriber_drops_and_never_slows_the_others(tmp_path: Path
         pub, _ = await client.authed()
         total = 3000
         payload = b"y" * 2000
-        for i in range(0, total, 100):
+        for _ in range(0, total, 100):
             await pub.send(batch("orders", *[payload] * 100))
         received = 0
         while received < total:
