@@ -142,8 +142,8 @@ def fixture_catalog() -> StaticCatalog:
 
 async def _fixture(out: Path, ca_file: Path, log_level: str) -> int:
     data_dir = Path(tempfile.mkdtemp(prefix="felix-fixture-"))
+    # FELIX_* variables apply (e.g. FELIX_QUIC_IMPL); the fixture's own settings win.
     config = load_config(
-        environ={},
         overrides={
             "quic_bind": "127.0.0.1:0",
             "metrics_bind": "127.0.0.1:0",

@@ -27,7 +27,7 @@ from collections.abc import Sequence
 from qh3 import tls
 from qh3.quic import events as qe
 from qh3.quic.configuration import QuicConfiguration
-from qh3.quic.connection import QuicConnection
+from qh3.quic.connection import QuicConnection, QuicConnectionError
 
 from ..config import TransportConfig
 from ..events import (
@@ -160,6 +160,9 @@ class Qh3Adapter(ConnectionAdapter):
         except ValueError as exc:
             # qh3 reports writes after FIN / RESET_STREAM / STOP_SENDING this way.
             raise StreamClosedError(stream_id, str(exc)) from exc
+        except QuicConnectionError as exc:
+            # ...and writes on a connection its native core already closed this way.
+            raise StreamClosedError(stream_id, f"connection closed: {exc}") from exc
 
     def reset(self, stream_id: int, error_code: int) -> None:
         self._quic.reset_stream(stream_id, error_code)
