@@ -25,7 +25,6 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 from felix_transport import (
@@ -235,9 +234,10 @@ async def latency(side: Side, samples: int) -> tuple[float, float]:
     return statistics.median(times), times[int(len(times) * 0.99) - 1]
 
 
-async def measure(label: str, fn: Callable[[], Awaitable[float]], rounds: int) -> float:
-    results = [await fn() for _ in range(rounds)]
-    return statistics.median(results)
+async def median_rate(side: Side, fanout: int, record: int, batches: int, rounds: int) -> float:
+    return statistics.median(
+        [await throughput(side, fanout, record, batches) for _ in range(rounds)]
+    )
 
 
 async def bench(args: argparse.Namespace) -> None:
@@ -258,22 +258,26 @@ async def bench(args: argparse.Namespace) -> None:
         print(
             f"publish -> deliver, max datagram {args.datagram} B, median of {args.rounds} rounds\n"
         )
+        header = ("case", "broker rec/s", "MB/s", "raw aioquic", "ratio", "raw qh3", "ratio")
+        widths = (22, 14, 8, 14, 7, 12, 7)
         print(
-            f"{'case':<22}{'broker rec/s':>14}{'MB/s':>8}{'raw aioquic':>14}{'ratio':>7}{'raw qh3':>12}{'ratio':>7}"
+            "".join(
+                f"{h:<{w}}" if i == 0 else f"{h:>{w}}"
+                for i, (h, w) in enumerate(zip(header, widths, strict=True))
+            )
         )
         for record in (100, 4096):
             for fanout in (1, 10):
                 n = batches if record == 100 else max(50, batches // 8)
                 rates = {
-                    name: await measure(
-                        name, lambda s=side: throughput(s, fanout, record, n), args.rounds
-                    )
+                    name: await median_rate(side, fanout, record, n, args.rounds)
                     for name, side in sides.items()
                 }
                 b, ra, rq = rates["broker"], rates["raw aioquic"], rates["raw qh3"]
-                mb = b * record / 1e6
+                case = f"64 x {record} B, fanout {fanout}"
                 print(
-                    f"{f'64 x {record} B, fanout {fanout}':<22}{b:>14,.0f}{mb:>8.1f}{ra:>14,.0f}{b / ra:>7.2f}{rq:>12,.0f}{b / rq:>7.2f}"
+                    f"{case:<22}{b:>14,.0f}{b * record / 1e6:>8.1f}"
+                    f"{ra:>14,.0f}{b / ra:>7.2f}{rq:>12,.0f}{b / rq:>7.2f}"
                 )
         samples = 300 if args.quick else 1000
         print()

@@ -66,10 +66,10 @@ class Setup:
         self.round_trips = 500 if quick else 1500
 
     def server(self, impl: str) -> TransportConfig:
-        return TransportConfig.server(self.chain, self.key, impl=impl)  # type: ignore[arg-type]
+        return TransportConfig.server(self.chain, self.key, impl=impl)
 
     def client(self, impl: str) -> TransportConfig:
-        return TransportConfig.client(self.ca, impl=impl)  # type: ignore[arg-type]
+        return TransportConfig.client(self.ca, impl=impl)
 
 
 # -- our loop -------------------------------------------------------------------
