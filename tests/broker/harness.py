@@ -13,7 +13,7 @@ from felix_broker.catalog import CacheSpec, Routing, StaticCatalog, StreamSpec
 from felix_broker.cli import full_rights
 from felix_broker.config import load_config
 from felix_broker.server import Broker
-from felix_transport import Connection, Stream, TransportConfig, connect
+from felix_transport import Connection, Stream, TransportConfig, connect, default_impl
 from felix_wire.codec import Decoded, decode_frame, encode_frame
 from felix_wire.features import Feature
 from felix_wire.flags import Flag
@@ -47,6 +47,9 @@ async def running_broker(tmp: Path, **overrides: Any) -> AsyncIterator[Broker]:
         "quic_bind": "127.0.0.1:0",
         "metrics_bind": "127.0.0.1:0",
         "data_dir": str(tmp),
+        # FELIX_QUIC_IMPL picks the stack for the broker and (via the transport's
+        # default) for the test clients, so the suite runs on either backend.
+        "quic_impl": default_impl(),
     }
     settings.update(overrides)
     config = dataclasses.replace(load_config(environ={}, overrides=settings), catalog=catalog())
