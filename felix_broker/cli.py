@@ -97,16 +97,18 @@ def main(argv: list[str] | None = None) -> int:
     return asyncio.run(_serve(config))
 
 
-async def _run_until_signalled(broker: Broker) -> None:
-    loop = asyncio.get_running_loop()
+def _stop_on_signals() -> asyncio.Event:
+    """An event set by SIGTERM or SIGINT; installed before anything is announced, so a
+    signal that follows the start message always drains instead of killing."""
     stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stop.set)
-    await stop.wait()
-    await broker.stop()
+    return stop
 
 
 async def _serve(config: BrokerConfig) -> int:
+    stop = _stop_on_signals()
     broker = Broker(config)
     try:
         await broker.start()
@@ -121,7 +123,8 @@ async def _serve(config: BrokerConfig) -> int:
     )
     print(f"felix-broker: CA certificate {broker.ca_path}", flush=True)
     print("felix-broker: a token: felix-broker token --tenant t1", flush=True)
-    await _run_until_signalled(broker)
+    await stop.wait()
+    await broker.stop()
     return 0
 
 
@@ -141,6 +144,7 @@ def fixture_catalog() -> StaticCatalog:
 
 
 async def _fixture(out: Path, ca_file: Path, log_level: str) -> int:
+    stop = _stop_on_signals()
     data_dir = Path(tempfile.mkdtemp(prefix="felix-fixture-"))
     # FELIX_* variables apply (e.g. FELIX_QUIC_IMPL); the fixture's own settings win.
     config = load_config(
@@ -186,7 +190,8 @@ async def _fixture(out: Path, ca_file: Path, log_level: str) -> int:
     tmp.replace(out)  # readers never see a half-written fixture
     print(f"felix-broker fixture: {out}", flush=True)
     try:
-        await _run_until_signalled(broker)
+        await stop.wait()
+        await broker.stop()
     finally:
         control.close()
         await control.wait_closed()

@@ -40,6 +40,7 @@ from felix_wire.messages import (
     CursorErrorReason,
     ErrorDetail,
     EventStreamHello,
+    Extension,
     Message,
     Publish,
     PublishBatch,
@@ -190,6 +191,7 @@ class Broker:
                 self._verifier = TokenVerifier(self.issuer.jwks())
         self.engine = Engine(config.catalog, config, self.metrics)
         self.cache = CacheService(config=config, catalog=config.catalog, metrics=self.metrics)
+        await self.cache.start()  # reloads cache logs, starts the TTL pass
         self._http = HttpListener(metrics=self.metrics, health=self.health)
         await self._http.start(config.metrics_bind.host, config.metrics_bind.port)
         transport = TransportConfig.server(
@@ -255,6 +257,8 @@ class Broker:
             await self._server.wait_closed()
         if self._http is not None:
             await self._http.close()
+        if self.cache is not None:
+            await self.cache.close()
         if self.engine is not None:
             self.engine.close()
         self._stopped.set()
@@ -413,13 +417,25 @@ class Broker:
         elif isinstance(request, PublishWidth):
             # Not advertised, so a client should not send it; it expects no answer.
             return
+        elif isinstance(request, Extension):
+            # No extension is implemented: every one is answered like an unknown type
+            # (N8), naming the extension and echoing its request_id.
+            if proto.negotiated(Feature.FEATURE_UNSUPPORTED):
+                answer = Unsupported(
+                    request_type="extension", extension=request.name, request_id=request.request_id
+                )
+                await io.write(proto.message(answer))
+            else:
+                await self._end_stream(io, End(reset=False))
         else:
-            await io.write(self._not_served(proto, str(type(request).__struct_config__.tag)))
+            await io.write(self._not_served(proto, request))
 
-    def _not_served(self, proto: StreamProtocol, request_type: str) -> bytes:
+    def _not_served(self, proto: StreamProtocol, request: Message) -> bytes:
         """A known request this broker does not serve (its feature is not advertised)."""
+        request_type = str(type(request).__struct_config__.tag)
+        request_id = getattr(request, "request_id", None)
         if proto.negotiated(Feature.FEATURE_UNSUPPORTED):
-            return proto.message(Unsupported(request_type=request_type))
+            return proto.message(Unsupported(request_type=request_type, request_id=request_id))
         return proto.error(
             ErrorCode.INVALID_REQUEST, f"{request_type} is not served by this broker"
         )
