@@ -1,52 +1,127 @@
-"""The cache: keys with values, TTLs and versions, scoped to (tenant, namespace, cache, key).
+"""The cache service: keys with values, TTLs and versions, counters and watches.
 
-Every request is answered on the stream it came on and carries its request_id,
-so many may be in flight on one stream; the server runs each as its own task
-and answers arrive in completion order.
+Scope: (tenant, namespace, cache, key); a key lives on shard
+`shard_for_key(key, shards, CACHE_MODE)` of its cache. The state of each shard
+is a `CacheShard` (cache_shard.py, which also says the memory bound, eviction
+and compaction policies); this module answers requests and runs watches.
 
-Versions. In memory, versions come from one counter seeded with the wall clock
-in microseconds, so a restarted broker never reissues a version a client may
-still hold. A conditional write's check and write happen in one synchronous
-step (no await between them), which is what makes them atomic per key on the
-single event loop: two racing `absent` puts cannot both apply.
+Requests. Every request is answered on the stream it came on and carries its
+request_id, so many may be in flight on one stream: the server runs each as
+its own task and answers go out in completion order. Nothing here blocks the
+event loop for long; a request waits only for the durability of its own write.
 
-TTL. An expired entry reads as absent at once (checked on every access) and is
-removed when next touched.
+Conditional writes. The check and the write are one synchronous step on the
+shard (no await between them), so they are atomic per key and two racing
+`absent` puts cannot both apply. Under fsync mode on_commit the key's pending
+writes are waited for first (facts K4).
+
+Durable storage (config.durable_enabled): each shard has a log under
+`<durable_storage_dir>/@cache/<tenant>/<namespace>/<cache>/<shard>/` ("@" is
+outside the catalog's name alphabet, so no stream log can land there); a
+version is the offset of the write that set it; counters and watches are
+served (FEATURE_COUNTERS, FEATURE_CACHE_WATCH, FEATURE_CACHE_WATCH_RETAINED).
+Without it the cache is in memory, versions count up from the wall clock in
+microseconds, and counters and watches are not served.
+
+TTL. An expired entry reads as absent at once. A pass every
+`CacheLimits.ttl_pass_interval` (1 s) writes deletes for expired entries, at
+most `ttl_deletes_per_pass` (1024) per shard per pass (facts K5), so watches
+see expiry as a change.
+
+Watches. `cache_watch_started` on the request stream, then a broker-opened
+unidirectional stream: `event_stream_hello`, then retained or resnapshot values,
+then the replay `[from_offset, tail)` (from the log; compaction copies are not
+changes and are skipped), then live changes. The watch registers with its
+shard before the tail is read, in the same synchronous step, so replay and
+live meet without gap or duplicate. Its queue holds `watch_queue_capacity`
+changes; past that it lags (cache_watch.py). It ends on STOP_SENDING, when the
+connection goes, or when the service closes.
 """
 
 from __future__ import annotations
 
-import time
+import asyncio
+import contextlib
+import itertools
+import logging
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
+from prometheus_client import Counter
+
+from felix_transport import Stream, StreamClosedError
+from felix_transport.events import ConnectionClosedError
+from felix_wire.codec import encode_frame
 from felix_wire.errors import ErrorCode
 from felix_wire.features import Feature
 from felix_wire.messages import (
     CacheConditionResult,
     CacheDelete,
     CacheDeleteIf,
+    CacheEvent,
     CacheGet,
     CacheOk,
     CachePut,
     CachePutIf,
     CacheValue,
+    CacheWatch,
+    CacheWatchLagged,
+    CacheWatchStarted,
+    CounterAdd,
+    CounterGet,
+    CounterValue,
+    CursorErrorReason,
+    EventStreamHello,
     Message,
+    SubscribeCursorError,
+    Unsupported,
     VersionCondition,
 )
+from felix_wire.routing import CACHE_MODE, shard_for_key
 
-from felix_transport import Stream
-
-from .catalog import Catalog
-from .config import BrokerConfig
+from .cache_records import Kind, decode_record
+from .cache_shard import CacheLimits, CacheShard, Entry, EntryTooLargeError, now_ms
+from .cache_watch import Change, Watcher
+from .catalog import CacheSpec, Catalog
+from .config import BrokerConfig, FsyncMode
 from .metrics import BrokerMetrics
 from .permissions import Action, cache_object
 from .protocol import StreamProtocol
+from .storage import OffsetOutOfRangeError, StorageError
 
-__all__ = ["CACHE_REQUESTS", "CacheCall", "CacheService"]
+__all__ = ["CACHE_REQUESTS", "WATCH_ID_BASE", "CacheCall", "CacheLimits", "CacheService"]
 
-CACHE_REQUESTS = (CachePut, CacheGet, CacheDelete, CachePutIf, CacheDeleteIf)
+_log = logging.getLogger(__name__)
+
+CACHE_REQUESTS = (
+    CachePut,
+    CacheGet,
+    CacheDelete,
+    CachePutIf,
+    CacheDeleteIf,
+    CacheWatch,
+    CounterAdd,
+    CounterGet,
+)
+CacheRequest = (
+    CachePut | CacheGet | CacheDelete | CachePutIf | CacheDeleteIf | CounterAdd | CounterGet
+)
+
+# Watch ids share the connection's event-stream hellos with the engine's
+# subscription ids, which count from 1; starting far above keeps them apart.
+WATCH_ID_BASE = 1 << 40
+# Changes per write on a watch's event stream.
+_EVENT_BATCH = 256
+_REPLAY_RECORDS = 512
+_REPLAY_BYTES = 1024 * 1024
+_CACHE_DIR = "@cache"
+
+_MEMORY_FEATURES = int(Feature.FEATURE_CACHE_DELETE | Feature.FEATURE_CACHE_CONDITIONAL)
+_DURABLE_FEATURES = _MEMORY_FEATURES | int(
+    Feature.FEATURE_CACHE_WATCH | Feature.FEATURE_CACHE_WATCH_RETAINED | Feature.FEATURE_COUNTERS
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,123 +134,475 @@ class CacheCall:
     open_uni_stream: Callable[[], Awaitable[Stream]]  # a broker-opened event stream (watches)
 
 
-@dataclass(slots=True)
-class _Entry:
-    value: bytes
-    version: int
-    expires_at_ms: int  # 0 = never
+class _Refused(Exception):
+    """A request refused with an error frame."""
 
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
+    def __init__(self, code: ErrorCode, text: str) -> None:
+        super().__init__(text)
+        self.code = code
+        self.text = text
 
 
 class CacheService:
-    """Every cache this broker serves, in memory."""
+    """Every cache this broker serves. The server must call `start()` after
+    construction (recovery, TTL pass, periodic fsync) and `close()` at stop."""
 
-    def __init__(self, *, config: BrokerConfig, catalog: Catalog, metrics: BrokerMetrics) -> None:
+    def __init__(
+        self,
+        *,
+        config: BrokerConfig,
+        catalog: Catalog,
+        metrics: BrokerMetrics,
+        limits: CacheLimits | None = None,
+    ) -> None:
         self._config = config
         self._catalog = catalog
-        self._metrics = metrics
-        self._entries: dict[tuple[str, str, str, str], _Entry] = {}
-        self._next_version = time.time_ns() // 1000
+        self.limits = limits or CacheLimits()
+        self._shards: dict[tuple[str, str, str, int], CacheShard] = {}
+        self._watch_ids = itertools.count(WATCH_ID_BASE)
+        self._watchers: set[Watcher] = set()
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._started = False
+        self._closed = False
+        registry = metrics.registry
+        self.evictions = Counter(
+            "felix_cache_evictions",
+            "Cache entries evicted by the memory bound (least recently used first).",
+            registry=registry,
+        )
+        self.expirations = Counter(
+            "felix_cache_expirations",
+            "Expired cache entries deleted by the TTL pass.",
+            registry=registry,
+        )
+        self.watch_lags = Counter(
+            "felix_cache_watch_lagged",
+            "Cache watches ended with cache_watch_lagged (their queue overflowed).",
+            registry=registry,
+        )
+
+    @property
+    def durable(self) -> bool:
+        return self._config.durable_enabled
 
     @property
     def features(self) -> int:
         """Feature bits this service answers (watches and counters need the log)."""
-        return int(Feature.FEATURE_CACHE_DELETE | Feature.FEATURE_CACHE_CONDITIONAL)
+        return _DURABLE_FEATURES if self.durable else _MEMORY_FEATURES
+
+    # -- life cycle -----------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Recover every catalogued cache's shards from their logs (off the event loop),
+        then start the TTL pass and, in fsync mode periodic, the fsync timer.
+
+        Idempotent; a request before `start` opens its shard on first use.
+        """
+        if self._started or self._closed:
+            return
+        self._started = True
+        if self.durable:
+            for spec in self._config.catalog.caches():
+                for index in range(spec.shards):
+                    scope = (spec.tenant_id, spec.namespace, spec.name, index)
+                    if scope not in self._shards:
+                        self._shards[scope] = await asyncio.to_thread(self._open_shard, spec, index)
+        self._run(self._every(self.limits.ttl_pass_interval, self._ttl_pass), "cache-ttl")
+        if self.durable and self._config.durable_fsync_mode is FsyncMode.PERIODIC:
+            self._run(self._every(self.limits.fsync_interval, self._sync_pass), "cache-fsync")
+
+    async def close(self) -> None:
+        """End every watch, stop upkeep, sync and close every log. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        for watcher in list(self._watchers):
+            watcher.close()
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        shards = list(self._shards.values())
+        self._shards.clear()
+        results = await asyncio.gather(*(s.close() for s in shards), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                _log.error("closing a cache shard failed: %s", result)
+
+    def _run(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _every(self, interval: float, action: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await action()
+            except Exception:
+                # One failed pass must not end the upkeep of every other shard.
+                _log.exception("cache upkeep pass failed")
+
+    async def _ttl_pass(self) -> None:
+        now = now_ms()
+        for shard in list(self._shards.values()):
+            try:
+                expired = shard.expire_due(now)
+            except StorageError as exc:
+                _log.error("cache shard %s: TTL deletes failed: %s", shard.name, exc)
+                continue
+            if expired:
+                self.expirations.inc(expired)
+            self._maybe_compact(shard)
+
+    async def _sync_pass(self) -> None:
+        pending = [
+            s.log.sync() for s in self._shards.values() if s.log is not None and s.log.needs_sync
+        ]
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    def _maybe_compact(self, shard: CacheShard) -> None:
+        if shard.wants_compaction and not self._closed:
+            # Marked now, not when the task first runs, so the writes before that
+            # do not start a second compaction of the same shard.
+            shard.compacting = True
+            self._run(self._compact(shard), f"cache-compact-{shard.name}")
+
+    async def _compact(self, shard: CacheShard) -> None:
+        try:
+            await shard.compact()
+        except StorageError as exc:
+            _log.error("cache shard %s: compaction failed: %s", shard.name, exc)
+
+    # -- shards ---------------------------------------------------------------------
+
+    def _open_shard(self, spec: CacheSpec, index: int) -> CacheShard:
+        name = f"{spec.tenant_id}/{spec.namespace}/{spec.name}/{index}"
+        if not self.durable:
+            return CacheShard(name, limits=self.limits, evictions=self.evictions)
+        root = self._config.durable_storage_dir
+        assert root is not None
+        directory = Path(root, _CACHE_DIR, spec.tenant_id, spec.namespace, spec.name, str(index))
+        return CacheShard.open(
+            name,
+            directory,
+            limits=self.limits,
+            evictions=self.evictions,
+            fsync_mode=self._config.durable_fsync_mode,
+        )
+
+    def shard(self, spec: CacheSpec, index: int) -> CacheShard:
+        """The shard, opened now (blocking file I/O, once) if `start` did not."""
+        if self._closed:
+            raise _Refused(ErrorCode.DRAINING, "the cache is shutting down")
+        scope = (spec.tenant_id, spec.namespace, spec.name, index)
+        found = self._shards.get(scope)
+        if found is None:
+            found = self._shards[scope] = self._open_shard(spec, index)
+        return found
+
+    def shard_of_key(self, spec: CacheSpec, key: str) -> CacheShard:
+        return self.shard(spec, shard_for_key(key.encode(), spec.shards, CACHE_MODE))
+
+    # -- requests -------------------------------------------------------------------
 
     async def handle(self, request: Message, call: CacheCall) -> None:
         assert isinstance(request, CACHE_REQUESTS)
         proto = call.proto
-        action = Action.CACHE_READ if isinstance(request, CacheGet) else Action.CACHE_WRITE
-        refusal = self._refusal(proto, request.tenant_id, request.namespace, request.cache, action)
-        if refusal is not None:
-            await call.write(proto.error(*refusal))
-            return
-        await call.write(self._answer(proto, request))
+        try:
+            if isinstance(request, CacheWatch | CounterAdd | CounterGet) and not self.durable:
+                await call.write(self._not_served(proto, request))
+                return
+            try:
+                spec = self._admit(proto, request)
+                if isinstance(request, CacheWatch):
+                    await self._watch(spec, request, call)
+                    return
+                shard = self.shard_of_key(spec, request.key)
+                answer = await self._answer(proto, shard, request)
+            except _Refused as refused:
+                answer = proto.error(refused.code, refused.text)
+            except StorageError as exc:
+                _log.error("cache request failed in storage: %s", exc)
+                answer = proto.error(ErrorCode.STORAGE, f"cache storage failed: {exc}")
+            await call.write(answer)
+        except (StreamClosedError, ConnectionClosedError):
+            return  # the client went; nobody is left to answer
 
-    def _refusal(
-        self, proto: StreamProtocol, tenant: str, namespace: str, cache: str, action: Action
-    ) -> tuple[ErrorCode, str] | None:
+    def _admit(self, proto: StreamProtocol, request: CacheRequest | CacheWatch) -> CacheSpec:
+        """The cache the request names, if this principal may do the request on it."""
         principal = proto.principal
         assert principal is not None
+        tenant, namespace, cache = request.tenant_id, request.namespace, request.cache
+        read = isinstance(request, CacheGet | CounterGet | CacheWatch)
+        action = Action.CACHE_READ if read else Action.CACHE_WRITE
         if tenant != principal.tenant_id:
-            return ErrorCode.FORBIDDEN, "forbidden: the token is for another tenant"
-        if self._catalog.cache(tenant, namespace, cache) is None:
-            return (
+            raise _Refused(ErrorCode.FORBIDDEN, "forbidden: the token is for another tenant")
+        spec = self._catalog.cache(tenant, namespace, cache)
+        if spec is None:
+            raise _Refused(
                 ErrorCode.NOT_FOUND,
                 f"cache not found: tenant={tenant} namespace={namespace} cache={cache}",
             )
         obj = cache_object(tenant, namespace, cache)
         if not principal.permissions.allows(action, obj):
-            return ErrorCode.FORBIDDEN, f"forbidden: {action.value} on {obj}"
-        return None
+            raise _Refused(ErrorCode.FORBIDDEN, f"forbidden: {action.value} on {obj}")
+        return spec
 
-    def _live(self, key: tuple[str, str, str, str]) -> _Entry | None:
-        entry = self._entries.get(key)
-        if entry is not None and entry.expires_at_ms and entry.expires_at_ms <= _now_ms():
-            del self._entries[key]
-            return None
-        return entry
+    def _not_served(self, proto: StreamProtocol, request: Message) -> bytes:
+        """Counters and watches without durable storage: not advertised, so answered
+        like any request this broker does not serve."""
+        request_type = str(type(request).__struct_config__.tag)
+        if proto.negotiated(Feature.FEATURE_UNSUPPORTED):
+            rid = request.request_id if isinstance(request, CounterAdd | CounterGet) else None
+            return proto.message(Unsupported(request_type=request_type, request_id=rid))
+        return proto.error(
+            ErrorCode.INVALID_REQUEST, f"{request_type} needs durable storage on this broker"
+        )
 
-    def _version(self) -> int:
-        self._next_version += 1
-        return self._next_version
-
-    def _put(self, key: tuple[str, str, str, str], value: bytes, ttl_ms: int | None) -> int:
-        version = self._version()
-        expires = _now_ms() + ttl_ms if ttl_ms else 0
-        self._entries[key] = _Entry(value, version, expires)
-        return version
-
-    def _answer(
-        self,
-        proto: StreamProtocol,
-        request: CachePut | CacheGet | CacheDelete | CachePutIf | CacheDeleteIf,
+    async def _answer(
+        self, proto: StreamProtocol, shard: CacheShard, request: CacheRequest
     ) -> bytes:
-        key = (request.tenant_id, request.namespace, request.cache, request.key)
-        if isinstance(request, CachePut):
-            self._put(key, request.value, request.ttl_ms)
-            # decision cache-put-answer: cache_ok always carries a request_id.
-            return proto.message(CacheOk(request_id=request.request_id or 0))
-        if isinstance(request, CacheGet | CacheDelete):
-            entry = self._live(key)
-            if isinstance(request, CacheDelete) and entry is not None:
-                del self._entries[key]
+        key = request.key
+        if isinstance(request, CacheGet):
+            entry = shard.get(key, now_ms())
             return proto.message(
                 CacheValue(
                     tenant_id=request.tenant_id,
                     namespace=request.namespace,
                     cache=request.cache,
-                    key=request.key,
-                    value=entry.value if entry else None,
+                    key=key,
+                    value=entry.value if entry is not None else None,
                     request_id=request.request_id,
-                    # version only on a get's hit (shaping drops it for non-offerers)
-                    version=entry.version if entry and isinstance(request, CacheGet) else None,
+                    # Shaping drops it for clients that did not offer CACHE_CONDITIONAL.
+                    version=entry.version if entry is not None else None,
                 )
             )
-        entry = self._live(key)
-        current = entry.version if entry else None
+        if isinstance(request, CacheDelete):
+            removed, offset = shard.delete(key, now_ms())
+            await shard.wait_durable(offset)
+            return proto.message(
+                CacheValue(
+                    tenant_id=request.tenant_id,
+                    namespace=request.namespace,
+                    cache=request.cache,
+                    key=key,
+                    value=removed.value if removed is not None else None,
+                    request_id=request.request_id,
+                )
+            )
+        if isinstance(request, CachePut):
+            entry = self._put(shard, key, request.value, request.ttl_ms)
+            await shard.wait_durable(entry.offset)
+            self._maybe_compact(shard)
+            # decision cache-put-answer: cache_ok always carries a request_id.
+            return proto.message(CacheOk(request_id=request.request_id or 0))
         if isinstance(request, CachePutIf):
             condition = request.condition
-            if isinstance(condition, VersionCondition):
-                applies = current == condition.version
-            else:
-                applies = entry is None
-            if applies:
-                version = self._put(key, request.value, request.ttl_ms)
-                return proto.message(
-                    CacheConditionResult(
-                        applied=True, version=version, request_id=request.request_id
-                    )
+            wanted = condition.version if isinstance(condition, VersionCondition) else None
+            await shard.settle(key)
+            try:
+                applied, version, offset = shard.put_if(
+                    key, request.value, request.ttl_ms, wanted, now_ms()
                 )
+            except EntryTooLargeError as exc:
+                raise _Refused(ErrorCode.LIMIT_EXCEEDED, str(exc)) from None
+            await shard.wait_durable(offset)
+            self._maybe_compact(shard)
             return proto.message(
-                CacheConditionResult(applied=False, version=current, request_id=request.request_id)
+                CacheConditionResult(
+                    applied=applied, version=version, request_id=request.request_id
+                )
             )
-        if current is not None and current == request.version:
-            del self._entries[key]
-            return proto.message(CacheConditionResult(applied=True, request_id=request.request_id))
-        return proto.message(
-            CacheConditionResult(applied=False, version=current, request_id=request.request_id)
+        if isinstance(request, CacheDeleteIf):
+            await shard.settle(key)
+            applied, version, offset = shard.delete_if(key, request.version, now_ms())
+            await shard.wait_durable(offset)
+            return proto.message(
+                CacheConditionResult(
+                    applied=applied, version=version, request_id=request.request_id
+                )
+            )
+        if isinstance(request, CounterAdd):
+            try:
+                total, offset = shard.counter_add(key, request.delta)
+            except OverflowError as exc:
+                raise _Refused(ErrorCode.INVALID_REQUEST, str(exc)) from None
+            await shard.wait_durable(offset)
+            self._maybe_compact(shard)
+            return proto.message(CounterValue(value=total, request_id=request.request_id))
+        return proto.message(CounterValue(value=shard.counter(key), request_id=request.request_id))
+
+    def _put(self, shard: CacheShard, key: str, value: bytes, ttl_ms: int | None) -> Entry:
+        try:
+            return shard.put(key, value, ttl_ms, now_ms())
+        except EntryTooLargeError as exc:
+            raise _Refused(ErrorCode.LIMIT_EXCEEDED, str(exc)) from None
+
+    # -- watches --------------------------------------------------------------------
+
+    async def _watch(self, spec: CacheSpec, request: CacheWatch, call: CacheCall) -> None:
+        proto = call.proto
+        if (request.key is None) == (request.prefix is None):
+            raise _Refused(
+                ErrorCode.INVALID_REQUEST, "cache_watch needs exactly one of key, prefix"
+            )
+        if request.retained and request.from_offset is not None:
+            raise _Refused(
+                ErrorCode.INVALID_REQUEST,
+                "cache_watch: retained and from_offset exclude each other",
+            )
+        if request.key is not None:
+            # A key watch follows its key's shard; `shard` is ignored (facts K7).
+            shard = self.shard_of_key(spec, request.key)
+        else:
+            if request.shard is None and spec.shards > 1:
+                raise _Refused(
+                    ErrorCode.INVALID_REQUEST,
+                    f"a prefix watch on cache {spec.name} ({spec.shards} shards) must name a shard",
+                )
+            index = request.shard or 0
+            if index >= spec.shards:
+                raise _Refused(
+                    ErrorCode.INVALID_REQUEST,
+                    f"cache {spec.name} has {spec.shards} shard(s), not {index + 1}",
+                )
+            shard = self.shard(spec, index)
+        log = shard.log
+        assert log is not None
+        tail = log.next_offset
+        start = request.from_offset
+        if start is not None and start > tail:
+            cursor = SubscribeCursorError(
+                reason=CursorErrorReason.IN_FUTURE, requested=start, available=tail
+            )
+            await call.write(proto.message(cursor))
+            return
+        # Register, read the tail and take any snapshot in one step: every change
+        # from `tail` on reaches the watch's queue, everything before comes from
+        # the snapshot or the replay.
+        watcher = Watcher(
+            key=request.key, prefix=request.prefix, capacity=self.limits.watch_queue_capacity
         )
+        shard.register(watcher)
+        resnapshot = start is not None and start < log.start_offset
+        snapshot = shard.snapshot(watcher, now_ms()) if request.retained or resnapshot else []
+        replay_from = start if start is not None and not resnapshot else None
+        subscription_id = next(self._watch_ids)
+        started = CacheWatchStarted(
+            subscription_id=subscription_id,
+            resume_offset=replay_from if replay_from is not None else tail,
+            resnapshot=resnapshot,
+            retained_count=len(snapshot) if request.retained else None,
+        )
+        try:
+            await call.write(proto.message(started))
+            uni = await call.open_uni_stream()
+        except BaseException:
+            shard.unregister(watcher)
+            raise
+        self._watchers.add(watcher)
+        call.spawn(
+            self._deliver(shard, watcher, uni, proto, subscription_id, snapshot, replay_from, tail)
+        )
+
+    async def _deliver(
+        self,
+        shard: CacheShard,
+        watcher: Watcher,
+        uni: Stream,
+        proto: StreamProtocol,
+        subscription_id: int,
+        snapshot: list[Change],
+        replay_from: int | None,
+        tail: int,
+    ) -> None:
+        """Feed one watch's event stream until it ends (see the module docs)."""
+        stopper = asyncio.get_running_loop().create_task(uni.wait_stopped())
+        stopper.add_done_callback(lambda _t: watcher.close())
+        finished = False
+        try:
+            await uni.write(encode_frame(EventStreamHello(subscription_id=subscription_id)))
+            for at in range(0, len(snapshot), _EVENT_BATCH):
+                batch = snapshot[at : at + _EVENT_BATCH]
+                await uni.write(b"".join(_event(proto, change) for change in batch))
+            if replay_from is not None:
+                lost = await self._replay(shard, watcher, uni, proto, replay_from, tail)
+                if lost is not None:
+                    # Compaction removed history this replay still needed: the
+                    # client re-watches from there and gets a resnapshot.
+                    watcher.lagged_from = lost
+                    watcher.close()
+            while True:
+                changes = await watcher.take(_EVENT_BATCH)
+                if not changes:
+                    break
+                # Under on_commit nothing a crash could lose is delivered.
+                await shard.wait_durable(changes[-1].offset)
+                await uni.write(b"".join(_event(proto, change) for change in changes))
+            if watcher.lagged_from is not None and uni.stop_sending_code is None:
+                self.watch_lags.inc()
+                lagged = CacheWatchLagged(resume_from=watcher.lagged_from)
+                await uni.write(proto.message(lagged), end_stream=True)
+                finished = True
+        except (StreamClosedError, ConnectionClosedError):
+            pass
+        except StorageError as exc:
+            _log.error("cache watch %d ended by a storage error: %s", subscription_id, exc)
+        finally:
+            stopper.cancel()
+            watcher.close()
+            shard.unregister(watcher)
+            self._watchers.discard(watcher)
+            if not finished:
+                with contextlib.suppress(Exception):
+                    uni.reset(0)
+
+    async def _replay(
+        self,
+        shard: CacheShard,
+        watcher: Watcher,
+        uni: Stream,
+        proto: StreamProtocol,
+        start: int,
+        end: int,
+    ) -> int | None:
+        """Send the changes in [start, end) the watch matches. Returns the offset
+        reached if compaction removed the rest meanwhile, else None."""
+        log = shard.log
+        assert log is not None
+        if end > start and log.readable_offset < end:
+            await log.wait_durable(end - 1)
+        offset = start
+        while offset < end and not watcher.closed:
+            try:
+                records = log.read(
+                    offset, max_records=_REPLAY_RECORDS, max_bytes=_REPLAY_BYTES, end=end
+                )
+            except OffsetOutOfRangeError:
+                return offset
+            if not records:
+                break
+            frames: list[bytes] = []
+            for stored in records:
+                record = decode_record(stored.payload)
+                if record.kind is Kind.PUT and watcher.matches(record.key):
+                    change = Change(record.key, record.value, stored.offset, record.expires_at_ms)
+                    frames.append(_event(proto, change))
+                elif record.kind is Kind.DELETE and watcher.matches(record.key):
+                    frames.append(_event(proto, Change(record.key, None, stored.offset)))
+            offset = records[-1].offset + 1
+            if frames:
+                await uni.write(b"".join(frames))
+        return None
+
+
+def _event(proto: StreamProtocol, change: Change) -> bytes:
+    return proto.message(
+        CacheEvent(
+            key=change.key,
+            value=change.value,
+            offset=change.offset,
+            expires_at_millis=change.expires_at_ms,
+        )
+    )
