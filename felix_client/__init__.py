@@ -1,0 +1,99 @@
+"""felix_client: the reference asyncio client of the Felix wire protocol.
+
+    client = await felix_client.connect(["127.0.0.1:5000"], tenant_id="acme",
+                                        token=token, ca_file="ca.pem")
+    async with client:
+        offset = await client.publish("orders", b"hello")
+        async with client.subscribe("orders", start="earliest") as sub:
+            async for event in sub:
+                ...
+
+Errors: every broker refusal is the generated `BrokerError` subclass for its
+wire code (re-exported here); local errors derive from `ClientError`.
+"""
+
+from felix_wire.features import Feature
+from felix_wire.messages import AckMode, ShardKind
+
+from ._events import CacheChange
+from .cache import Cache, CacheEntry, CacheWatchFeed, ConditionResult
+from .client import Client, ClientConfig, ReadPage, StreamRecord, connect
+from .errors import (
+    BrokerError,
+    ClientError,
+    ClientTimeoutError,
+    ConnectionLostError,
+    CursorError,
+    DrainingError,
+    ErrorCode,
+    ForbiddenError,
+    InternalError,
+    InvalidRequestError,
+    LeadershipLostError,
+    LimitExceededError,
+    NotFoundError,
+    NotLeaderError,
+    NotSupportedByBrokerError,
+    OverloadedError,
+    ProtocolViolationError,
+    QuorumTimeoutError,
+    RetryClass,
+    RevokedError,
+    ShardUnavailableError,
+    StaleClaimError,
+    StaleWidthError,
+    StorageError,
+    UnacknowledgedError,
+    UnauthenticatedError,
+    UnknownCodeError,
+)
+from .retry import retry, should_retry
+from .subscription import Event, Start, Subscription
+
+__all__ = [
+    "AckMode",
+    "BrokerError",
+    "Cache",
+    "CacheChange",
+    "CacheEntry",
+    "CacheWatchFeed",
+    "Client",
+    "ClientConfig",
+    "ClientError",
+    "ClientTimeoutError",
+    "ConditionResult",
+    "ConnectionLostError",
+    "CursorError",
+    "DrainingError",
+    "ErrorCode",
+    "Event",
+    "Feature",
+    "ForbiddenError",
+    "InternalError",
+    "InvalidRequestError",
+    "LeadershipLostError",
+    "LimitExceededError",
+    "NotFoundError",
+    "NotLeaderError",
+    "NotSupportedByBrokerError",
+    "OverloadedError",
+    "ProtocolViolationError",
+    "QuorumTimeoutError",
+    "ReadPage",
+    "RetryClass",
+    "RevokedError",
+    "ShardKind",
+    "ShardUnavailableError",
+    "StaleClaimError",
+    "StaleWidthError",
+    "Start",
+    "StorageError",
+    "StreamRecord",
+    "Subscription",
+    "UnacknowledgedError",
+    "UnauthenticatedError",
+    "UnknownCodeError",
+    "connect",
+    "retry",
+    "should_retry",
+]

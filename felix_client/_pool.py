@@ -1,0 +1,288 @@
+"""Connection pools: one per concern (publish, cache and requests, events).
+
+A `Pool` holds `size` QUIC connections (`Link`s), each with up to
+`streams_per_conn` authenticated streams (`Channel`s). Both are created on
+first use and reused after; a connection or stream found broken is replaced on
+the next use, so one lost connection costs the requests it carried, not the
+client. Event links also accept the unidirectional streams the broker opens
+for subscriptions and cache watches and hand each to whoever waits for its
+subscription id (`EventRouter`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+from dataclasses import dataclass, field
+
+from felix_transport import (
+    Connection,
+    ConnectionClosedError,
+    Stream,
+    StreamClosedError,
+    TransportConfig,
+    connect,
+)
+
+from ._channel import Channel, TokenSource
+from ._events import EventStreamDecoder, Hello, Item
+from ._session import Offer
+from .errors import ClientTimeoutError, ConnectionLostError, ProtocolViolationError
+
+__all__ = ["Dialer", "EventHandoff", "EventRouter", "Link", "Pool"]
+
+logger = logging.getLogger(__name__)
+
+_connection_ids = itertools.count(1)
+# How long an event stream nobody claimed is kept (its subscribe was abandoned).
+_UNCLAIMED_TTL = 30.0
+
+
+@dataclass(frozen=True)
+class Dialer:
+    """Everything needed to open and authenticate connections and streams."""
+
+    addrs: tuple[tuple[str, int], ...]
+    transport: TransportConfig
+    tenant_id: str
+    token: TokenSource
+    offer: Offer
+    connect_timeout: float
+    max_inflight_bytes: int
+    default_window: int
+    _turn: itertools.count[int] = field(default_factory=itertools.count, compare=False)
+
+    async def connect(self) -> tuple[Connection, str]:
+        """A new connection to the first seed address that answers (rotating the
+        starting point so pools spread over the seeds)."""
+        start = next(self._turn)
+        last: Exception | None = None
+        for i in range(len(self.addrs)):
+            host, port = self.addrs[(start + i) % len(self.addrs)]
+            label = f"conn-{next(_connection_ids)}"
+            try:
+                async with asyncio.timeout(self.connect_timeout):
+                    connection = await connect(self.transport, host, port)
+            except TimeoutError:
+                last = ClientTimeoutError(f"{label}: no handshake with {host}:{port}")
+            except (ConnectionClosedError, OSError) as exc:
+                last = ConnectionLostError(f"{label}: cannot connect to {host}:{port}: {exc}")
+            else:
+                logger.debug("%s: connected to %s:%d (%s)", label, host, port, connection.impl)
+                return connection, label
+            logger.info("%s", last)
+        assert last is not None
+        raise last
+
+    async def channel(self, connection: Connection, label: str) -> Channel:
+        return await Channel.open(
+            connection,
+            tenant_id=self.tenant_id,
+            token=self.token,
+            offer=self.offer,
+            label=label,
+            timeout=self.connect_timeout,
+            max_inflight_bytes=self.max_inflight_bytes,
+            default_window=self.default_window,
+        )
+
+
+@dataclass
+class EventHandoff:
+    """A broker-opened event stream, read up to and including its hello."""
+
+    stream: Stream
+    decoder: EventStreamDecoder
+    items: list[Item]  # what followed the hello in the same reads
+
+
+class EventRouter:
+    """Accepts the broker's unidirectional streams on one connection and hands
+    each to the subscription its `event_stream_hello` names. The hello and the
+    `subscribed` answer travel on different streams, so either may come first."""
+
+    def __init__(self, connection: Connection, label: str) -> None:
+        self._connection = connection
+        self._label = label
+        self._arrived: dict[int, EventHandoff] = {}
+        self._waiting: dict[int, asyncio.Future[EventHandoff]] = {}
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._accepting = asyncio.get_running_loop().create_task(
+            self._accept_loop(), name=f"felix-{label}-accept"
+        )
+
+    async def take(self, subscription_id: int, timeout: float) -> EventHandoff:
+        arrived = self._arrived.pop(subscription_id, None)
+        if arrived is not None:
+            return arrived
+        future: asyncio.Future[EventHandoff] = asyncio.get_running_loop().create_future()
+        self._waiting[subscription_id] = future
+        try:
+            async with asyncio.timeout(timeout):
+                return await future
+        except TimeoutError:
+            raise ClientTimeoutError(
+                f"{self._label}: no event stream for subscription {subscription_id}"
+            ) from None
+        finally:
+            self._waiting.pop(subscription_id, None)
+
+    async def _accept_loop(self) -> None:
+        while True:
+            try:
+                stream = await self._connection.accept_stream()
+            except ConnectionClosedError:
+                break
+            if not stream.is_unidirectional:
+                # Brokers never open bidirectional streams to clients.
+                stream.stop_sending(0)
+                stream.reset(0)
+                continue
+            task = asyncio.get_running_loop().create_task(self._read_hello(stream))
+            self._tasks.add(task)
+            task.add_done_callback(self._tasks.discard)
+        error = ConnectionLostError(f"{self._label}: connection closed")
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(error)
+
+    async def _read_hello(self, stream: Stream) -> None:
+        decoder = EventStreamDecoder()
+        items: list[Item] = []
+        try:
+            while decoder.subscription_id is None:
+                data = await stream.read()
+                if not data:
+                    return
+                items.extend(decoder.feed(data))
+        except (StreamClosedError, ProtocolViolationError) as exc:
+            logger.warning("%s: dropped an event stream: %s", self._label, exc)
+            stream.stop_sending(0)
+            return
+        subscription_id = decoder.subscription_id
+        handoff = EventHandoff(stream, decoder, [i for i in items if not isinstance(i, Hello)])
+        future = self._waiting.pop(subscription_id, None)
+        if future is not None and not future.done():
+            future.set_result(handoff)
+            return
+        self._arrived[subscription_id] = handoff
+        asyncio.get_running_loop().call_later(_UNCLAIMED_TTL, self._expire, subscription_id)
+
+    def _expire(self, subscription_id: int) -> None:
+        handoff = self._arrived.pop(subscription_id, None)
+        if handoff is not None:
+            logger.debug("%s: stopping unclaimed subscription %d", self._label, subscription_id)
+            handoff.stream.stop_sending(0)
+
+    def close(self) -> None:
+        self._accepting.cancel()
+        for task in self._tasks:
+            task.cancel()
+        for handoff in self._arrived.values():
+            handoff.stream.stop_sending(0)
+        self._arrived.clear()
+
+
+class Link:
+    """One pooled QUIC connection and its lazily authenticated streams."""
+
+    def __init__(
+        self, dialer: Dialer, connection: Connection, label: str, streams: int, events: bool
+    ) -> None:
+        self.dialer = dialer
+        self.connection = connection
+        self.label = label
+        self._channels: list[Channel | None] = [None] * streams
+        self._locks = [asyncio.Lock() for _ in range(streams)]
+        self.router = EventRouter(connection, label) if events else None
+
+    @property
+    def broken(self) -> bool:
+        return self.connection.closed
+
+    async def channel(self, slot: int) -> Channel:
+        slot %= len(self._channels)
+        current = self._channels[slot]
+        if current is not None and not current.closed:
+            return current
+        async with self._locks[slot]:
+            current = self._channels[slot]
+            if current is None or current.closed:
+                if self.broken:
+                    raise ConnectionLostError(f"{self.label}: connection closed")
+                current = await self.dialer.channel(self.connection, f"{self.label}/s{slot}")
+                self._channels[slot] = current
+            return current
+
+    def open_channels(self) -> list[Channel]:
+        return [c for c in self._channels if c is not None and not c.closed]
+
+    async def aclose(self) -> None:
+        for channel in self.open_channels():
+            with contextlib.suppress(Exception):
+                await channel.aclose()
+        if self.router is not None:
+            self.router.close()
+        self.connection.close()
+        with contextlib.suppress(Exception):
+            async with asyncio.timeout(2.0):
+                await self.connection.wait_closed()
+
+
+class Pool:
+    """`size` links with `streams_per_conn` streams each, all created on first use."""
+
+    def __init__(
+        self, name: str, dialer: Dialer, *, size: int, streams_per_conn: int, events: bool = False
+    ) -> None:
+        if size < 1 or streams_per_conn < 1:
+            raise ValueError(f"{name} pool: size and streams per connection must be >= 1")
+        self.name = name
+        self.dialer = dialer
+        self.size = size
+        self.streams_per_conn = streams_per_conn
+        self._events = events
+        self._links: list[Link | None] = [None] * size
+        self._locks = [asyncio.Lock() for _ in range(size)]
+        self._closed = False
+
+    @property
+    def width(self) -> int:
+        """How many streams the pool spreads work over."""
+        return self.size * self.streams_per_conn
+
+    def adopt(self, index: int, link: Link) -> None:
+        """Take a link opened elsewhere (the one `connect` authenticates first)."""
+        self._links[index % self.size] = link
+
+    async def link(self, index: int) -> Link:
+        index %= self.size
+        current = self._links[index]
+        if current is not None and not current.broken:
+            return current
+        async with self._locks[index]:
+            if self._closed:
+                raise ConnectionLostError(f"{self.name} pool is closed")
+            current = self._links[index]
+            if current is None or current.broken:
+                if current is not None:
+                    logger.info("%s: replacing broken %s", self.name, current.label)
+                    await current.aclose()
+                connection, label = await self.dialer.connect()
+                current = Link(self.dialer, connection, label, self.streams_per_conn, self._events)
+                self._links[index] = current
+            return current
+
+    async def channel(self, hint: int) -> Channel:
+        """The stream for `hint`: the same hint always maps to the same stream, which
+        keeps per-key order for publishes that are not awaited one by one."""
+        link = await self.link(hint % self.size)
+        return await link.channel((hint // self.size) % self.streams_per_conn)
+
+    async def aclose(self) -> None:
+        self._closed = True
+        links = [link for link in self._links if link is not None]
+        self._links = [None] * self.size
+        await asyncio.gather(*(link.aclose() for link in links), return_exceptions=True)

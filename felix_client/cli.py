@@ -1,0 +1,332 @@
+"""`felix`: publish, subscribe, read, use a cache, and inspect a token from a shell.
+
+Connection options come from flags or the environment: --addr (FELIX_ADDR,
+comma-separated), --tenant (FELIX_TENANT), --token (FELIX_TOKEN) or
+--token-file (FELIX_TOKEN_FILE), --ca-file (FELIX_CA_FILE), --namespace
+(FELIX_NAMESPACE, default "default"). Output is one readable line per item, or
+one JSON object per line with --json. Exit status: 0 on success, 1 when the
+broker or the connection failed, 2 on a usage error.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import base64
+import json
+import os
+import sys
+from collections.abc import Awaitable, Callable, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import jwt
+
+from .client import Client, connect
+from .errors import BrokerError, ClientError
+from .subscription import Start
+
+__all__ = ["main"]
+
+_TIME_CLAIMS = ("exp", "iat", "nbf")
+
+
+class UsageError(Exception):
+    """Bad or missing options (exit status 2)."""
+
+
+def _env(name: str) -> str | None:
+    value = os.environ.get(name)
+    return value if value else None
+
+
+def _common() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    group = common.add_argument_group("connection (flags override FELIX_* variables)")
+    group.add_argument("--addr", action="append", help="broker host:port (repeatable; FELIX_ADDR)")
+    group.add_argument("--tenant", help="tenant id (FELIX_TENANT)")
+    group.add_argument("--token", help="Felix token (FELIX_TOKEN)")
+    group.add_argument("--token-file", type=Path, help="file holding the token (FELIX_TOKEN_FILE)")
+    group.add_argument("--ca-file", type=Path, help="CA certificate PEM (FELIX_CA_FILE)")
+    group.add_argument("--namespace", help="namespace (FELIX_NAMESPACE; default: default)")
+    group.add_argument("--server-name", default="localhost", help="TLS server name")
+    group.add_argument("--offer-alpn", action="store_true", help="offer ALPN felix/1")
+    common.add_argument("--json", action="store_true", help="one JSON object per line")
+    return common
+
+
+def _parser() -> argparse.ArgumentParser:
+    common = _common()
+    parser = argparse.ArgumentParser(prog="felix", description=__doc__.split("\n\n")[0])
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    publish = commands.add_parser("publish", parents=[common], help="publish records")
+    publish.add_argument("stream")
+    publish.add_argument("messages", nargs="*", help="payloads (default: one per stdin line)")
+    publish.add_argument("--key", help="routing key")
+    publish.add_argument("--ack", choices=["none", "per_message"], default="per_message")
+    publish.add_argument("--batch", action="store_true", help="send all messages as one batch")
+
+    subscribe = commands.add_parser("subscribe", parents=[common], help="print events")
+    subscribe.add_argument("stream")
+    subscribe.add_argument("--from", dest="start", default="latest", help="latest|earliest|N")
+    subscribe.add_argument("--shard", type=int, default=0)
+    subscribe.add_argument("--count", type=int, help="stop after N events")
+    subscribe.add_argument("--timeout", type=float, help="stop after S seconds without events")
+
+    read = commands.add_parser("read", parents=[common], help="read a range of a stream")
+    read.add_argument("stream")
+    read.add_argument("--from", dest="start", type=int, required=True, help="first offset")
+    read.add_argument("--to", dest="end", type=int, help="end offset (exclusive)")
+    read.add_argument("--shard", type=int, default=0)
+    read.add_argument("--max-records", type=int, help="records per page")
+
+    cache = commands.add_parser("cache", help="cache operations")
+    ops = cache.add_subparsers(dest="op", required=True)
+    get = ops.add_parser("get", parents=[common], help="print a value")
+    get.add_argument("cache")
+    get.add_argument("key")
+    put = ops.add_parser("put", parents=[common], help="store a value")
+    put.add_argument("cache")
+    put.add_argument("key")
+    put.add_argument("value")
+    put.add_argument("--ttl", type=float, help="seconds until it expires")
+    delete = ops.add_parser("delete", parents=[common], help="remove a key")
+    delete.add_argument("cache")
+    delete.add_argument("key")
+    watch = ops.add_parser("watch", parents=[common], help="print changes")
+    watch.add_argument("cache")
+    target = watch.add_mutually_exclusive_group(required=True)
+    target.add_argument("--key")
+    target.add_argument("--prefix")
+    watch.add_argument("--shard", type=int)
+    watch.add_argument("--retained", action="store_true", help="current values first")
+    watch.add_argument("--count", type=int, help="stop after N changes")
+    watch.add_argument("--timeout", type=float, help="stop after S seconds without changes")
+
+    token = commands.add_parser("token", parents=[common], help="print a token's claims")
+    del token
+    return parser
+
+
+# -- output --------------------------------------------------------------------------
+
+
+def _text(payload: bytes) -> str:
+    return payload.decode("utf-8", errors="backslashreplace")
+
+
+def _emit(args: argparse.Namespace, record: dict[str, Any], line: str) -> None:
+    if args.json:
+        print(json.dumps(record, separators=(",", ":")), flush=True)
+    else:
+        print(line, flush=True)
+
+
+def _payload_fields(payload: bytes) -> dict[str, Any]:
+    return {"payload": _text(payload), "payload_base64": base64.b64encode(payload).decode()}
+
+
+# -- options -------------------------------------------------------------------------
+
+
+def _token(args: argparse.Namespace) -> str:
+    if args.token:
+        return str(args.token)
+    path = args.token_file or (Path(p) if (p := _env("FELIX_TOKEN_FILE")) else None)
+    if path is not None:
+        return Path(path).read_text().strip()
+    token = _env("FELIX_TOKEN")
+    if token is None:
+        raise UsageError("no token: give --token/--token-file or FELIX_TOKEN/FELIX_TOKEN_FILE")
+    return token
+
+
+async def _connect(args: argparse.Namespace) -> Client:
+    addrs = args.addr or [a.strip() for a in (_env("FELIX_ADDR") or "").split(",") if a.strip()]
+    if not addrs:
+        raise UsageError("no broker address: give --addr or FELIX_ADDR")
+    tenant = args.tenant or _env("FELIX_TENANT")
+    if not tenant:
+        raise UsageError("no tenant: give --tenant or FELIX_TENANT")
+    ca_file = args.ca_file or _env("FELIX_CA_FILE")
+    return await connect(
+        addrs,
+        tenant_id=tenant,
+        token=_token(args),
+        namespace=args.namespace or _env("FELIX_NAMESPACE") or "default",
+        server_name=args.server_name,
+        ca_file=ca_file,
+        offer_alpn=args.offer_alpn,
+    )
+
+
+def _start(text: str) -> Start:
+    if text in ("latest", "earliest"):
+        return "latest" if text == "latest" else "earliest"
+    if text.isdigit():
+        return int(text)
+    raise UsageError(f"--from must be latest, earliest or an offset, not {text!r}")
+
+
+# -- commands ------------------------------------------------------------------------
+
+
+async def _publish(client: Client, args: argparse.Namespace) -> None:
+    messages = [m.encode() for m in args.messages] or [
+        line.rstrip("\n").encode() for line in sys.stdin
+    ]
+    key = args.key.encode() if args.key is not None else None
+    if args.batch and messages:
+        offset = await client.publish_batch(
+            args.stream, messages, key=key, ack="per_batch" if args.ack != "none" else "none"
+        )
+        _emit(
+            args, {"published": len(messages), "offset": offset}, _published(len(messages), offset)
+        )
+        return
+    for message in messages:
+        offset = await client.publish(args.stream, message, key=key, ack=args.ack)
+        _emit(args, {"published": 1, "offset": offset}, _published(1, offset))
+
+
+def _published(count: int, offset: int | None) -> str:
+    where = f" at offset {offset}" if offset is not None else ""
+    return f"published {count} record(s){where}"
+
+
+async def _subscribe(client: Client, args: argparse.Namespace) -> None:
+    seen = 0
+    async with client.subscribe(args.stream, start=_start(args.start), shard=args.shard) as sub:
+        while args.count is None or seen < args.count:
+            try:
+                event = await sub.next(timeout=args.timeout)
+            except StopAsyncIteration:
+                return
+            except TimeoutError:
+                return
+            seen += 1
+            record = {
+                "offset": event.offset,
+                "shard": event.shard,
+                "timestamp_micros": event.timestamp_micros,
+                "publisher": event.publisher,
+                "dropped_before": event.dropped_before,
+                **_payload_fields(event.payload),
+            }
+            offset = "-" if event.offset is None else str(event.offset)
+            gap = f" (after a gap of {event.dropped_before})" if event.dropped_before else ""
+            _emit(args, record, f"[{event.shard}:{offset}] {_text(event.payload)}{gap}")
+
+
+async def _read(client: Client, args: argparse.Namespace) -> None:
+    pages = client.stream_read(
+        args.stream, start=args.start, end=args.end, shard=args.shard, max_records=args.max_records
+    )
+    async for page in pages:
+        for r in page.records:
+            record = {
+                "offset": r.offset,
+                "timestamp_micros": r.timestamp_micros,
+                "publisher": r.publisher,
+                **_payload_fields(r.payload),
+            }
+            _emit(args, record, f"[{args.shard}:{r.offset}] {_text(r.payload)}")
+
+
+async def _cache(client: Client, args: argparse.Namespace) -> None:
+    cache = client.cache(args.cache)
+    if args.op == "get":
+        entry = await cache.get_entry(args.key)
+        if entry is None:
+            _emit(args, {"key": args.key, "value": None}, f"{args.key}: (none)")
+        else:
+            record = {"key": args.key, "version": entry.version, **_payload_fields(entry.value)}
+            _emit(args, record, f"{args.key}: {_text(entry.value)}")
+    elif args.op == "put":
+        await cache.put(args.key, args.value.encode(), ttl=args.ttl)
+        _emit(args, {"key": args.key, "stored": True}, f"{args.key}: stored")
+    elif args.op == "delete":
+        removed = await cache.delete(args.key)
+        record = {"key": args.key, "removed": removed is not None}
+        _emit(args, record, f"{args.key}: {'deleted' if removed is not None else 'was not there'}")
+    else:
+        await _watch(client, args)
+
+
+async def _watch(client: Client, args: argparse.Namespace) -> None:
+    feed = client.cache(args.cache).watch(
+        key=args.key, prefix=args.prefix, shard=args.shard, retained=args.retained
+    )
+    seen = 0
+    async with feed:
+        while args.count is None or seen < args.count:
+            try:
+                change = await feed.next(timeout=args.timeout)
+            except (StopAsyncIteration, TimeoutError):
+                return
+            seen += 1
+            fields = _payload_fields(change.value) if change.value is not None else {"value": None}
+            record = {"key": change.key, "offset": change.offset, **fields}
+            shown = "(deleted)" if change.value is None else _text(change.value)
+            _emit(args, record, f"[{change.offset}] {change.key}: {shown}")
+
+
+def _token_command(args: argparse.Namespace) -> None:
+    token = _token(args)
+    try:
+        header = jwt.get_unverified_header(token)
+        # Shown, not trusted: the broker verifies the signature, this only reads.
+        claims = jwt.decode(token, options={"verify_signature": False})
+    except jwt.PyJWTError as exc:
+        raise UsageError(f"not a token: {exc}") from None
+    if args.json:
+        print(json.dumps({"header": header, "claims": claims}, indent=2, sort_keys=True))
+        return
+    for name, value in sorted(header.items()):
+        print(f"header.{name}: {value}")
+    for name, value in sorted(claims.items()):
+        if name in _TIME_CLAIMS and isinstance(value, int | float):
+            when = datetime.fromtimestamp(value, UTC).isoformat()
+            print(f"{name}: {value} ({when})")
+        elif isinstance(value, list):
+            print(f"{name}: {', '.join(str(v) for v in value)}")
+        else:
+            print(f"{name}: {value}")
+
+
+_COMMANDS: dict[str, Callable[[Client, argparse.Namespace], Awaitable[None]]] = {
+    "publish": _publish,
+    "subscribe": _subscribe,
+    "read": _read,
+    "cache": _cache,
+}
+
+
+async def _run(args: argparse.Namespace) -> None:
+    client = await _connect(args)
+    async with client:
+        await _COMMANDS[args.command](client, args)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        if args.command == "token":
+            _token_command(args)
+        else:
+            asyncio.run(_run(args))
+    except UsageError as exc:
+        print(f"felix: {exc}", file=sys.stderr)
+        return 2
+    except (BrokerError, ClientError, OSError) as exc:
+        print(f"felix: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

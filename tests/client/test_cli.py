@@ -1,0 +1,132 @@
+"""The `felix` command line end to end, as subprocesses against the reference broker."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytestmark = pytest.mark.timeout(90)
+
+FELIX = [sys.executable, "-m", "felix_client.cli"]
+
+
+def env_for(doc: dict[str, Any], **extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env.update(
+        FELIX_ADDR=",".join(doc["addrs"]),
+        FELIX_TENANT=doc["tenant_id"],
+        FELIX_TOKEN=doc["token"],
+        FELIX_CA_FILE=doc["ca_file"],
+        FELIX_NAMESPACE=doc["namespace"],
+    )
+    env.update(extra)
+    return env
+
+
+def felix(doc: dict[str, Any], *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*FELIX, *args], env=env_for(doc, **extra), capture_output=True, text=True, timeout=60
+    )
+
+
+def test_publish_and_subscribe(felix_fixture: dict[str, Any]) -> None:
+    stream = felix_fixture["memory_stream"]
+    sub = subprocess.Popen(
+        [*FELIX, "subscribe", stream, "--count", "2", "--timeout", "20", "--json"],
+        env=env_for(felix_fixture),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        # A latest subscription sees only what is published after it registered:
+        # publish until the subscriber has seen two events.
+        deadline = time.monotonic() + 30
+        while sub.poll() is None and time.monotonic() < deadline:
+            done = felix(felix_fixture, "publish", stream, "hello", "world", "--batch")
+            assert done.returncode == 0, done.stderr
+            time.sleep(0.3)
+        out, err = sub.communicate(timeout=30)
+    finally:
+        if sub.poll() is None:
+            sub.kill()
+    assert sub.returncode == 0, err
+    events = [json.loads(line) for line in out.splitlines()]
+    assert [e["payload"] for e in events] == ["hello", "world"]
+    assert events[0]["shard"] == 0
+
+
+def test_publish_readable_and_flags_override_env(felix_fixture: dict[str, Any]) -> None:
+    done = felix(
+        felix_fixture,
+        "publish",
+        felix_fixture["memory_stream"],
+        "one",
+        "--addr",
+        felix_fixture["addrs"][0],
+        FELIX_ADDR="127.0.0.1:1",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "published 1 record(s)"
+
+
+def test_errors_exit_non_zero(felix_fixture: dict[str, Any]) -> None:
+    done = felix(felix_fixture, "publish", felix_fixture["missing_stream"], "x")
+    assert done.returncode == 1 and "NotFoundError" in done.stderr
+    done = felix(felix_fixture, "publish", "s", "x", FELIX_TENANT="")
+    assert done.returncode == 2 and "tenant" in done.stderr
+    done = felix(felix_fixture, "read", felix_fixture["durable_stream"], "--from", "0")
+    assert done.returncode == 1 and "not supported by this broker" in done.stderr
+
+
+def test_cache_commands(felix_fixture: dict[str, Any]) -> None:
+    cache = felix_fixture["cache"]
+    assert felix(felix_fixture, "cache", "put", cache, "cli-key", "v1").returncode == 0
+    done = felix(felix_fixture, "cache", "get", cache, "cli-key")
+    assert done.returncode == 0 and done.stdout.strip() == "cli-key: v1"
+    done = felix(felix_fixture, "cache", "get", cache, "cli-key", "--json")
+    assert json.loads(done.stdout)["payload"] == "v1"
+    done = felix(felix_fixture, "cache", "delete", cache, "cli-key")
+    assert done.returncode == 0 and done.stdout.strip() == "cli-key: deleted"
+    done = felix(felix_fixture, "cache", "get", cache, "cli-key")
+    assert done.stdout.strip() == "cli-key: (none)"
+
+
+def test_cache_watch(felix_fixture: dict[str, Any]) -> None:
+    cache = felix_fixture["single_shard_cache"]
+    assert felix(felix_fixture, "cache", "put", cache, "w-key", "before").returncode == 0
+    done = felix(
+        felix_fixture,
+        "cache",
+        "watch",
+        cache,
+        "--prefix",
+        "w-",
+        "--retained",
+        "--count",
+        "1",
+        "--timeout",
+        "10",
+    )
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip().endswith("w-key: before")
+
+
+def test_token_from_file_and_env(felix_fixture: dict[str, Any], tmp_path: Path) -> None:
+    path = tmp_path / "token"
+    path.write_text(felix_fixture["token"] + "\n")
+    done = felix(felix_fixture, "token", "--json", FELIX_TOKEN="", FELIX_TOKEN_FILE=str(path))
+    assert done.returncode == 0, done.stderr
+    claims = json.loads(done.stdout)["claims"]
+    assert claims["tid"] == felix_fixture["tenant_id"] and claims["sub"] == "fixture"
+    done = felix(felix_fixture, "token")
+    assert "sub: fixture" in done.stdout and "exp: " in done.stdout
+    done = felix(felix_fixture, "token", FELIX_TOKEN="not-a-token")
+    assert done.returncode == 2
