@@ -1,0 +1,186 @@
+"""The typed case model, parsed from a transcript document the schema accepted.
+
+A case is data only: the runner (client side) and the playback server (broker
+side) both walk the same steps. Field values inside messages stay as YAML
+builtins, because they may hold matchers and `${variables}` that only make sense
+at run time.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+from typing import Any
+
+from felix_wire.catalogue import ERROR_CODES, FEATURES, MESSAGES
+
+from .schema import TranscriptError, validate_document
+
+__all__ = [
+    "DEFAULT_CONN",
+    "Case",
+    "FrameSpec",
+    "Level",
+    "Step",
+    "parse_case",
+    "parse_int",
+]
+
+DEFAULT_CONN = "c1"
+# How long an expect waits when the step names no timeout: long enough for a
+# loaded CI machine, short enough that a silent broker fails quickly.
+DEFAULT_STEP_TIMEOUT = 3.0
+DEFAULT_CASE_TIMEOUT = 30.0
+
+_ERROR_NAMES = {code.wire for code in ERROR_CODES.values()}
+
+
+class Level(Enum):
+    MUST = "must"  # a failure fails the run
+    SHOULD = "should"  # run only with --strict; then a failure fails the run
+    INFO = "info"  # reported, never fails the run
+
+
+@dataclass(frozen=True)
+class FrameSpec:
+    """One frame as written in a transcript: a JSON message, a binary layout, or raw bytes."""
+
+    kind: str  # "message" | "binary" | "raw"
+    body: dict[str, Any]
+
+    @property
+    def type_name(self) -> str:
+        """The message type or binary layout (raw frames have none)."""
+        if self.kind == "message":
+            return str(self.body["type"])
+        if self.kind == "binary":
+            return str(self.body["layout"])
+        return "raw"
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step; `action` is the step's key in the transcript."""
+
+    index: int
+    action: str
+    stream: str | None = None
+    conn: str = DEFAULT_CONN
+    frames: tuple[FrameSpec, ...] = ()  # send: one; expect: alternatives
+    direction: str = "bidi"
+    timeout: float = DEFAULT_STEP_TIMEOUT
+    code: int | None = None
+    seconds: float = 0.0
+    fin: bool = False
+
+    def describe(self) -> str:
+        where = self.stream or self.conn
+        if self.frames:
+            names = " | ".join(f.type_name for f in self.frames)
+            return f"step {self.index + 1} {self.action} {names} on {where}"
+        return f"step {self.index + 1} {self.action} {where}"
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    title: str
+    section: str
+    requirement: str
+    level: Level
+    messages: tuple[str, ...]
+    layouts: tuple[str, ...]
+    flags: tuple[int, ...]
+    features: tuple[str, ...]
+    error_codes: tuple[str, ...]
+    required_features: tuple[str, ...]
+    required_flags: int
+    setup_vars: tuple[str, ...]
+    timeout: float
+    steps: tuple[Step, ...]
+    source: str = ""
+    recorded: str | None = None
+    document: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
+
+
+def parse_int(value: int | str) -> int:
+    return value if isinstance(value, int) else int(value, 16)
+
+
+def _frames(body: dict[str, Any]) -> tuple[FrameSpec, ...]:
+    if "any_of" in body:
+        return tuple(f for alt in body["any_of"] for f in _frames(alt))
+    for kind in ("message", "binary", "raw"):
+        if kind in body:
+            return (FrameSpec(kind, body[kind]),)
+    return ()
+
+
+def _step(index: int, raw: dict[str, Any]) -> Step:
+    ((action, body),) = raw.items()
+    if action == "wait":
+        return Step(index, action, seconds=float(body))
+    args: dict[str, Any] = {
+        "stream": body.get("stream"),
+        "conn": body.get("conn", DEFAULT_CONN),
+        "frames": _frames(body),
+        "direction": body.get("direction", "bidi"),
+        "timeout": float(body.get("timeout", DEFAULT_STEP_TIMEOUT)),
+        "code": body.get("code"),
+        "fin": bool(body.get("fin", False)),
+    }
+    if action == "expect_silence":
+        args["seconds"] = float(body["for"])
+    return Step(index, action, **args)
+
+
+def _check_names(source: str, kind: str, names: list[str], known: set[str]) -> None:
+    for name in names:
+        if name not in known:
+            raise TranscriptError(source, f"unknown {kind} {name!r} (not in the catalogue)")
+
+
+def parse_case(document: dict[str, Any], source: str) -> Case:
+    """Validate a transcript document and build its Case."""
+    validate_document(document, source)
+    exercises = document.get("exercises", {})
+    requires = document.get("requires", {})
+    setup = document.get("setup", {})
+    _check_names(source, "message", exercises.get("messages", []), set(MESSAGES))
+    _check_names(source, "feature", exercises.get("features", []), set(FEATURES))
+    _check_names(source, "feature", requires.get("features", []), set(FEATURES))
+    _check_names(source, "error code", exercises.get("error_codes", []), _ERROR_NAMES)
+    required_flags = 0
+    for value in requires.get("flags", []):
+        required_flags |= parse_int(value)
+    steps = tuple(_step(i, raw) for i, raw in enumerate(document["steps"]))
+    streams_known: set[str] = set()
+    for step in steps:
+        if step.action in ("open", "accept") and step.stream is not None:
+            streams_known.add(step.stream)
+        elif step.stream is not None and step.stream not in streams_known:
+            raise TranscriptError(
+                source, f"steps[{step.index}].{step.action}: stream {step.stream!r} is not open"
+            )
+    return Case(
+        id=document["id"],
+        title=document["title"],
+        section=document["section"],
+        requirement=document["requirement"],
+        level=Level(document.get("level", "must")),
+        messages=tuple(exercises.get("messages", [])),
+        layouts=tuple(exercises.get("layouts", [])),
+        flags=tuple(parse_int(v) for v in exercises.get("flags", [])),
+        features=tuple(exercises.get("features", [])),
+        error_codes=tuple(exercises.get("error_codes", [])),
+        required_features=tuple(requires.get("features", [])),
+        required_flags=required_flags,
+        setup_vars=tuple(
+            setup.get("streams", []) + setup.get("caches", []) + setup.get("tokens", [])
+        ),
+        timeout=float(document.get("timeout", DEFAULT_CASE_TIMEOUT)),
+        steps=steps,
+        source=source,
+        recorded=document.get("recorded"),
+        document=document,
+    )

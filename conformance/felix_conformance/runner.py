@@ -1,0 +1,239 @@
+"""Playing a case's client side against a target, and reaching a verdict.
+
+Before a case runs, its needs are checked against what the target advertised
+and against the target's setup: anything missing makes it "unsupported". Then
+its steps run in order within the case timeout; the first step whose
+expectation is not met fails the case with the expected and actual values and
+the wire log. A target that answers `unsupported` where the case expected
+something else has told us it does not serve that request: "unsupported" too.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Sequence
+from dataclasses import replace
+from typing import Any
+
+import msgspec
+
+from felix_transport import ConnectionClosedError, StreamClosedError
+from felix_wire.catalogue import FEATURES
+from felix_wire.frame import FrameReader
+from felix_wire.wire_errors import FrameError
+
+from .frames import build_frame, decode_received, match_frame
+from .matching import MissingVariableError
+from .model import Case, Level, Step
+from .schema import TranscriptError
+from .session import Session
+from .target import Advertised, Target, TargetUnreachableError
+from .verdicts import CaseResult, RunReport, Verdict
+from .wirelog import WireLog
+
+__all__ = ["missing_needs", "run_case", "run_cases"]
+
+_log = logging.getLogger(__name__)
+
+
+class StepFailedError(Exception):
+    def __init__(self, step: Step, problem: str, expected: str = "", actual: str = "") -> None:
+        super().__init__(problem)
+        self.step = step
+        self.expected = expected
+        self.actual = actual
+
+
+class TargetUnsupportedError(Exception):
+    """The target answered `unsupported` to a request the case needs."""
+
+
+def missing_needs(case: Case, target: Target, advertised: Advertised) -> str | None:
+    """Why the case cannot run against this target, or None."""
+    missing = [
+        name
+        for name in case.required_features
+        if FEATURES[name].value is None
+        or advertised.features & (FEATURES[name].value or 0) != FEATURES[name].value
+    ]
+    if missing:
+        return "target did not advertise " + ", ".join(missing)
+    if case.required_flags & ~advertised.flags:
+        return f"target did not advertise flags {case.required_flags & ~advertised.flags:#06x}"
+    absent = [name for name in case.setup_vars if name not in target.variables]
+    if absent:
+        return "target setup lacks " + ", ".join(absent) + " (use --fixture or --set)"
+    return None
+
+
+class _CaseRun:
+    def __init__(self, case: Case, target: Target, log: WireLog) -> None:
+        self.case = case
+        self.variables: dict[str, Any] = dict(target.variables)
+        self.session = Session(target.connect, log)
+        self.log = log
+
+    async def run(self) -> None:
+        for step in self.case.steps:
+            await self.step(step)
+
+    async def step(self, step: Step) -> None:
+        action = step.action
+        if action == "open":
+            await self.session.open(step.conn, self._name(step), step.direction)
+        elif action == "accept":
+            try:
+                await self.session.accept(step.conn, self._name(step), step.timeout)
+            except TimeoutError:
+                raise StepFailedError(
+                    step, f"the target opened no stream within {step.timeout:g}s"
+                ) from None
+        elif action == "send":
+            await self._send(step)
+        elif action == "expect":
+            await self._expect(step)
+        elif action in ("expect_end", "expect_reset"):
+            await self._expect_stream_state(step)
+        elif action == "expect_close":
+            await self._expect_close(step)
+        elif action == "expect_silence":
+            event = await self.session.streams[self._name(step)].next_event(step.seconds)
+            if event.kind != "timeout":
+                raise StepFailedError(step, "expected nothing", "silence", event.describe())
+        elif action == "wait":
+            await asyncio.sleep(step.seconds)
+        elif action == "finish":
+            await self.session.streams[self._name(step)].stream.finish()
+            self.log.sent(self._name(step), "[FIN]")
+        elif action == "stop_sending":
+            self.session.streams[self._name(step)].stream.stop_sending(step.code or 0)
+            self.log.sent(self._name(step), f"[STOP_SENDING {step.code or 0}]")
+        elif action == "reset":
+            self.session.streams[self._name(step)].stream.reset(step.code or 0)
+            self.log.sent(self._name(step), f"[RESET_STREAM {step.code or 0}]")
+        elif action == "close":
+            connection = await self.session.connection(step.conn)
+            connection.close(step.code or 0)
+            self.log.sent(step.conn, f"[CONNECTION_CLOSE {step.code or 0}]")
+
+    @staticmethod
+    def _name(step: Step) -> str:
+        assert step.stream is not None  # the schema requires it for stream steps
+        return step.stream
+
+    async def _send(self, step: Step) -> None:
+        io = self.session.streams[self._name(step)]
+        (spec,) = step.frames
+        data = build_frame(spec, self.variables)
+        try:
+            # The log shows what really left, decoded the way a receiver would.
+            frames = FrameReader().feed(data)
+        except FrameError:
+            frames = []
+        if spec.kind == "raw" or len(frames) != 1:
+            text = data.hex()
+        else:
+            text = decode_received(frames[0].flags, frames[0].payload).describe()
+        try:
+            await io.write(data, text, fin=step.fin)
+        except StreamClosedError as exc:
+            raise StepFailedError(step, f"could not send: {exc}") from None
+
+    async def _expect(self, step: Step) -> None:
+        io = self.session.streams[self._name(step)]
+        event = await io.next_event(step.timeout)
+        expected = " | ".join(_spec_text(s.body) for s in step.frames)
+        if event.frame is None:
+            raise StepFailedError(
+                step, f"expected a frame, got {event.kind}", expected, event.describe()
+            )
+        problems: list[str] = []
+        for spec in step.frames:
+            found = match_frame(spec, event.frame, self.variables, self.variables)
+            if not found:
+                return
+            problems += found
+        frame = event.frame
+        if frame.name == "unsupported" and not any(
+            s.type_name == "unsupported" for s in step.frames
+        ):
+            raise TargetUnsupportedError(
+                f"target answered unsupported to {frame.fields.get('request_type')!r}"
+            )
+        raise StepFailedError(step, "; ".join(problems), expected, frame.describe())
+
+    async def _expect_stream_state(self, step: Step) -> None:
+        io = self.session.streams[self._name(step)]
+        event = await io.next_event(step.timeout)
+        want = "end" if step.action == "expect_end" else "reset"
+        expected = want if step.code is None else f"{want} code {step.code}"
+        if event.kind != want:
+            raise StepFailedError(step, f"expected stream {want}", expected, event.describe())
+        if step.code is not None and event.code != step.code:
+            raise StepFailedError(step, "wrong reset code", expected, event.describe())
+
+    async def _expect_close(self, step: Step) -> None:
+        connection = await self.session.connection(step.conn)
+        try:
+            await asyncio.wait_for(connection.wait_closed(), step.timeout)
+        except TimeoutError:
+            raise StepFailedError(
+                step, "connection still open", "connection close", "open"
+            ) from None
+        code = connection.termination.error_code if connection.termination else None
+        self.log.received(step.conn, f"[CONNECTION_CLOSE {code}]")
+        if step.code is not None and code != step.code:
+            raise StepFailedError(step, "wrong close code", f"code {step.code}", f"code {code}")
+
+
+def _spec_text(body: dict[str, Any]) -> str:
+    text = msgspec.json.encode(body).decode()
+    return text if len(text) <= 400 else text[:397] + "..."
+
+
+async def run_case(case: Case, target: Target, advertised: Advertised) -> CaseResult:
+    started = time.monotonic()
+    why_not = missing_needs(case, target, advertised)
+    if why_not is not None:
+        return CaseResult(case, Verdict.UNSUPPORTED, why_not)
+    log = WireLog()
+    run = _CaseRun(case, target, log)
+    result: CaseResult
+    try:
+        async with asyncio.timeout(case.timeout):
+            await run.run()
+        result = CaseResult(case, Verdict.PASS)
+    except StepFailedError as exc:
+        result = CaseResult(
+            case,
+            Verdict.FAIL,
+            str(exc),
+            step=exc.step.describe(),
+            expected=exc.expected or None,
+            actual=exc.actual or None,
+        )
+    except TargetUnsupportedError as exc:
+        result = CaseResult(case, Verdict.UNSUPPORTED, str(exc))
+    except TimeoutError:
+        result = CaseResult(case, Verdict.FAIL, f"case did not finish within {case.timeout:g}s")
+    except (MissingVariableError, TranscriptError) as exc:
+        result = CaseResult(case, Verdict.FAIL, f"transcript problem: {exc}")
+    except (ConnectionClosedError, StreamClosedError, TargetUnreachableError) as exc:
+        result = CaseResult(case, Verdict.FAIL, f"connection failed: {exc}")
+    finally:
+        run.session.close()
+    if case.level is Level.INFO and result.verdict in (Verdict.PASS, Verdict.FAIL):
+        observed = "behaved as described" if result.verdict is Verdict.PASS else result.detail
+        result = CaseResult(case, Verdict.INFORMATIONAL, f"observed: {observed}")
+    return replace(result, duration=time.monotonic() - started, wire_log=log.text())
+
+
+async def run_cases(cases: Sequence[Case], target: Target, advertised: Advertised) -> RunReport:
+    report = RunReport(target.address, advertised.flags, advertised.features)
+    for case in cases:
+        result = await run_case(case, target, advertised)
+        _log.info("%s: %s %s", case.id, result.verdict.value, result.detail)
+        report.results.append(result)
+    return report

@@ -1,0 +1,62 @@
+"""The kit against our reference broker: what CI runs. No case may fail, and every
+case needing something the broker does not advertise must come out unsupported."""
+
+from __future__ import annotations
+
+import json
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import pytest
+
+from felix_conformance.cli import EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, main
+from felix_conformance.corpus import load_corpus
+from felix_conformance.runner import missing_needs
+from felix_conformance.target import Target, probe
+
+
+@pytest.mark.timeout(300)
+def test_whole_kit_passes_against_the_reference_broker(fixture_file: Path, tmp_path: Path) -> None:
+    report_path = tmp_path / "report.json"
+    junit_path = tmp_path / "report.xml"
+    logs = tmp_path / "logs"
+    code = main(
+        [
+            "--fixture", str(fixture_file), "--json", str(report_path),
+            "--junit-xml", str(junit_path), "--log-dir", str(logs),
+        ]
+    )  # fmt: skip
+    report = json.loads(report_path.read_text())
+    failed = [
+        (c["id"], c["detail"], c["wire_log"]) for c in report["cases"] if c["verdict"] == "fail"
+    ]
+    assert failed == []
+    assert code == EXIT_OK
+    assert report["totals"]["pass"] >= 40
+    suites = ET.parse(junit_path).getroot()
+    assert sum(int(s.get("tests", "0")) for s in suites) == len(report["cases"])
+    assert len(list(logs.glob("*.log"))) == len(report["cases"])
+
+
+async def test_unadvertised_features_make_cases_unsupported(reference_target: Target) -> None:
+    advertised = await probe(reference_target)
+    verdicts_expected = {
+        case.id: missing_needs(case, reference_target, advertised) for case in load_corpus()
+    }
+    unsupported = {cid for cid, why in verdicts_expected.items() if why is not None}
+    # The reference broker is standalone: topology is cluster-only, so never advertised.
+    assert "discovery.topology" in unsupported
+    assert all("did not advertise" in (verdicts_expected[c] or "") for c in unsupported)
+
+
+@pytest.mark.timeout(60)
+def test_exit_codes(fixture_file: Path, tmp_path: Path) -> None:
+    assert main(["--list"]) == EXIT_OK
+    assert main(["--target", "127.0.0.1:5000"]) == EXIT_USAGE
+    assert main(["--fixture", str(fixture_file), "-t", "no-such-case"]) == EXIT_USAGE
+    document = json.loads(fixture_file.read_text())
+    document["addrs"] = ["127.0.0.1:9"]  # nothing listens there
+    unreachable = tmp_path / "unreachable.json"
+    unreachable.write_text(json.dumps(document))
+    assert main(["--fixture", str(unreachable), "-t", "auth.*"]) == EXIT_UNREACHABLE
+    assert main(["coverage"]) == EXIT_OK

@@ -1,0 +1,109 @@
+"""The shipped corpus: every transcript validates, ids are unique, coverage holds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from felix_conformance.corpus import load_corpus, load_file, select, shipped_dir
+from felix_conformance.coverage import compute_coverage
+from felix_conformance.matching import MissingVariableError, concrete, match, substitute
+from felix_conformance.schema import TranscriptError, validate_document
+from felix_wire.catalogue import BINARY_LAYOUTS
+
+pytestmark = pytest.mark.timeout(60)
+
+SHIPPED = sorted(shipped_dir().rglob("*.yaml"))
+
+
+def test_the_corpus_is_not_empty() -> None:
+    assert len(SHIPPED) >= 50
+
+
+@pytest.mark.parametrize("path", SHIPPED, ids=lambda p: p.stem)
+def test_every_shipped_transcript_validates(path: Path) -> None:
+    document = yaml.safe_load(path.read_text())
+    validate_document(document, str(path))
+    case = load_file(path)
+    assert case.requirement.endswith(".")
+
+
+def test_case_ids_are_unique() -> None:
+    cases = load_corpus()
+    assert len({c.id for c in cases}) == len(cases) == len(SHIPPED)
+
+
+def test_a_typo_is_reported_with_its_path(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "id: x\ntitle: t\nsection: s\nrequirement: r.\nexercises: {}\n"
+        "steps:\n  - open: {stream: s1}\n  - sned: {stream: s1}\n"
+    )
+    with pytest.raises(TranscriptError, match=r"steps\[1\]"):
+        load_file(path)
+
+
+def test_unknown_catalogue_names_are_refused(tmp_path: Path) -> None:
+    path = tmp_path / "bad.yaml"
+    path.write_text(
+        "id: x\ntitle: t\nsection: s\nrequirement: r.\nexercises: {messages: [authh]}\n"
+        "steps:\n  - open: {stream: s1}\n"
+    )
+    with pytest.raises(TranscriptError, match="authh"):
+        load_file(path)
+
+
+def test_strict_mode_adds_should_cases() -> None:
+    cases = load_corpus()
+    assert len(select(cases, strict=True)) > len(select(cases))
+    assert [c.id for c in select(cases, ["auth.*"], ["auth.plain-*"])] == sorted(
+        c.id for c in cases if c.id.startswith("auth.") and not c.id.startswith("auth.plain-")
+    )
+
+
+def test_coverage_of_layouts_and_served_messages() -> None:
+    coverage = compute_coverage(load_corpus())
+    assert coverage.get("binary layouts").count == len(BINARY_LAYOUTS)
+    served = {
+        "auth", "auth_ok", "ok", "error", "unsupported", "extension", "publish",
+        "publish_batch", "publish_ok", "publish_error", "subscribe", "subscribed",
+        "subscribe_cursor_error", "event_stream_hello", "event_batch", "stream_shards",
+        "stream_shards_view", "cache_shards", "cache_shards_view", "shard_owners",
+        "shard_owners_view",
+    }  # fmt: skip
+    assert served <= coverage.get("messages").covered
+    assert {"unauthenticated", "forbidden", "not_found", "invalid_request"} <= coverage.get(
+        "error codes"
+    ).covered
+
+
+@pytest.mark.parametrize(
+    ("expected", "actual", "ok"),
+    [
+        ({"$any": True}, 3, True),
+        ({"$range": [1, 5]}, 6, False),
+        ({"$regex": "a+b"}, "aab", True),
+        ({"$set": [1, 2]}, [2, 1], True),
+        ({"$set": [1, 2]}, [2, 2], False),
+        ({"$one_of": ["x", {"$absent": True}]}, "y", False),
+        ({"a": {"$absent": True}}, {"b": 1}, True),
+        ({"a": 1}, {"a": True}, False),
+        ([1, 2], [1, 2, 3], False),
+    ],
+)
+def test_matchers(expected: Any, actual: Any, ok: bool) -> None:
+    assert (not match(expected, actual, "v", {})) is ok
+
+
+def test_captures_and_variables() -> None:
+    captures: dict[str, Any] = {}
+    assert not match({"id": {"$capture": "sub"}}, {"id": 42}, "m", captures)
+    assert captures == {"sub": 42}
+    assert substitute({"x": "${sub}", "y": "s-${sub}"}, captures) == {"x": 42, "y": "s-42"}
+    with pytest.raises(MissingVariableError):
+        substitute("${nope}", captures)
+    assert substitute("${nope}", {}, unknown_as_capture=True) == {"$capture": "nope"}
+    assert concrete({"a": {"$any": True, "$example": 5}, "b": {"$absent": True}}, {}) == {"a": 5}
