@@ -125,3 +125,21 @@ def test_the_cli_validates_only_with_check() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "78 messages" in result.stdout
+
+
+def test_nothing_imports_codegen_at_run_time() -> None:
+    """The generator is a build step: no installed package may import it."""
+    roots = [
+        "generated/felix_wire",
+        "felix_transport",
+        "felix_broker",
+        "felix_client",
+        "conformance/felix_conformance",
+    ]
+    offenders = [
+        str(path.relative_to(REPO))
+        for root in roots
+        for path in (REPO / root).rglob("*.py")
+        if "felix_codegen" in path.read_text()
+    ]
+    assert offenders == []
