@@ -1,0 +1,366 @@
+"""One segment file with its sparse index: create, recover, append, read.
+
+A segment knows nothing about fsync policy or retention; the log decides when
+to roll, sync and delete. Only the last (active) segment of a log holds open
+write descriptors; sealed segments are opened read-only for the length of a read.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import struct
+from array import array
+from bisect import bisect_left, bisect_right
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
+
+from felix_broker.storage.errors import CorruptionError
+from felix_broker.storage.format import (
+    HEADER_SIZE,
+    INDEX_MAGIC,
+    RECORD_HEAD_SIZE,
+    SEGMENT_MAGIC,
+    IndexEntry,
+    Record,
+    check_header,
+    check_record,
+    decode_record,
+    encode_header,
+    index_path,
+    pack_index_entry,
+    record_head,
+    segment_path,
+    unpack_index_entries,
+)
+
+__all__ = ["Segment"]
+
+_log = logging.getLogger(__name__)
+
+# Reads go through the page cache in chunks this big; a longer record is read whole.
+_READ_CHUNK = 256 * 1024
+_LENGTH = struct.Struct(">I")
+
+
+def _write_at(fd: int, data: bytes, position: int) -> None:
+    view = memoryview(data)
+    written = 0
+    while written < len(view):
+        written += os.pwrite(fd, view[written:], position + written)
+
+
+def _find_valid_record(data: bytes, start: int, end: int) -> int | None:
+    """The position of the first checksum-valid record in ``data[start:end]``, if any.
+
+    Used only after a bad record in the active segment, to tell a torn tail
+    (nothing valid after the damage) from damage in the middle of the log.
+    Slow (a probe per byte), but it only runs on damaged files.
+    """
+    if data.count(0, start, end) == end - start:
+        return None
+    view = memoryview(data)
+    for position in range(start, end - RECORD_HEAD_SIZE + 1):
+        (length,) = _LENGTH.unpack_from(data, position + 4)
+        if RECORD_HEAD_SIZE <= length <= end - position and check_record(view, position, end):
+            return position
+    return None
+
+
+class Segment:
+    """A segment file of records with offsets ``[base_offset, end_offset)``."""
+
+    def __init__(self, directory: Path, base_offset: int, index_interval: int) -> None:
+        self.base_offset = base_offset
+        self.path = segment_path(directory, base_offset)
+        self.index_path = index_path(directory, base_offset)
+        self.size = HEADER_SIZE
+        self.count = 0
+        self.first_timestamp_us = 0
+        self.last_timestamp_us = 0
+        # Write descriptors, open only while this is the active segment.
+        self.fd: int | None = None
+        self._index_fd: int | None = None
+        self._index_interval = index_interval
+        self._next_entry_at = HEADER_SIZE
+        # Sparse index kept in compact arrays: a 64 MiB segment at the default
+        # 4 KiB interval costs about 400 KB of memory.
+        self._entry_offsets = array("q")
+        self._entry_positions = array("q")
+        self._entry_times = array("q")
+
+    @property
+    def end_offset(self) -> int:
+        """The offset after this segment's last record."""
+        return self.base_offset + self.count
+
+    # --- opening ---------------------------------------------------------------------
+
+    @classmethod
+    def create(cls, directory: Path, base_offset: int, index_interval: int) -> Segment:
+        """A new, empty, active segment (files created, header written)."""
+        segment = cls(directory, base_offset, index_interval)
+        fd = os.open(segment.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
+        try:
+            _write_at(fd, encode_header(SEGMENT_MAGIC, base_offset), 0)
+        except BaseException:
+            os.close(fd)
+            raise
+        segment.fd = fd
+        segment._write_index(segment._index_bytes())
+        segment._index_fd = os.open(segment.index_path, os.O_WRONLY | os.O_APPEND)
+        return segment
+
+    @classmethod
+    def recover(
+        cls,
+        directory: Path,
+        base_offset: int,
+        *,
+        index_interval: int,
+        active: bool,
+        sync_file: Callable[[int], None] | None,
+    ) -> Segment:
+        """Scan a segment file, repairing a torn tail if it is the active one.
+
+        Every record's checksum is verified. In a sealed segment any bad record
+        is corruption. In the active segment a bad record with nothing valid
+        after it is a torn or zero-filled tail from a crash and is cut off; a
+        bad record followed by a valid one is corruption. ``sync_file`` (None
+        for fsync mode ``none``) makes a repair durable. The index file is
+        rewritten when it does not match what the scan found.
+        """
+        segment = cls(directory, base_offset, index_interval)
+        path = segment.path
+        data = path.read_bytes()
+        if len(data) < HEADER_SIZE and active:
+            # A roll that crashed before the header reached the disk.
+            _log.warning("%s: rewriting a torn segment header (%d bytes)", path, len(data))
+            data = encode_header(SEGMENT_MAGIC, base_offset)
+            segment._rewrite(data, sync_file)
+        check_header(path, data, SEGMENT_MAGIC, base_offset)
+        end = len(data)
+        position = segment._scan(data, end)
+        if position < end:
+            if not active:
+                raise CorruptionError(path, position, "invalid record in a sealed segment")
+            valid_at = _find_valid_record(data, position + 1, end)
+            if valid_at is not None:
+                raise CorruptionError(
+                    path, position, f"invalid record followed by a valid record at byte {valid_at}"
+                )
+            _log.warning(
+                "%s: cutting a torn tail of %d bytes at byte %d", path, end - position, position
+            )
+            os.truncate(path, position)
+            if sync_file is not None:
+                segment._sync_path(sync_file)
+        segment._check_index(sync_file)
+        if active:
+            segment.fd = os.open(path, os.O_RDWR)
+            segment._index_fd = os.open(segment.index_path, os.O_WRONLY | os.O_APPEND)
+        return segment
+
+    def _scan(self, data: bytes, end: int) -> int:
+        """Account every valid record from the header on; returns where valid data stops."""
+        view = memoryview(data)
+        position = HEADER_SIZE
+        expected = self.base_offset
+        while position < end:
+            head = check_record(view, position, end)
+            if head is None or head.offset != expected:
+                break
+            if self.count and head.timestamp_us < self.last_timestamp_us:
+                break
+            self._account(IndexEntry(expected, position, head.timestamp_us), head.length)
+            position += head.length
+            expected += 1
+        return position
+
+    def _account(self, record: IndexEntry, length: int) -> None:
+        if record.position >= self._next_entry_at:
+            self._entry_offsets.append(record.offset)
+            self._entry_positions.append(record.position)
+            self._entry_times.append(record.timestamp_us)
+            self._next_entry_at = record.position + self._index_interval
+        if not self.count:
+            self.first_timestamp_us = record.timestamp_us
+        self.last_timestamp_us = record.timestamp_us
+        self.count += 1
+        self.size = record.position + length
+
+    def _entries(self) -> list[IndexEntry]:
+        return [
+            IndexEntry(offset, position, timestamp)
+            for offset, position, timestamp in zip(
+                self._entry_offsets, self._entry_positions, self._entry_times, strict=True
+            )
+        ]
+
+    def _index_bytes(self) -> bytes:
+        entries = b"".join(pack_index_entry(e, self.base_offset) for e in self._entries())
+        return encode_header(INDEX_MAGIC, self.base_offset) + entries
+
+    def _check_index(self, sync_file: Callable[[int], None] | None) -> None:
+        expected = self._index_bytes()
+        try:
+            found: bytes | None = self.index_path.read_bytes()
+        except FileNotFoundError:
+            found = None
+        if found is not None:
+            try:
+                check_header(self.index_path, found, INDEX_MAGIC, self.base_offset)
+            except CorruptionError:
+                pass  # an index is derived data: a damaged one is rebuilt below
+            else:
+                if unpack_index_entries(found, self.base_offset) == self._entries():
+                    return
+        _log.info("%s: rebuilding the index from the segment", self.index_path)
+        self._write_index(expected)
+
+    def _write_index(self, data: bytes) -> None:
+        # Written beside and renamed, so a crash leaves the old or the new index.
+        tmp = self.index_path.with_name(self.index_path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_at(fd, data, 0)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.index_path)
+
+    def _rewrite(self, data: bytes, sync_file: Callable[[int], None] | None) -> None:
+        fd = os.open(self.path, os.O_WRONLY | os.O_TRUNC)
+        try:
+            _write_at(fd, data, 0)
+            if sync_file is not None:
+                sync_file(fd)
+        finally:
+            os.close(fd)
+
+    def _sync_path(self, sync_file: Callable[[int], None]) -> None:
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            sync_file(fd)
+        finally:
+            os.close(fd)
+
+    # --- writing ---------------------------------------------------------------------
+
+    def append(
+        self,
+        first_offset: int,
+        timestamp_us: int,
+        flags: int,
+        principal: bytes,
+        payloads: Sequence[bytes],
+    ) -> None:
+        """Write records ``first_offset, first_offset + 1, ...`` with one write call."""
+        if self.fd is None or self._index_fd is None:
+            raise RuntimeError(f"{self.path} is not the active segment")
+        pieces: list[bytes] = []
+        entries: list[tuple[IndexEntry, int]] = []
+        position = self.size
+        offset = first_offset
+        for payload in payloads:
+            head = record_head(offset, timestamp_us, flags, principal, payload)
+            pieces.append(head)
+            if principal:
+                pieces.append(principal)
+            pieces.append(payload)
+            length = RECORD_HEAD_SIZE + len(principal) + len(payload)
+            entries.append((IndexEntry(offset, position, timestamp_us), length))
+            position += length
+            offset += 1
+        _write_at(self.fd, b"".join(pieces), self.size)
+        new_entries = len(self._entry_offsets)
+        for entry, length in entries:
+            self._account(entry, length)
+        if len(self._entry_offsets) > new_entries:
+            # The index is derived data, rebuilt on open when it disagrees with
+            # the segment, so it is written but never fsynced.
+            os.write(
+                self._index_fd,
+                b"".join(
+                    pack_index_entry(
+                        IndexEntry(
+                            self._entry_offsets[i],
+                            self._entry_positions[i],
+                            self._entry_times[i],
+                        ),
+                        self.base_offset,
+                    )
+                    for i in range(new_entries, len(self._entry_offsets))
+                ),
+            )
+
+    def seal(self) -> int | None:
+        """Stop being the active segment; returns the write descriptor for the caller to close.
+
+        The log closes that descriptor only once no fsync round can still be
+        using it (a closed descriptor number may be reused by another file).
+        """
+        if self._index_fd is not None:
+            os.close(self._index_fd)
+            self._index_fd = None
+        fd, self.fd = self.fd, None
+        return fd
+
+    def close(self) -> None:
+        """Close any open descriptor."""
+        fd = self.seal()
+        if fd is not None:
+            os.close(fd)
+
+    def delete(self) -> None:
+        """Remove the segment and its index (the segment first: a lone index is cleaned up)."""
+        self.close()
+        self.path.unlink(missing_ok=True)
+        self.index_path.unlink(missing_ok=True)
+
+    # --- reading ---------------------------------------------------------------------
+
+    def records_from(self, fd: int, offset: int) -> Iterator[Record]:
+        """Records with offsets at and after ``offset`` (to the end written so far).
+
+        ``fd`` is any descriptor open for reading this segment. Checksums are
+        verified on the way, so damage after open is reported, not returned.
+        """
+        i = bisect_right(self._entry_offsets, offset) - 1
+        position = self._entry_positions[i] if i >= 0 else HEADER_SIZE
+        expected = self._entry_offsets[i] if i >= 0 else self.base_offset
+        end = self.size
+        buffer = memoryview(b"")
+        buffer_at = position
+        while position < end:
+            at = position - buffer_at
+            if len(buffer) - at < RECORD_HEAD_SIZE:
+                buffer = memoryview(os.pread(fd, min(_READ_CHUNK, end - position), position))
+                buffer_at, at = position, 0
+            if len(buffer) < RECORD_HEAD_SIZE:
+                raise CorruptionError(self.path, position, "segment shorter than recorded")
+            (length,) = _LENGTH.unpack_from(buffer, at + 4)
+            if not RECORD_HEAD_SIZE <= length <= end - position:
+                raise CorruptionError(self.path, position, f"record length {length} out of range")
+            if len(buffer) - at < length:
+                buffer = memoryview(os.pread(fd, max(_READ_CHUNK, length), position))
+                buffer_at, at = position, 0
+            head = check_record(buffer, at, len(buffer))
+            if head is None or head.offset != expected:
+                raise CorruptionError(self.path, position, "record checksum or offset mismatch")
+            if expected >= offset:
+                yield decode_record(buffer, at, head)
+            position += length
+            expected += 1
+
+    def offset_for_time(self, fd: int, at_us: int) -> int | None:
+        """The first offset here appended at or after ``at_us``, via the sparse index."""
+        if not self.count or self.last_timestamp_us < at_us:
+            return None
+        # The last entry strictly older than at_us: records equal to at_us may
+        # sit before an entry that carries the same time.
+        i = bisect_left(self._entry_times, at_us)
+        start = self._entry_offsets[i - 1] if i > 0 else self.base_offset
+        for record in self.records_from(fd, start):
+            if record.timestamp_us >= at_us:
+                return record.offset
+        return None

@@ -1,0 +1,213 @@
+"""All shard logs of a broker under one root folder, with their background upkeep.
+
+Layout: ``root/<tenant>/<namespace>/<stream>/<shard>/`` holds one log, where
+the names come from the catalog (``[A-Za-z0-9_.-]{1,128}``) and ``<shard>``
+is the decimal shard number.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import re
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from felix_broker.config import FsyncMode
+from felix_broker.storage.log import Log, LogConfig
+from felix_broker.storage.retention import Retention
+
+__all__ = ["LogStore", "ShardKey", "ShardOffsets"]
+
+_log = logging.getLogger(__name__)
+
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+_SHARD = re.compile(r"0|[1-9][0-9]{0,9}")
+
+
+def _check_name(kind: str, name: str) -> None:
+    # "." and ".." fit the catalog alphabet but would walk the folder tree.
+    if not _NAME.fullmatch(name) or name in {".", ".."}:
+        raise ValueError(f"invalid {kind} name {name!r}")
+
+
+def _now_us() -> int:
+    return time.time_ns() // 1000
+
+
+@dataclass(frozen=True, order=True, slots=True)
+class ShardKey:
+    """Which log: one per shard of a stream."""
+
+    tenant: str
+    namespace: str
+    stream: str
+    shard: int
+
+    def __post_init__(self) -> None:
+        _check_name("tenant", self.tenant)
+        _check_name("namespace", self.namespace)
+        _check_name("stream", self.stream)
+        if self.shard < 0:
+            raise ValueError(f"invalid shard {self.shard}")
+
+    def relative_path(self) -> Path:
+        """The log's folder below the store root."""
+        return Path(self.tenant, self.namespace, self.stream, str(self.shard))
+
+
+@dataclass(frozen=True, slots=True)
+class ShardOffsets:
+    """A shard's offsets: oldest retained, committed (durable) and next."""
+
+    start: int
+    durable: int
+    next: int
+
+
+class LogStore:
+    """Opens, recovers, syncs, trims and closes every shard log under ``root``.
+
+    Call :meth:`recover_all` once at start (the broker is ready only after it
+    returns), then :meth:`start` to run the periodic fsync (every
+    ``config.fsync_interval``; fsync modes other than ``none``) and retention
+    (every ``retention_interval`` seconds) tasks.
+    """
+
+    def __init__(
+        self,
+        root: Path,
+        *,
+        config: LogConfig | None = None,
+        retention_interval: float = 30.0,
+        fsync: Callable[[int], None] = os.fsync,
+        clock_us: Callable[[], int] = _now_us,
+    ) -> None:
+        if not retention_interval > 0:
+            raise ValueError(f"retention_interval must be > 0, got {retention_interval}")
+        self.root = root
+        self.config = config or LogConfig()
+        self.retention_interval = retention_interval
+        self._fsync = fsync
+        self._clock_us = clock_us
+        self._logs: dict[ShardKey, Log] = {}
+        self._retention: dict[ShardKey, Retention] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        self.ready = False
+
+    # --- opening ---------------------------------------------------------------------
+
+    async def recover_all(self) -> list[ShardKey]:
+        """Open (and so recover) every log found under the root, off the event loop.
+
+        Raises the first :class:`~felix_broker.storage.errors.StorageError` met;
+        the logs opened before it stay open.
+        """
+        keys = await asyncio.to_thread(self._find_shards)
+        for key in keys:
+            if key not in self._logs:
+                self._logs[key] = await asyncio.to_thread(
+                    Log.open, self.root / key.relative_path(), self.config, fsync=self._fsync
+                )
+        self.ready = True
+        _log.info("recovered %d shard logs under %s", len(keys), self.root)
+        return keys
+
+    def _find_shards(self) -> list[ShardKey]:
+        keys: list[ShardKey] = []
+        if not self.root.is_dir():
+            return keys
+        for shard_dir in sorted(self.root.glob("*/*/*/*")):
+            tenant, namespace, stream, shard = shard_dir.relative_to(self.root).parts
+            if not shard_dir.is_dir() or not _SHARD.fullmatch(shard):
+                continue
+            try:
+                keys.append(ShardKey(tenant, namespace, stream, int(shard)))
+            except ValueError:
+                _log.warning("ignoring %s: not a shard log folder", shard_dir)
+        return keys
+
+    def open_log(self, key: ShardKey, *, retention: Retention | None = None) -> Log:
+        """The log of ``key``, opened or created now if needed (blocking file I/O)."""
+        if retention is not None:
+            self._retention[key] = retention
+        log = self._logs.get(key)
+        if log is None:
+            log = Log.open(self.root / key.relative_path(), self.config, fsync=self._fsync)
+            self._logs[key] = log
+        return log
+
+    def get(self, key: ShardKey) -> Log | None:
+        """The open log of ``key``, if any."""
+        return self._logs.get(key)
+
+    def set_retention(self, key: ShardKey, retention: Retention) -> None:
+        """The policy the retention task applies to ``key`` (default: keep everything)."""
+        self._retention[key] = retention
+
+    # --- upkeep ----------------------------------------------------------------------
+
+    def apply_retention(self) -> int:
+        """One retention pass over every open log; returns the segments deleted."""
+        now_us = self._clock_us()
+        deleted = 0
+        for key, log in self._logs.items():
+            retention = self._retention.get(key)
+            if retention is not None and not log.closed:
+                deleted += log.apply_retention(retention, now_us=now_us)
+        return deleted
+
+    async def sync_all(self) -> None:
+        """Sync every log with pending writes, concurrently; failures are logged by each log."""
+        pending = [log.sync() for log in self._logs.values() if log.needs_sync]
+        await asyncio.gather(*pending, return_exceptions=True)
+
+    def offsets(self) -> dict[ShardKey, ShardOffsets]:
+        """Per shard: start, committed (durable) and next offsets, e.g. for /backup/offsets."""
+        return {
+            key: ShardOffsets(log.start_offset, log.durable_offset, log.next_offset)
+            for key, log in sorted(self._logs.items())
+        }
+
+    def start(self) -> None:
+        """Start the periodic fsync and retention tasks on the running event loop."""
+        if self._tasks:
+            return
+        loop = asyncio.get_running_loop()
+        if self.config.fsync_mode is not FsyncMode.NONE:
+            # Under on_commit this also makes records readable that were
+            # appended without anyone waiting for them.
+            self._tasks.append(
+                loop.create_task(self._every(self.config.fsync_interval, self.sync_all))
+            )
+        self._tasks.append(loop.create_task(self._every(self.retention_interval, self._retain)))
+
+    async def _retain(self) -> None:
+        self.apply_retention()
+
+    async def _every(self, interval: float, action: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await action()
+            except Exception:
+                # One bad pass (e.g. a file that cannot be removed) must not
+                # stop the upkeep of every other shard.
+                _log.exception("storage upkeep pass failed")
+
+    async def aclose(self) -> None:
+        """Stop the tasks and close every log (syncing what is pending)."""
+        tasks, self._tasks = self._tasks, []
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        logs = list(self._logs.values())
+        self._logs.clear()
+        self.ready = False
+        results = await asyncio.gather(*(log.aclose() for log in logs), return_exceptions=True)
+        for result in results:
+            if isinstance(result, BaseException):
+                raise result

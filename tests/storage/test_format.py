@@ -1,0 +1,95 @@
+"""Byte layouts: headers, records, index entries, names."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import pytest
+
+from felix_broker.storage.errors import (
+    CorruptionError,
+    PrincipalTooLongError,
+    UnsupportedVersionError,
+)
+from felix_broker.storage.format import (
+    HEADER_SIZE,
+    RECORD_HEAD_SIZE,
+    SEGMENT_MAGIC,
+    IndexEntry,
+    Record,
+    check_header,
+    check_record,
+    decode_record,
+    encode_header,
+    encode_principal,
+    pack_index_entry,
+    parse_segment_name,
+    record_head,
+    segment_path,
+    unpack_index_entries,
+)
+
+
+def test_header_round_trip() -> None:
+    header = encode_header(SEGMENT_MAGIC, 1234)
+    assert len(header) == HEADER_SIZE == 20
+    check_header(Path("x.log"), header, SEGMENT_MAGIC, 1234)
+
+
+def test_header_with_unknown_version_names_the_file() -> None:
+    header = bytearray(encode_header(SEGMENT_MAGIC, 0))
+    struct.pack_into(">H", header, 4, 2)
+    with pytest.raises(UnsupportedVersionError) as info:
+        check_header(Path("a/b.log"), bytes(header), SEGMENT_MAGIC, 0)
+    assert info.value.version == 2
+    assert "a/b.log" in str(info.value)
+
+
+def test_header_checks_magic_checksum_and_base() -> None:
+    header = encode_header(SEGMENT_MAGIC, 7)
+    with pytest.raises(CorruptionError):
+        check_header(Path("x"), b"XXXX" + header[4:], SEGMENT_MAGIC, 7)
+    with pytest.raises(CorruptionError):
+        check_header(Path("x"), header[:-1] + bytes([header[-1] ^ 1]), SEGMENT_MAGIC, 7)
+    with pytest.raises(CorruptionError):
+        check_header(Path("x"), header, SEGMENT_MAGIC, 8)
+
+
+@pytest.mark.parametrize("publisher", [None, "", "alice", "é" * 127])
+def test_record_round_trip(publisher: str | None) -> None:
+    flags, principal = encode_principal(publisher)
+    payload = b"payload bytes"
+    data = record_head(42, 1_700_000_000_000_000, flags, principal, payload) + principal + payload
+    head = check_record(data, 0, len(data))
+    assert head is not None
+    assert head.length == len(data) == RECORD_HEAD_SIZE + len(principal) + len(payload)
+    assert decode_record(data, 0, head) == Record(42, 1_700_000_000_000_000, publisher, payload)
+
+
+def test_record_damage_is_detected_anywhere() -> None:
+    data = record_head(1, 2, 0, b"", b"abc") + b"abc"
+    for i in range(len(data)):
+        damaged = bytearray(data)
+        damaged[i] ^= 0x40
+        assert check_record(bytes(damaged), 0, len(damaged)) is None, i
+    assert check_record(bytes(len(data)), 0, len(data)) is None
+    assert check_record(data, 0, len(data) - 1) is None
+
+
+def test_principal_limit_is_255_utf8_bytes() -> None:
+    assert encode_principal("x" * 255)[1] == b"x" * 255
+    with pytest.raises(PrincipalTooLongError) as info:
+        encode_principal("é" * 128)
+    assert info.value.length == 256
+
+
+def test_index_entries_and_names() -> None:
+    entries = [IndexEntry(100, 20, 5), IndexEntry(103, 4200, 9)]
+    data = encode_header(b"FLXI", 100) + b"".join(pack_index_entry(e, 100) for e in entries)
+    assert unpack_index_entries(data, 100) == entries
+    assert unpack_index_entries(data + b"\0", 100) is None
+    path = segment_path(Path("d"), 100)
+    assert path.name == "00000000000000000100.log"
+    assert parse_segment_name(path.name) == 100
+    assert parse_segment_name("100.log") is None
