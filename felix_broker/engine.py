@@ -42,7 +42,6 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 from felix_wire.binary import (
@@ -60,8 +59,10 @@ from felix_wire.routing import shard_for_key
 from .catalog import Catalog, StreamSpec
 from .config import BrokerConfig, SubscriberQueuePolicy
 from .metrics import BrokerMetrics
+from .storage import Log, LogStore, Retention, ShardKey, StorageError
 
 __all__ = [
+    "Chunk",
     "DeliveryKind",
     "Engine",
     "OverloadedError",
@@ -69,6 +70,7 @@ __all__ = [
     "Shard",
     "Subscriber",
     "Variant",
+    "encode_events",
     "variant_for",
 ]
 
@@ -100,18 +102,71 @@ class Variant:
 
     kind: DeliveryKind
     publisher: bool  # EVENT_BATCH_PUBLISHER offered (binary layouts only)
+    offsets: bool = False  # durable stream and EVENT_BATCH_OFFSETS offered
+    timestamps: bool = False  # durable stream and EVENT_BATCH_TIMESTAMPS offered (binary only)
 
 
-def variant_for(client: Capabilities) -> Variant:
-    """The best layout the client offered."""
+def variant_for(client: Capabilities, *, durable: bool = False) -> Variant:
+    """The best layout the client offered. Offsets and times exist only on durable
+    streams; an in-memory stream's events carry neither."""
     if client.has(Flag.BINARY_EVENT_BATCH_SHARED):
         kind = DeliveryKind.SHARED
     elif client.has(Flag.BINARY_EVENT_BATCH):
         kind = DeliveryKind.LEGACY
     else:
         kind = DeliveryKind.JSON
-    publisher = kind is not DeliveryKind.JSON and client.has(Flag.EVENT_BATCH_PUBLISHER)
-    return Variant(kind, publisher)
+    binary = kind is not DeliveryKind.JSON
+    publisher = binary and client.has(Flag.EVENT_BATCH_PUBLISHER)
+    offsets = durable and (not binary or client.has(Flag.EVENT_BATCH_OFFSETS))
+    timestamps = durable and binary and client.has(Flag.EVENT_BATCH_TIMESTAMPS)
+    return Variant(kind, publisher, offsets, timestamps)
+
+
+@dataclass(frozen=True, slots=True)
+class Chunk:
+    """Records cut for one event batch: contiguous offsets, one publisher."""
+
+    payloads: list[bytes]
+    publisher: str | None
+    base_offset: int
+    timestamps: list[int] | None
+
+
+def encode_events(
+    variant: Variant, spec: StreamSpec, chunk: Chunk, subscription_id: int = 0
+) -> bytes:
+    """One event batch frame laid out for `variant`."""
+    base = chunk.base_offset if variant.offsets else None
+    publisher = chunk.publisher if variant.publisher else None
+    timestamps = chunk.timestamps if variant.timestamps else None
+    if variant.kind is DeliveryKind.SHARED:
+        return encode_event_batch_shared_frame(
+            EventBatchSharedFrame(
+                base_offset=base,
+                publisher=publisher,
+                timestamps=timestamps,
+                payloads=chunk.payloads,
+            )
+        )
+    if variant.kind is DeliveryKind.LEGACY:
+        return encode_event_batch_legacy_frame(
+            EventBatchLegacyFrame(
+                subscription_id=subscription_id,
+                base_offset=base,
+                publisher=publisher,
+                timestamps=timestamps,
+                payloads=chunk.payloads,
+            )
+        )
+    return encode_frame(
+        EventBatch(
+            tenant_id=spec.tenant_id,
+            namespace=spec.namespace,
+            stream=spec.name,
+            payloads=chunk.payloads,
+            base_offset=base,
+        )
+    )
 
 
 @dataclass(slots=True)
@@ -151,7 +206,10 @@ class Subscriber:
         self.delivered = 0
         self.closed = False
         self._metrics = metrics
-        self._frames: deque[tuple[bytes, int]] = deque()
+        # (frame, records, base offset of its first record); offsets exist on durable
+        # streams only, where the writer uses them to join replay and live delivery.
+        self._frames: deque[tuple[bytes, int, int]] = deque()
+        self.lagged = False  # a frame was dropped (drop policies); durable streams end
         self._ready = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
@@ -160,7 +218,7 @@ class Subscriber:
     def depth(self) -> int:
         return len(self._frames)
 
-    def offer(self, frame: bytes, records: int) -> bool:
+    def offer(self, frame: bytes, records: int, base: int = 0) -> bool:
         """Queue a frame; False when it had to wait for room (policy `block`)."""
         if self.closed:
             return True
@@ -169,13 +227,13 @@ class Subscriber:
                 self._room.clear()
                 return False
             if self.policy is SubscriberQueuePolicy.DROP_OLD:
-                _, old_records = self._frames.popleft()
+                _, old_records, _ = self._frames.popleft()
                 self._drop(old_records)
                 self._metrics.subscriber_queue_depth.dec()
             else:
                 self._drop(records)
                 return True
-        self._frames.append((frame, records))
+        self._frames.append((frame, records, base))
         self._metrics.subscriber_queue_depth.inc()
         self._ready.set()
         return True
@@ -186,24 +244,34 @@ class Subscriber:
             await self._room.wait()
 
     def _drop(self, records: int) -> None:
+        self.lagged = True
         self.dropped += records
         self._metrics.subscriber_drops.inc(records)
 
-    async def next_frames(self) -> list[bytes]:
-        """Every queued frame (waiting for at least one); [] once closed."""
+    async def next_frames(self) -> list[tuple[bytes, int, int]]:
+        """Every queued (frame, records, base) (waiting for at least one); [] once closed."""
         while not self._frames:
             if self.closed:
                 return []
             self._ready.clear()
             await self._ready.wait()
-        frames = [frame for frame, _ in self._frames]
-        records = sum(r for _, r in self._frames)
-        self._metrics.subscriber_queue_depth.dec(len(self._frames))
+        frames = list(self._frames)
+        records = sum(r for _, r, _ in frames)
+        self._metrics.subscriber_queue_depth.dec(len(frames))
         self._frames.clear()
         self.delivered += records
         self._metrics.deliveries.inc(records)
         self._room.set()
         return frames
+
+    def first_queued_base(self) -> int | None:
+        return self._frames[0][2] if self._frames else None
+
+    async def wait_queued(self) -> None:
+        """Until a frame is queued or the subscriber closes."""
+        while not self._frames and not self.closed:
+            self._ready.clear()
+            await self._ready.wait()
 
     def close(self) -> None:
         if self.closed:
@@ -215,54 +283,79 @@ class Subscriber:
         self._room.set()
 
 
-@dataclass(slots=True)
-class _Appended:
-    payloads: list[bytes]
-    publisher: str | None
-
-
 class Shard:
-    """One shard of a stream: its offset counter, live subscribers and pending deliveries."""
+    """One shard of a stream: its log (durable streams) or offset counter, its live
+    subscribers and the records appended since the last flush."""
 
-    def __init__(self, spec: StreamSpec, index: int, config: BrokerConfig) -> None:
+    def __init__(
+        self, spec: StreamSpec, index: int, config: BrokerConfig, log: Log | None = None
+    ) -> None:
         self.spec = spec
         self.index = index
-        self.next_offset = 0
+        self.log = log
+        self.next_offset = log.next_offset if log is not None else 0
         self.subscribers: list[Subscriber] = []
-        self._pending: list[_Appended] = []
+        self._pending: list[Chunk] = []
         self._max_events = config.event_batch_max_events
         self._max_bytes = config.event_batch_max_bytes
+        self._record_publishers = config.record_publishers
 
-    def append(self, payloads: list[bytes], publisher: str | None) -> int:
+    @property
+    def durable(self) -> bool:
+        return self.log is not None
+
+    def append(self, payloads: list[bytes], publisher: str | None, timestamp_us: int) -> int:
+        """Append one publish batch; returns its base offset. A durable stream stores the
+        publisher only when record_publishers is on (and reports what it stored); an
+        in-memory stream reports the publishing connection's principal."""
+        if self.log is not None:
+            stored = publisher if self._record_publishers else None
+            base = self.log.append(payloads, timestamp_us=timestamp_us, publisher=stored)
+            self.next_offset = base + len(payloads)
+            # Kept even with no subscriber yet: one may register before the flush, and
+            # its writer then skips or keeps these by offset.
+            stamps = [timestamp_us] * len(payloads)
+            self._pending.append(Chunk(payloads, stored, base, stamps))
+            return base
         base = self.next_offset
         self.next_offset += len(payloads)
-        if self.subscribers:
-            self._pending.append(_Appended(payloads, publisher))
+        self._pending.append(Chunk(payloads, publisher, base, None))
         return base
 
-    def _chunks(self, split_by_publisher: bool) -> list[tuple[list[bytes], str | None]]:
-        """The pending records cut into event batches."""
-        chunks: list[tuple[list[bytes], str | None]] = []
-        current: list[bytes] = []
+    def cut(self, chunks: list[Chunk], split_by_publisher: bool) -> list[Chunk]:
+        """Records cut into event batches of at most max events and max bytes; a new
+        batch starts where the publisher changes when the variant carries it."""
+        out: list[Chunk] = []
+        payloads: list[bytes] = []
+        stamps: list[int] | None = None
         size = 0
         owner: str | None = None
-        for appended in self._pending:
+        base = 0
+
+        def close() -> None:
+            out.append(Chunk(payloads, owner, base, stamps))
+
+        for appended in chunks:
             publisher = appended.publisher if split_by_publisher else None
-            if current and publisher != owner:
-                chunks.append((current, owner))
-                current, size = [], 0
+            if payloads and publisher != owner:
+                close()
+                payloads, size = [], 0
             owner = publisher
-            for payload in appended.payloads:
-                if current and (
-                    len(current) >= self._max_events or size + len(payload) > self._max_bytes
-                ):
-                    chunks.append((current, owner))
-                    current, size = [], 0
-                current.append(payload)
+            for i, payload in enumerate(appended.payloads):
+                full = len(payloads) >= self._max_events or size + len(payload) > self._max_bytes
+                if payloads and full:
+                    close()
+                    payloads, size = [], 0
+                if not payloads:
+                    base = appended.base_offset + i
+                    stamps = [] if appended.timestamps is not None else None
+                payloads.append(payload)
+                if stamps is not None and appended.timestamps is not None:
+                    stamps.append(appended.timestamps[i])
                 size += len(payload)
-        if current:
-            chunks.append((current, owner))
-        return chunks
+        if payloads:
+            close()
+        return out
 
     def flush(self) -> list[Subscriber]:
         """Encode pending records once per variant and queue them; returns the
@@ -270,49 +363,32 @@ class Shard:
         if not self._pending:
             return []
         subscribers = [s for s in self.subscribers if not s.closed]
+        if not subscribers:
+            self._pending = []
+            return []
         blocked: list[Subscriber] = []
         if subscribers:
             by_variant: dict[Variant, list[Subscriber]] = {}
             for sub in subscribers:
                 by_variant.setdefault(sub.variant, []).append(sub)
-            chunkings: dict[bool, list[tuple[list[bytes], str | None]]] = {}
+            cuts: dict[bool, list[Chunk]] = {}
             for variant, subs in by_variant.items():
-                if variant.publisher not in chunkings:
-                    chunkings[variant.publisher] = self._chunks(variant.publisher)
-                for payloads, publisher in chunkings[variant.publisher]:
+                if variant.publisher not in cuts:
+                    cuts[variant.publisher] = self.cut(self._pending, variant.publisher)
+                for chunk in cuts[variant.publisher]:
+                    count = len(chunk.payloads)
                     if variant.kind is DeliveryKind.LEGACY:
                         for sub in subs:
-                            frame = encode_event_batch_legacy_frame(
-                                EventBatchLegacyFrame(
-                                    subscription_id=sub.subscription_id,
-                                    publisher=publisher,
-                                    payloads=payloads,
-                                )
-                            )
-                            if not sub.offer(frame, len(payloads)):
+                            frame = encode_events(variant, self.spec, chunk, sub.subscription_id)
+                            if not sub.offer(frame, count, chunk.base_offset):
                                 blocked.append(sub)
                         continue
-                    frame = self._encode(variant, payloads, publisher)
+                    frame = encode_events(variant, self.spec, chunk)
                     for sub in subs:
-                        if not sub.offer(frame, len(payloads)):
+                        if not sub.offer(frame, count, chunk.base_offset):
                             blocked.append(sub)
         self._pending = []
         return blocked
-
-    def _encode(self, variant: Variant, payloads: list[bytes], publisher: str | None) -> bytes:
-        if variant.kind is DeliveryKind.SHARED:
-            return encode_event_batch_shared_frame(
-                EventBatchSharedFrame(publisher=publisher, payloads=payloads)
-            )
-        spec = self.spec
-        return encode_frame(
-            EventBatch(
-                tenant_id=spec.tenant_id,
-                namespace=spec.namespace,
-                stream=spec.name,
-                payloads=payloads,
-            )
-        )
 
 
 class _TenantPipeline:
@@ -330,19 +406,51 @@ class _TenantPipeline:
             batch = [await queue.get()]
             while not queue.empty():
                 batch.append(queue.get_nowait())
+            # One time per publish batch, the leader's clock at append (facts S13).
+            now = now_micros()
             touched: dict[int, Shard] = {}
+            written: list[tuple[PublishRequest, int]] = []
             for request in batch:
                 shard = request.shard
-                base = shard.append(request.payloads, request.publisher)
+                try:
+                    base = shard.append(request.payloads, request.publisher, now)
+                except (StorageError, ValueError) as exc:
+                    _log.error(
+                        "append to %s shard %d failed: %s", shard.spec.name, shard.index, exc
+                    )
+                    if not request.done.done():
+                        request.done.set_exception(exc)
+                    continue
                 touched[id(shard)] = shard
+                written.append((request, base))
                 self._metrics.publishes.inc(len(request.payloads))
                 self._metrics.published_bytes.inc(request.size)
-                if not request.done.done():
-                    request.done.set_result(base)
-            for shard in touched.values():
+            # Append -> durable (per fsync mode) -> fan out -> acknowledge: disk order is
+            # delivery order. Waiting here holds this tenant's next pass, so everything
+            # queued meanwhile shares the next fsync (group commit).
+            failed: set[int] = set()
+            for key, shard in touched.items():
+                if shard.log is not None:
+                    try:
+                        await shard.log.wait_durable(shard.next_offset - 1)
+                    except StorageError as exc:
+                        _log.error(
+                            "log of %s shard %d failed: %s", shard.spec.name, shard.index, exc
+                        )
+                        failed.add(key)
+            for key, shard in touched.items():
+                if key in failed:
+                    continue
                 for sub in shard.flush():
                     # `block` policy: this tenant waits for the slow subscriber.
                     await sub.wait_for_room()
+            for request, base in written:
+                if request.done.done():
+                    continue
+                if id(request.shard) in failed:
+                    request.done.set_exception(StorageError("the shard's log failed"))
+                else:
+                    request.done.set_result(base)
             for _ in batch:
                 queue.task_done()
 
@@ -350,10 +458,17 @@ class _TenantPipeline:
 class Engine:
     """Every stream shard this broker serves, and the tenants' publish pipelines."""
 
-    def __init__(self, catalog: Catalog, config: BrokerConfig, metrics: BrokerMetrics) -> None:
+    def __init__(
+        self,
+        catalog: Catalog,
+        config: BrokerConfig,
+        metrics: BrokerMetrics,
+        store: LogStore | None = None,
+    ) -> None:
         self.catalog = catalog
         self.config = config
         self.metrics = metrics
+        self.store = store
         self._shards: dict[tuple[str, str, str, int], Shard] = {}
         self._pipelines: dict[str, _TenantPipeline] = {}
         self._subscription_ids = itertools.count(1)
@@ -367,7 +482,16 @@ class Engine:
         key = (spec.tenant_id, spec.namespace, spec.name, index)
         shard = self._shards.get(key)
         if shard is None:
-            shard = self._shards[key] = Shard(spec, index, self.config)
+            log = None
+            if spec.durable and self.store is not None:
+                retention = Retention(
+                    max_bytes=spec.retention_max_bytes,
+                    max_age_us=None
+                    if spec.retention_max_age_ms is None
+                    else spec.retention_max_age_ms * 1000,
+                )
+                log = self.store.open_log(ShardKey(*key), retention=retention)
+            shard = self._shards[key] = Shard(spec, index, self.config, log)
         return shard
 
     def shard_for(self, spec: StreamSpec, key: bytes | None) -> Shard:
@@ -420,7 +544,7 @@ class Engine:
         sub = Subscriber(
             next(self._subscription_ids),
             shard,
-            variant_for(client),
+            variant_for(client, durable=shard.durable),
             capacity or self.config.subscriber_queue_capacity,
             self.config.subscriber_queue_policy,
             self.metrics,
@@ -444,7 +568,3 @@ def now_micros() -> int:
 def publisher_of(subject: str) -> str | None:
     """The publisher a batch reports: the token's sub, unless too long to carry."""
     return subject if len(subject.encode()) <= MAX_PUBLISHER_BYTES else None
-
-
-def total_size(payloads: Sequence[bytes]) -> int:
-    return sum(map(len, payloads))

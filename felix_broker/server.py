@@ -42,6 +42,8 @@ from felix_wire.messages import (
     EventStreamHello,
     Extension,
     Message,
+    OffsetForTime,
+    OffsetValue,
     Publish,
     PublishBatch,
     PublishWidth,
@@ -50,18 +52,31 @@ from felix_wire.messages import (
     ShardOwnersView,
     ShardRouting,
     StartOffset,
+    StreamRead,
+    StreamRecord,
+    StreamRecords,
     StreamShards,
     StreamShardsView,
     Subscribe,
     SubscribeCursorError,
     Subscribed,
+    SubscriptionLagged,
     Unsupported,
 )
 
 from .cache import CACHE_REQUESTS, CacheCall, CacheService
 from .catalog import Routing, StreamSpec
-from .config import BrokerConfig
-from .engine import Engine, OverloadedError, PublishRequest, Shard, Subscriber, publisher_of
+from .config import BrokerConfig, FsyncMode
+from .engine import (
+    Chunk,
+    Engine,
+    OverloadedError,
+    PublishRequest,
+    Shard,
+    Subscriber,
+    encode_events,
+    publisher_of,
+)
 from .http import Health, HttpListener
 from .metrics import BrokerMetrics
 from .permissions import Action, stream_object
@@ -73,6 +88,7 @@ from .protocol import (
     Send,
     StreamProtocol,
 )
+from .storage import LogConfig, LogStore
 from .tls import TlsMaterial, prepare_tls
 from .tokens import DevIssuer, Principal, TokenError, TokenVerifier
 
@@ -95,6 +111,10 @@ SERVER_FEATURES = int(
     | Feature.FEATURE_ACK_ON_COMMIT
 )
 
+# Served only with durable storage: bounded reads and time lookups need a log.
+DURABLE_FEATURES = int(Feature.FEATURE_STREAM_READ | Feature.FEATURE_RECORD_TIMESTAMPS)
+
+READ_MAX_BYTES = 4 * 1024 * 1024  # a stream_read page's payload cap (R1)
 CLOSE_SHUTTING_DOWN = 0
 CLOSE_AUTH_TIMEOUT = 1
 # Application error code on streams we abandon (RESET_STREAM / STOP_SENDING).
@@ -162,6 +182,7 @@ class Broker:
         self.health = Health()
         self.engine: Engine | None = None
         self.cache: CacheService | None = None
+        self.store: LogStore | None = None
         self.tls: TlsMaterial | None = None
         self.issuer: DevIssuer | None = None
         self._verifier = verifier
@@ -189,10 +210,20 @@ class Broker:
             else:
                 self.issuer = DevIssuer.load_or_create(config.data_dir)
                 self._verifier = TokenVerifier(self.issuer.jwks())
-        self.engine = Engine(config.catalog, config, self.metrics)
+        if config.durable_enabled:
+            assert config.durable_storage_dir is not None
+            self.store = LogStore(
+                config.durable_storage_dir, config=LogConfig(fsync_mode=config.durable_fsync_mode)
+            )
+            # /ready stays 503 until every log has recovered (a corrupt log stops here).
+            await self.store.recover_all()
+            self.store.start()
+        self.engine = Engine(config.catalog, config, self.metrics, self.store)
         self.cache = CacheService(config=config, catalog=config.catalog, metrics=self.metrics)
         await self.cache.start()  # reloads cache logs, starts the TTL pass
-        self._http = HttpListener(metrics=self.metrics, health=self.health)
+        self._http = HttpListener(
+            metrics=self.metrics, health=self.health, backup_offsets=self._backup_offsets
+        )
         await self._http.start(config.metrics_bind.host, config.metrics_bind.port)
         transport = TransportConfig.server(
             self.tls.chain_pem(),
@@ -261,6 +292,8 @@ class Broker:
             await self.cache.close()
         if self.engine is not None:
             self.engine.close()
+        if self.store is not None:
+            await self.store.aclose()
         self._stopped.set()
 
     async def wait_stopped(self) -> None:
@@ -313,6 +346,8 @@ class Broker:
         config = self.config
         assert self.cache is not None
         features = SERVER_FEATURES | self.cache.features
+        if self.store is not None:
+            features |= DURABLE_FEATURES
         if config.publish_window <= 0:
             features &= ~int(
                 Feature.FEATURE_PUBLISH_PIPELINE | Feature.FEATURE_STREAM_PUBLISH_WINDOW
@@ -408,6 +443,10 @@ class Broker:
                 state.connection.open_uni_stream,
             )
             state.spawn(self.cache.handle(request, call), "cache-request")
+        elif isinstance(request, StreamRead) and self.store is not None:
+            await io.write(self._stream_read(proto, request))
+        elif isinstance(request, OffsetForTime) and self.store is not None:
+            await io.write(self._offset_for_time(proto, request))
         elif isinstance(request, StreamShards):
             await io.write(self._stream_shards(proto, request))
         elif isinstance(request, CacheShards):
@@ -557,12 +596,19 @@ class Broker:
         # after the write (A5). In-memory streams never report offsets.
         after_write = self.config.ack_on_commit or proto.negotiated(Feature.FEATURE_ACK_ON_COMMIT)
         rid = request_id
-        await io.answers.put(
-            (
-                done if after_write else None,
-                lambda _offset: proto.publish_answer(rid, binary=binary),
-            )
-        )
+        durable = shard.durable
+
+        def answer(offset: int | None) -> bytes:
+            if offset is None and after_write:
+                # The write failed after the publish was queued: it may or may not be on disk.
+                return proto.publish_answer(
+                    rid,
+                    binary=binary,
+                    error=(ErrorCode.STORAGE, "the write could not be confirmed"),
+                )
+            return proto.publish_answer(rid, binary=binary, offset=offset if durable else None)
+
+        await io.answers.put((done if after_write else None, answer))
 
     # -- subscribe -------------------------------------------------------------------
 
@@ -605,55 +651,114 @@ class Broker:
             )
             return
         shard = self.engine.shard(spec, index)
-        cursor = self._check_start(shard, request)
-        if cursor is not None:
-            await io.write(proto.message(cursor))
+        start = self._start_position(shard, request)
+        if isinstance(start, SubscribeCursorError):
+            await io.write(proto.message(start))
             return
         capacity = None
         if request.queue_capacity is not None and self._serves(
             proto, Feature.FEATURE_SUBSCRIBE_QUEUE
         ):
             capacity = self.engine.clamp_queue_capacity(request.queue_capacity)
+        # Register the live subscriber first, then read history: nothing appended in
+        # between can fall through (the writer joins the two by offset).
+        live = shard.next_offset
         sub = self.engine.subscribe(shard, proto.client, capacity=capacity)
         state.subscriptions[sub] = identity
         subscribed = Subscribed(subscription_id=sub.subscription_id, queue_capacity=capacity)
+        if shard.durable:
+            # Shaping keeps these for clients that negotiated EVENT_BATCH_OFFSETS only.
+            subscribed.start_offset = start
+            subscribed.live_offset = live
         try:
             await io.write(proto.message(subscribed))
             uni = await state.connection.open_uni_stream()
         except (StreamClosedError, ConnectionClosedError):
             self._end_subscription(state, sub)
             return
-        state.spawn(self._deliver(state, sub, uni), f"deliver-{sub.subscription_id}")
+        lagged = shard.durable and proto.client.has(
+            Flag.EVENT_BATCH_OFFSETS, Feature.FEATURE_SUBSCRIPTION_LAGGED
+        )
+        state.spawn(
+            self._deliver(state, sub, uni, start if shard.durable else None, lagged),
+            f"deliver-{sub.subscription_id}",
+        )
 
     def _serves(self, proto: StreamProtocol, feature: int) -> bool:
         return bool(proto.server_features & feature)
 
-    def _check_start(self, shard: Shard, request: Subscribe) -> SubscribeCursorError | None:
-        """An in-memory shard keeps no history: only its tail can be served (S2)."""
+    def _start_position(self, shard: Shard, request: Subscribe) -> int | SubscribeCursorError:
+        """Where a subscription starts, or why it cannot (never a silent restart, S2).
+
+        A durable shard serves anything from its oldest retained record to its tail;
+        an in-memory shard keeps no history, so `earliest` is its tail and only the
+        tail can be asked for by offset.
+        """
+        log = shard.log
+        oldest = log.start_offset if log is not None else shard.next_offset
+        tail = shard.next_offset
         start = request.start
         if isinstance(start, StartOffset):
-            tail = shard.next_offset
-            if start.offset < tail:
+            if start.offset < oldest:
                 return SubscribeCursorError(
-                    reason=CursorErrorReason.TOO_OLD, requested=start.offset, available=tail
+                    reason=CursorErrorReason.TOO_OLD, requested=start.offset, available=oldest
                 )
             if start.offset > tail:
                 return SubscribeCursorError(
                     reason=CursorErrorReason.IN_FUTURE, requested=start.offset, available=tail
                 )
-        return None
+            return start.offset
+        return oldest if start == "earliest" else tail
 
-    async def _deliver(self, state: _ConnectionState, sub: Subscriber, uni: Stream) -> None:
-        """Feed one subscription's event stream until the client stops it or leaves."""
+    async def _deliver(
+        self,
+        state: _ConnectionState,
+        sub: Subscriber,
+        uni: Stream,
+        start: int | None,
+        lagged_capable: bool,
+    ) -> None:
+        """Feed one subscription's event stream until the client stops it or leaves.
+
+        On a durable shard `start` is the first offset to deliver: history is read
+        from the log up to the first live frame, then live frames follow, each
+        checked against the position so the seam shows no gap and no duplicate.
+        A later gap means the subscriber's queue dropped records: a client that
+        negotiated it gets `subscription_lagged` and the stream ends (S10).
+        """
         stopper = asyncio.get_running_loop().create_task(uni.wait_stopped())
         stopper.add_done_callback(lambda _t: sub.close())
         try:
             await uni.write(encode_frame(EventStreamHello(subscription_id=sub.subscription_id)))
+            position = await self._replay(sub, uni, start) if start is not None else None
             while True:
                 frames = await sub.next_frames()
                 if not frames:
                     break
-                await uni.write(frames[0] if len(frames) == 1 else b"".join(frames))
+                out: list[bytes] = []
+                for frame, count, base in frames:
+                    if position is None:
+                        out.append(frame)
+                        continue
+                    end = base + count
+                    if end <= position:
+                        continue  # replay already delivered these
+                    if base > position and lagged_capable:
+                        await self._lagged(sub, uni, out, position)
+                        return
+                    if base < position:
+                        # Straddles the seam: re-read the rest from the log.
+                        while position < end:
+                            history, position = self._history_frames(sub, position, end)
+                            out.extend(history)
+                    else:
+                        out.append(frame)
+                    position = end
+                if out:
+                    await uni.write(out[0] if len(out) == 1 else b"".join(out))
+                if sub.lagged and lagged_capable and position is not None:
+                    await self._lagged(sub, uni, [], position)
+                    return
         except (StreamClosedError, ConnectionClosedError):
             pass
         finally:
@@ -663,10 +768,157 @@ class Broker:
                 with contextlib.suppress(Exception):
                     uni.reset(0)
 
+    async def _lagged(self, sub: Subscriber, uni: Stream, out: list[bytes], resume: int) -> None:
+        """Write what was queued before the drop, then subscription_lagged, then FIN."""
+        lagged = encode_frame(
+            SubscriptionLagged(subscription_id=sub.subscription_id, resume_from=resume)
+        )
+        await uni.write(b"".join([*out, lagged]), end_stream=True)
+        sub.close()
+
+    async def _replay(self, sub: Subscriber, uni: Stream, start: int) -> int:
+        """Deliver history from `start` up to the first queued live frame (or the
+        readable tail); returns the next offset to deliver."""
+        log = sub.shard.log
+        assert log is not None
+        position = start
+        while not sub.closed:
+            head = sub.first_queued_base()
+            target = head if head is not None else log.readable_offset
+            if position >= target:
+                break
+            frames, reached = self._history_frames(sub, position, target)
+            if not frames:
+                break
+            await uni.write(b"".join(frames))
+            position = reached
+        return position
+
+    def _history_frames(self, sub: Subscriber, start: int, end: int) -> tuple[list[bytes], int]:
+        """Records from [start, end) of the subscriber's shard laid out for its variant,
+        as much as one capped read gives, and the offset after the last one."""
+        log = sub.shard.log
+        assert log is not None
+        config = self.config
+        records = log.read(
+            start,
+            max_records=config.event_batch_max_events * 16,
+            max_bytes=config.event_batch_max_bytes * 16,
+            end=end,
+        )
+        if not records:
+            return [], start
+        chunks = [Chunk([r.payload], r.publisher, r.offset, [r.timestamp_us]) for r in records]
+        cut = sub.shard.cut(chunks, sub.variant.publisher)
+        spec = sub.shard.spec
+        frames = [encode_events(sub.variant, spec, chunk, sub.subscription_id) for chunk in cut]
+        return frames, records[-1].offset + 1
+
     def _end_subscription(self, state: _ConnectionState, sub: Subscriber) -> None:
         state.subscriptions.pop(sub, None)
         if self.engine is not None:
             self.engine.unsubscribe(sub)
+
+    # -- bounded reads ------------------------------------------------------------------
+
+    def _durable_shard(
+        self, proto: StreamProtocol, tenant: str, namespace: str, name: str, index: int
+    ) -> Shard | bytes:
+        """The durable shard a read names, or the error frame that refuses it."""
+        assert self.engine is not None
+        refusal = self._refusal(
+            proto, tenant, Action.STREAM_SUBSCRIBE, stream_object(tenant, namespace, name)
+        )
+        if refusal is not None:
+            return proto.error(*refusal)
+        spec = self.engine.stream(tenant, namespace, name)
+        if spec is None:
+            return proto.error(
+                ErrorCode.NOT_FOUND,
+                f"stream not found: tenant={tenant} namespace={namespace} stream={name}",
+            )
+        if index >= spec.shards:
+            return proto.error(
+                ErrorCode.INVALID_REQUEST, f"stream {name} has {spec.shards} shard(s)"
+            )
+        if not spec.durable:
+            return proto.error(ErrorCode.INVALID_REQUEST, f"stream {name} is in memory: no log")
+        return self.engine.shard(spec, index)
+
+    def _stream_read(self, proto: StreamProtocol, request: StreamRead) -> bytes:
+        """A page of committed records; never waits (R1)."""
+        shard = self._durable_shard(
+            proto, request.tenant_id, request.namespace, request.stream, request.shard
+        )
+        if isinstance(shard, bytes):
+            return shard
+        log = shard.log
+        assert log is not None
+        first = request.from_
+        if first < log.start_offset:
+            return proto.message(
+                SubscribeCursorError(
+                    reason=CursorErrorReason.TOO_OLD, requested=first, available=log.start_offset
+                )
+            )
+        if first > log.next_offset:
+            return proto.message(
+                SubscribeCursorError(
+                    reason=CursorErrorReason.IN_FUTURE, requested=first, available=log.next_offset
+                )
+            )
+        cap = self.config.durable_max_records_per_read
+        max_records = min(request.max_records or cap, cap)
+        max_bytes = min(request.max_bytes or READ_MAX_BYTES, READ_MAX_BYTES)
+        records = []
+        if request.end is None or request.end > first:
+            records = log.read(first, max_records=max_records, max_bytes=max_bytes, end=request.end)
+        page = [
+            StreamRecord(
+                offset=r.offset,
+                payload=r.payload,
+                publisher=r.publisher,
+                timestamp_micros=r.timestamp_us,
+            )
+            for r in records
+        ]
+        next_offset = records[-1].offset + 1 if records else first
+        return proto.message(
+            StreamRecords(records=page, next_offset=next_offset, request_id=request.request_id)
+        )
+
+    def _offset_for_time(self, proto: StreamProtocol, request: OffsetForTime) -> bytes:
+        """The first offset appended at or after a time (R2)."""
+        shard = self._durable_shard(
+            proto, request.tenant_id, request.namespace, request.stream, request.shard
+        )
+        if isinstance(shard, bytes):
+            return shard
+        assert shard.log is not None
+        offset = shard.log.offset_for_time(request.at_micros)
+        return proto.message(OffsetValue(offset=offset, request_id=request.request_id))
+
+    def _backup_offsets(self) -> dict[str, object]:
+        """Every durable shard's committed offset (one past the last record a reader may
+        see); a standalone broker leads every shard it serves, at generation 0."""
+        shards: list[dict[str, object]] = []
+        if self.store is not None:
+            # What a reader may see: what an fsync covered under on_commit, everything
+            # appended (and so acknowledged) under the other modes.
+            on_commit = self.config.durable_fsync_mode is FsyncMode.ON_COMMIT
+            for key, offsets in self.store.offsets().items():
+                shards.append(
+                    {
+                        "tenant_id": key.tenant,
+                        "namespace": key.namespace,
+                        "name": key.stream,
+                        "shard": key.shard,
+                        "kind": "stream",
+                        "generation": 0,
+                        "logs": {"records": offsets.durable if on_commit else offsets.next},
+                    }
+                )
+        return {"node_id": "", "shards": shards, "skipped": []}
 
     # -- discovery --------------------------------------------------------------------
 

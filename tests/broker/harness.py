@@ -36,6 +36,7 @@ def catalog() -> StaticCatalog:
             StreamSpec(TENANT, NS, "wide", shards=4, routing=Routing.JUMP_HASH),
             StreamSpec(TENANT, NS, "mod", shards=3),
             StreamSpec("t2", NS, "other", shards=1),
+            StreamSpec(TENANT, NS, "log", durable=True, shards=2),
         ],
         caches=[CacheSpec(TENANT, NS, "c", shards=2)],
     )
@@ -47,6 +48,7 @@ async def running_broker(tmp: Path, **overrides: Any) -> AsyncIterator[Broker]:
         "quic_bind": "127.0.0.1:0",
         "metrics_bind": "127.0.0.1:0",
         "data_dir": str(tmp),
+        "durable_storage_dir": str(tmp / "durable"),
         # FELIX_QUIC_IMPL picks the stack for the broker and (via the transport's
         # default) for the test clients, so the suite runs on either backend.
         "quic_impl": default_impl(),
