@@ -28,6 +28,12 @@ publishers). Drops are counted per subscriber and in the metrics. A slow
 subscriber never slows the publisher or other subscribers under the drop
 policies.
 
+Durable streams append to their shard's log (felix_broker.storage). The worker
+waits for durability per fsync mode before it fans out and acknowledges, so disk
+order is delivery order, and everything queued while it waits shares the next
+fsync (group commit). Their events carry offsets, append times (one per publish
+batch) and the stored publisher, as each subscriber negotiated.
+
 In-memory streams keep no history: offsets are counted internally (so a resume
 point can be checked) but never sent, `earliest` is the tail, and events carry
 no offsets or times, as the protocol describes for in-memory streams.
