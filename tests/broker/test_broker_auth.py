@@ -38,11 +38,11 @@ async def test_auth_ok_to_a_client_that_offered_flags(tmp_path: Path) -> None:
         assert not answer.server_flags & Flag.BINARY_PUBLISH_IDEMPOTENT
         advertised = answer.server_features or 0
         assert advertised & Feature.FEATURE_STREAM_SHARDS
-        # Nothing a standalone in-memory broker cannot answer.
+        # Nothing a standalone broker cannot answer: no cluster features.
         for absent in (
             Feature.FEATURE_TOPOLOGY,
-            Feature.FEATURE_CONSUMER_GROUP,
-            Feature.FEATURE_COUNTERS,
+            Feature.FEATURE_REDIRECT,
+            Feature.FEATURE_SHARD_MOVED,
         ):
             assert not advertised & absent
         assert answer.publish_window == 256

@@ -82,8 +82,18 @@ def test_errors_exit_non_zero(felix_fixture: dict[str, Any]) -> None:
     assert done.returncode == 1 and "NotFoundError" in done.stderr
     done = felix(felix_fixture, "publish", "s", "x", FELIX_TENANT="")
     assert done.returncode == 2 and "tenant" in done.stderr
-    done = felix(felix_fixture, "read", felix_fixture["durable_stream"], "--from", "0")
-    assert done.returncode == 1 and "not supported by this broker" in done.stderr
+    # An in-memory stream has no log to read.
+    done = felix(felix_fixture, "read", felix_fixture["memory_stream"], "--from", "0")
+    assert done.returncode == 1 and "in memory" in done.stderr
+
+
+def test_read_a_range(felix_fixture: dict[str, Any]) -> None:
+    stream = felix_fixture["durable_stream"]
+    assert felix(felix_fixture, "publish", stream, "ranged-a", "ranged-b").returncode == 0
+    done = felix(felix_fixture, "read", stream, "--from", "0", "--json")
+    assert done.returncode == 0, done.stderr
+    payloads = [json.loads(line)["payload"] for line in done.stdout.splitlines()]
+    assert payloads[-2:] == ["ranged-a", "ranged-b"]
 
 
 def test_cache_commands(felix_fixture: dict[str, Any]) -> None:

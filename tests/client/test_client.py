@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import time
 from typing import Any
 
 import pytest
@@ -159,17 +160,28 @@ async def test_pipelined_acked_publishes(
         assert got == payloads
 
 
-async def test_gated_requests_raise_before_any_stream_opens(felix_fixture: dict[str, Any]) -> None:
-    async with await connect_client(felix_fixture) as client:
-        assert not client.supports(Feature.FEATURE_STREAM_READ)
-        assert not client.supports(Feature.FEATURE_RECORD_TIMESTAMPS)
-        opened = _streams_open(client)
-        with pytest.raises(NotSupportedByBrokerError) as info:
-            client.stream_read(felix_fixture["durable_stream"], start=0)
-        assert info.value.missing == ("FEATURE_STREAM_READ",)
-        with pytest.raises(NotSupportedByBrokerError, match="offset_for_time"):
-            await client.offset_for_time(felix_fixture["durable_stream"], 1_700_000_000_000_000)
-        assert _streams_open(client) == opened == 1
+async def test_stream_read_pages_and_offset_for_time(felix_fixture: dict[str, Any]) -> None:
+    """Against a broker with durable storage: bounded reads and time lookups."""
+    config = ClientConfig(ack_on_commit=True)  # acks after the write carry offsets
+    async with await connect_client(felix_fixture, config=config) as client:
+        assert client.supports(Feature.FEATURE_STREAM_READ)
+        stream = felix_fixture["durable_stream"]
+        before = time.time_ns() // 1000
+        first = await client.publish(stream, b"read-0")
+        assert first is not None
+        for i in range(1, 5):
+            assert await client.publish(stream, f"read-{i}".encode()) == first + i
+        pages = [
+            page
+            async for page in client.stream_read(stream, start=first, end=first + 5, max_records=2)
+        ]
+        assert [len(page.records) for page in pages] == [2, 2, 1]
+        records = [record for page in pages for record in page.records]
+        assert [r.payload for r in records] == [f"read-{i}".encode() for i in range(5)]
+        assert [r.offset for r in records] == list(range(first, first + 5))
+        assert all(r.timestamp_micros >= before for r in records)
+        assert await client.offset_for_time(stream, before) == first
+        assert await client.offset_for_time(stream, time.time_ns() // 1000 + 10**8) is None
 
 
 async def test_brokers_that_advertise_less_get_nothing_they_lack(
@@ -190,11 +202,15 @@ async def test_brokers_that_advertise_less_get_nothing_they_lack(
             lambda: client.stream_shards(felix_fixture["durable_stream"]),
             lambda: client.cache_shards(felix_fixture["cache"]),
             lambda: client.shard_owners(felix_fixture["durable_stream"]),
+            lambda: client.offset_for_time(felix_fixture["durable_stream"], 0),
         ):
             with pytest.raises(NotSupportedByBrokerError):
                 await call()
         with pytest.raises(NotSupportedByBrokerError):
             cache.watch(key="k")
+        with pytest.raises(NotSupportedByBrokerError) as info:
+            client.stream_read(felix_fixture["durable_stream"], start=0)
+        assert info.value.missing == ("FEATURE_STREAM_READ",)
         with pytest.raises(NotSupportedByBrokerError, match="queue_capacity"):
             client.subscribe(felix_fixture["memory_stream"], queue_capacity=16)
         assert _streams_open(client) == opened
