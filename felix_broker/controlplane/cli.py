@@ -1,0 +1,155 @@
+"""``felix-controlplane``: run the control plane (SQLite store, public API, loopback admin API).
+
+Usage::
+
+    felix-controlplane [--db PATH] [--bind HOST:PORT] [--admin-bind HOST:PORT]
+                       [--tls-cert PEM --tls-key PEM]
+                       [--sync-token-file FILE] [--bootstrap-secret-file FILE]
+                       [--token-ttl SECONDS] [--max-token-ttl SECONDS] [--log-level LEVEL]
+
+The broker sync token and the bootstrap secret come from the named files, else
+from ``FELIX_CONTROLPLANE_SYNC_TOKEN`` / ``FELIX_CONTROLPLANE_BOOTSTRAP_SECRET``;
+when neither is given, a random one is created beside the database (mode 0600)
+and its path logged. The admin listener refuses any non-loopback address.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import ipaddress
+import logging
+import os
+import secrets
+import signal
+import ssl
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from felix_broker._files import create_file_once
+
+from .api import ControlPlane, Settings
+from .http11 import HttpServer
+from .store import SqliteStore
+
+__all__ = ["main", "parse_args", "run"]
+
+_log = logging.getLogger(__name__)
+
+
+def _hostport(value: str) -> tuple[str, int]:
+    host, sep, port = value.rpartition(":")
+    if not sep or not port.isdigit():
+        raise argparse.ArgumentTypeError(f"expected HOST:PORT, got {value!r}")
+    return host.strip("[]") or "0.0.0.0", int(port)
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="felix-controlplane", description=__doc__.split("\n")[0])
+    parser.add_argument("--db", type=Path, default=Path("felix-controlplane.db"))
+    parser.add_argument("--bind", type=_hostport, default=("127.0.0.1", 8900))
+    parser.add_argument("--admin-bind", type=_hostport, default=("127.0.0.1", 8901))
+    parser.add_argument("--tls-cert", type=Path)
+    parser.add_argument("--tls-key", type=Path)
+    parser.add_argument("--sync-token-file", type=Path)
+    parser.add_argument("--bootstrap-secret-file", type=Path)
+    parser.add_argument("--token-ttl", type=int, default=900)
+    parser.add_argument("--max-token-ttl", type=int, default=3600)
+    parser.add_argument("--log-level", default="INFO")
+    args = parser.parse_args(argv)
+    if bool(args.tls_cert) != bool(args.tls_key):
+        parser.error("--tls-cert and --tls-key go together")
+    if not 1 <= args.token_ttl <= args.max_token_ttl:
+        parser.error("--token-ttl must be between 1 and --max-token-ttl")
+    try:
+        loopback = ipaddress.ip_address(args.admin_bind[0]).is_loopback
+    except ValueError:
+        loopback = args.admin_bind[0] == "localhost"
+    if not loopback:
+        parser.error("--admin-bind must be a loopback address (it serves the bootstrap path)")
+    return args
+
+
+def _secret(path: Path | None, env: str, default_path: Path) -> str:
+    if path is not None:
+        return path.read_text(encoding="utf-8").strip()
+    from_env = os.environ.get(env)
+    if from_env:
+        return from_env
+    if create_file_once(default_path, secrets.token_urlsafe(32).encode(), mode=0o600):
+        _log.warning("created %s (set %s or pass its file to choose one)", default_path, env)
+    return default_path.read_text(encoding="utf-8").strip()
+
+
+async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
+    args.db.parent.mkdir(parents=True, exist_ok=True)
+    # The database holds the tenants' private signing keys.
+    if not args.db.exists():
+        args.db.touch(mode=0o600)
+    settings = Settings(
+        default_token_ttl=args.token_ttl,
+        max_token_ttl=args.max_token_ttl,
+        sync_token=_secret(
+            args.sync_token_file,
+            "FELIX_CONTROLPLANE_SYNC_TOKEN",
+            args.db.with_name(args.db.name + ".sync-token"),
+        ),
+        bootstrap_secret=_secret(
+            args.bootstrap_secret_file,
+            "FELIX_CONTROLPLANE_BOOTSTRAP_SECRET",
+            args.db.with_name(args.db.name + ".bootstrap-secret"),
+        ),
+    )
+    store = SqliteStore(args.db)
+    plane = ControlPlane(store, settings)
+    context = None
+    if args.tls_cert is not None:
+        context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+        context.load_cert_chain(args.tls_cert, args.tls_key)
+    public = HttpServer(plane.handle, ssl_context=context)
+    admin = HttpServer(plane.handle_admin)
+    await public.start(*args.bind)
+    await admin.start(*args.admin_bind)
+    _log.info(
+        "control plane on %s:%d (%s), admin on %s:%d, store %s",
+        args.bind[0],
+        public.port,
+        "https" if context else "http",
+        args.admin_bind[0],
+        admin.port,
+        args.db,
+    )
+    try:
+        await stop.wait()
+    finally:
+        await public.close()
+        await admin.close()
+        store.close()
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = parse_args(argv)
+    logging.basicConfig(
+        level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+
+    async def serve() -> None:
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            with contextlib.suppress(NotImplementedError):
+                loop.add_signal_handler(sig, stop.set)
+        await run(args, stop)
+
+    try:
+        asyncio.run(serve())
+    except OSError as exc:
+        _log.error("cannot start: %s", exc)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,409 @@
+"""The broker side of the control plane: a live catalog and a tenant JWKS verifier.
+
+:class:`LiveCatalog` implements the broker's ``Catalog`` protocol (plus
+``streams()``/``caches()`` like ``StaticCatalog``). ``start()`` loads
+``GET /v1/catalog/snapshot``, then a background task long-polls
+``GET /v1/catalog/changes?since=<seq>&wait=<s>`` and applies each change in
+order, so a stream created through the API is served as soon as the poll
+returns. Listeners added with :meth:`LiveCatalog.add_listener` hear every applied
+change; a deleted stream is a ``CatalogChange(op="delete", kind="stream", ...)``,
+the broker's cue to end that stream's subscriptions.
+
+:class:`TenantJwksVerifier` has the ``verify(token, tenant_id) -> Principal``
+interface of :class:`felix_broker.tokens.TokenVerifier` and does the checks
+with one: per tenant it fetches ``/v1/tenants/{t}/.well-known/jwks.json`` and
+builds a ``TokenVerifier`` from it. ``verify`` is synchronous (the broker calls
+it inside its protocol step), so it never waits on the network: a tenant whose
+keys are not loaded yet, or a token naming an unknown ``kid``, is refused and
+a refetch is started in the background, at most once per
+``min_refetch_seconds`` per tenant. Keys are prefetched at ``start()`` and
+whenever the change feed announces a key change (rotation, revocation) or a
+new tenant, so in practice a rotated key is known before the first token
+signed with it arrives. ``verify_async`` waits for the refetch instead, for a
+caller that can await.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import re
+import ssl
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+from urllib.parse import quote
+
+from felix_broker.catalog import CacheSpec, StreamSpec
+from felix_broker.tokens import Principal, TokenVerifier, UnknownKeyIdError
+
+from .model import ApiError, cache_spec, stream_spec
+
+__all__ = ["CatalogChange", "LiveCatalog", "SyncError", "TenantJwksVerifier"]
+
+_log = logging.getLogger(__name__)
+
+_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+_MAX_BODY = 64 << 20
+
+
+class SyncError(Exception):
+    """The control plane could not be reached or answered something unusable."""
+
+
+class _NotFound(SyncError):
+    pass
+
+
+@dataclass(frozen=True, slots=True)
+class CatalogChange:
+    """One applied change: ``kind`` tenant, namespace, stream, cache or jwks."""
+
+    op: str  # "put" | "delete"
+    kind: str
+    tenant: str
+    namespace: str
+    name: str
+
+    @property
+    def is_deletion(self) -> bool:
+        return self.op == "delete"
+
+
+def _ssl_context(ca_file: str | None) -> ssl.SSLContext | None:
+    return ssl.create_default_context(cafile=ca_file) if ca_file else None
+
+
+def _get_json(
+    url: str, *, token: str | None, timeout: float, context: ssl.SSLContext | None
+) -> Any:
+    """Blocking GET returning parsed JSON; run in a worker thread."""
+    headers = {"Accept": "application/json"}
+    if token is not None:
+        headers["Authorization"] = f"Bearer {token}"
+    request = urllib.request.Request(url, headers=headers)
+    try:
+        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
+            return json.loads(response.read(_MAX_BODY))
+    except urllib.error.HTTPError as exc:
+        if exc.code == 404:
+            raise _NotFound(f"{url}: 404") from None
+        raise SyncError(f"{url}: HTTP {exc.code}") from None
+    except (OSError, ValueError) as exc:
+        raise SyncError(f"{url}: {exc}") from None
+
+
+class LiveCatalog:
+    """A catalog kept in step with the control plane (snapshot, then changes)."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        sync_token: str,
+        poll_wait_seconds: float = 10.0,
+        retry_seconds: float = 1.0,
+        max_retry_seconds: float = 30.0,
+        ca_file: str | None = None,
+    ) -> None:
+        self._base = base_url.rstrip("/")
+        self._token = sync_token
+        self._wait = poll_wait_seconds
+        self._retry = retry_seconds
+        self._max_retry = max_retry_seconds
+        self._context = _ssl_context(ca_file)
+        self._tenants: set[str] = set()
+        self._namespaces: set[tuple[str, str]] = set()
+        self._streams: dict[tuple[str, str, str], StreamSpec] = {}
+        self._caches: dict[tuple[str, str, str], CacheSpec] = {}
+        self._listeners: list[Callable[[CatalogChange], None]] = []
+        self._seq = 0
+        self._task: asyncio.Task[None] | None = None
+        self._advanced = asyncio.Condition()
+
+    # -- the Catalog protocol ----------------------------------------------------------
+
+    def tenant_exists(self, tenant_id: str) -> bool:
+        return tenant_id in self._tenants
+
+    def namespace_exists(self, tenant_id: str, namespace: str) -> bool:
+        return (tenant_id, namespace) in self._namespaces
+
+    def stream(self, tenant_id: str, namespace: str, name: str) -> StreamSpec | None:
+        return self._streams.get((tenant_id, namespace, name))
+
+    def cache(self, tenant_id: str, namespace: str, name: str) -> CacheSpec | None:
+        return self._caches.get((tenant_id, namespace, name))
+
+    def streams(self) -> list[StreamSpec]:
+        return list(self._streams.values())
+
+    def caches(self) -> list[CacheSpec]:
+        return list(self._caches.values())
+
+    def tenant_ids(self) -> list[str]:
+        return sorted(self._tenants)
+
+    @property
+    def seq(self) -> int:
+        """The control plane sequence number this catalog reflects."""
+        return self._seq
+
+    # -- life cycle ---------------------------------------------------------------------
+
+    def add_listener(self, listener: Callable[[CatalogChange], None]) -> None:
+        """Call ``listener`` for every change applied after a snapshot (on the event loop)."""
+        self._listeners.append(listener)
+
+    async def start(self) -> None:
+        """Load the snapshot (raises :class:`SyncError` if unreachable), then follow changes."""
+        await self._load_snapshot(announce=False)
+        self._task = asyncio.get_running_loop().create_task(self._follow(), name="catalog-sync")
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+
+    async def wait_for_seq(self, seq: int, timeout: float) -> None:
+        """Wait until changes up to ``seq`` are applied (tests, readiness checks)."""
+        async with asyncio.timeout(timeout), self._advanced:
+            await self._advanced.wait_for(lambda: self._seq >= seq)
+
+    # -- syncing ---------------------------------------------------------------------------
+
+    async def _get(self, path: str, timeout: float) -> Any:
+        return await asyncio.to_thread(
+            _get_json,
+            self._base + path,
+            token=self._token,
+            timeout=timeout,
+            context=self._context,
+        )
+
+    async def _load_snapshot(self, *, announce: bool) -> None:
+        snap = await self._get("/v1/catalog/snapshot", timeout=30.0)
+        if not isinstance(snap, dict) or not isinstance(snap.get("seq"), int):
+            raise SyncError("catalog snapshot is not shaped like one")
+        before_streams, before_caches = set(self._streams), set(self._caches)
+        self._tenants = {t for t in snap.get("tenants", []) if isinstance(t, str)}
+        self._namespaces, self._streams, self._caches = set(), {}, {}
+        for entry in snap.get("resources", []):
+            self._put(
+                entry["kind"], entry["tenant"], entry["namespace"], entry["name"], entry["body"]
+            )
+        if announce:
+            # After a reset only the difference tells the broker what went away.
+            for t, ns, name in before_streams - set(self._streams):
+                self._announce(CatalogChange("delete", "stream", t, ns, name))
+            for t, ns, name in before_caches - set(self._caches):
+                self._announce(CatalogChange("delete", "cache", t, ns, name))
+        await self._advance(int(snap["seq"]))
+        _log.info(
+            "catalog snapshot at seq %d: %d tenants, %d streams, %d caches",
+            self._seq,
+            len(self._tenants),
+            len(self._streams),
+            len(self._caches),
+        )
+
+    async def _advance(self, seq: int) -> None:
+        async with self._advanced:
+            self._seq = seq
+            self._advanced.notify_all()
+
+    async def _follow(self) -> None:
+        delay = self._retry
+        while True:
+            try:
+                page = await self._get(
+                    f"/v1/catalog/changes?since={self._seq}&wait={self._wait}",
+                    timeout=self._wait + 10.0,
+                )
+                if page.get("reset"):
+                    _log.warning("control plane sequence went back; reloading the snapshot")
+                    await self._load_snapshot(announce=True)
+                    continue
+                for change in page.get("changes", []):
+                    self._apply(change)
+                await self._advance(max(self._seq, int(page["seq"])))
+                delay = self._retry
+            except asyncio.CancelledError:
+                raise
+            except (SyncError, KeyError, TypeError, ValueError, AttributeError) as exc:
+                # Keep serving the last known catalog; it is only stale, not wrong.
+                _log.warning("catalog sync failed (retry in %.1fs): %s", delay, exc)
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, self._max_retry)
+
+    def _put(self, kind: str, tenant: str, namespace: str, name: str, body: Any) -> None:
+        if kind == "tenant":
+            self._tenants.add(tenant)
+        elif kind == "namespace":
+            self._namespaces.add((tenant, name))
+        elif kind in ("stream", "cache"):
+            try:
+                if kind == "stream":
+                    self._streams[(tenant, namespace, name)] = stream_spec(tenant, namespace, body)
+                else:
+                    self._caches[(tenant, namespace, name)] = cache_spec(tenant, namespace, body)
+            except ApiError as exc:
+                # The control plane validated it; a mismatch means versions differ.
+                _log.error("ignoring %s %s/%s/%s: %s", kind, tenant, namespace, name, exc)
+                return
+            self._namespaces.add((tenant, namespace))
+
+    def _apply(self, raw: Mapping[str, Any]) -> None:
+        op, kind = str(raw["op"]), str(raw["kind"])
+        tenant, namespace, name = str(raw["tenant"]), str(raw["namespace"]), str(raw["name"])
+        if op == "put":
+            self._put(kind, tenant, namespace, name, raw.get("body"))
+        elif kind == "tenant":
+            self._tenants.discard(tenant)
+            self._namespaces = {n for n in self._namespaces if n[0] != tenant}
+            self._streams = {k: v for k, v in self._streams.items() if k[0] != tenant}
+            self._caches = {k: v for k, v in self._caches.items() if k[0] != tenant}
+        elif kind == "namespace":
+            self._namespaces.discard((tenant, name))
+        elif kind == "stream":
+            self._streams.pop((tenant, namespace, name), None)
+        elif kind == "cache":
+            self._caches.pop((tenant, namespace, name), None)
+        _log.debug("catalog %s %s %s/%s/%s", op, kind, tenant, namespace, name)
+        self._announce(CatalogChange(op, kind, tenant, namespace, name))
+
+    def _announce(self, change: CatalogChange) -> None:
+        for listener in self._listeners:
+            try:
+                listener(change)
+            except Exception:
+                _log.exception("catalog listener failed on %s", change)
+
+
+class TenantJwksVerifier:
+    """Verifies Felix tokens with each tenant's JWKS from the control plane."""
+
+    def __init__(
+        self,
+        base_url: str,
+        *,
+        min_refetch_seconds: float = 5.0,
+        refresh_seconds: float = 300.0,
+        timeout: float = 5.0,
+        ca_file: str | None = None,
+        known_tenant: Callable[[str], bool] | None = None,
+    ) -> None:
+        self._base = base_url.rstrip("/")
+        self._min_refetch = min_refetch_seconds
+        self._refresh_seconds = refresh_seconds
+        self._timeout = timeout
+        self._context = _ssl_context(ca_file)
+        # Only tenants the catalog knows may cause a fetch: the tenant id comes
+        # from an unauthenticated auth frame.
+        self._known_tenant = known_tenant
+        self._verifiers: dict[str, TokenVerifier] = {}
+        self._last_fetch: dict[str, float] = {}
+        self._inflight: dict[str, asyncio.Task[bool]] = {}
+        self._refresher: asyncio.Task[None] | None = None
+
+    async def start(self, tenants: Iterable[str] = ()) -> None:
+        """Fetch the given tenants' keys now, then refresh every ``refresh_seconds``."""
+        await asyncio.gather(*(self.refresh(t, force=True) for t in tenants))
+        self._refresher = asyncio.get_running_loop().create_task(
+            self._refresh_loop(), name="jwks-refresh"
+        )
+
+    async def close(self) -> None:
+        tasks: list[asyncio.Task[Any]] = list(self._inflight.values())
+        if self._refresher is not None:
+            tasks.append(self._refresher)
+        for task in tasks:
+            task.cancel()
+        for task in tasks:
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+        self._refresher = None
+
+    def verify(self, token: str, tenant_id: str) -> Principal:
+        """Check ``token`` for a client that named ``tenant_id``; raise a ``TokenError``."""
+        verifier = self._verifiers.get(tenant_id)
+        if verifier is None:
+            self._schedule(tenant_id)
+            raise UnknownKeyIdError(f"no signing keys known for tenant {tenant_id!r}")
+        try:
+            return verifier.verify(token, tenant_id)
+        except UnknownKeyIdError:
+            self._schedule(tenant_id)  # maybe a rotation we have not heard of yet
+            raise
+
+    async def verify_async(self, token: str, tenant_id: str) -> Principal:
+        """Like :meth:`verify`, but on an unknown tenant or kid wait for the
+        (rate-limited) refetch and try once more."""
+        try:
+            return self.verify(token, tenant_id)
+        except UnknownKeyIdError:
+            task = self._inflight.get(tenant_id)
+            if task is None:
+                raise
+            await asyncio.shield(task)
+            return self.verify(token, tenant_id)
+
+    def on_catalog_change(self, change: CatalogChange) -> None:
+        """A :class:`LiveCatalog` listener: follow key changes and tenants coming and going."""
+        if change.kind == "jwks" or (change.kind == "tenant" and change.op == "put"):
+            self._schedule(change.tenant, force=True)
+        elif change.kind == "tenant" and change.op == "delete":
+            self._verifiers.pop(change.tenant, None)
+            self._last_fetch.pop(change.tenant, None)
+
+    def _schedule(self, tenant: str, *, force: bool = False) -> None:
+        if not _NAME.fullmatch(tenant) or tenant in self._inflight:
+            return
+        if self._known_tenant is not None and not self._known_tenant(tenant) and not force:
+            return
+        if not force and time.monotonic() - self._last_fetch.get(tenant, -1e9) < self._min_refetch:
+            return
+        try:
+            loop = asyncio.get_running_loop()
+        except RuntimeError:
+            return  # no loop (a synchronous caller): nothing can fetch in the background
+        task = loop.create_task(self.refresh(tenant, force=True), name=f"jwks-{tenant}")
+        self._inflight[tenant] = task
+        task.add_done_callback(lambda _t: self._inflight.pop(tenant, None))
+
+    async def refresh(self, tenant: str, *, force: bool = False) -> bool:
+        """Fetch ``tenant``'s JWKS (rate-limited unless ``force``); True if keys are loaded."""
+        now = time.monotonic()
+        if not force and now - self._last_fetch.get(tenant, -1e9) < self._min_refetch:
+            return tenant in self._verifiers
+        self._last_fetch[tenant] = now
+        url = f"{self._base}/v1/tenants/{quote(tenant, safe='')}/.well-known/jwks.json"
+        try:
+            document = await asyncio.to_thread(
+                _get_json, url, token=None, timeout=self._timeout, context=self._context
+            )
+            verifier = TokenVerifier(document)
+        except _NotFound:
+            self._verifiers.pop(tenant, None)
+            _log.info("tenant %s has no JWKS (unknown to the control plane)", tenant)
+            return False
+        except (SyncError, ValueError) as exc:
+            # Keep the keys we had: a control plane outage must not log everyone out.
+            _log.warning("cannot refresh JWKS of tenant %s: %s", tenant, exc)
+            return tenant in self._verifiers
+        self._verifiers[tenant] = verifier
+        _log.debug("loaded JWKS of tenant %s", tenant)
+        return True
+
+    async def _refresh_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self._refresh_seconds)
+            for tenant in list(self._verifiers):
+                await self.refresh(tenant, force=True)

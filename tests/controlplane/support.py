@@ -1,0 +1,192 @@
+"""Test support: a control plane and a fake OIDC provider on loopback, an HTTP helper."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+import urllib.error
+import urllib.request
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import jwt
+from cryptography.hazmat.primitives.asymmetric import ec
+
+from felix_broker.controlplane.api import ControlPlane, Settings
+from felix_broker.controlplane.http11 import HttpServer, Request, Response
+from felix_broker.controlplane.store import SqliteStore
+
+SYNC_TOKEN = "sync-secret-for-tests"
+BOOTSTRAP_SECRET = "bootstrap-secret-for-tests"
+IDP_AUDIENCE = "felix-tests"
+
+
+def _call(
+    method: str, url: str, token: str | None, body: Any, headers: dict[str, str] | None
+) -> tuple[int, Any]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method)
+    if token is not None:
+        request.add_header("Authorization", f"Bearer {token}")
+    if data is not None:
+        request.add_header("Content-Type", "application/json")
+    for name, value in (headers or {}).items():
+        request.add_header(name, value)
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            raw = response.read()
+            return response.status, json.loads(raw) if raw else None
+    except urllib.error.HTTPError as exc:
+        raw = exc.read()
+        return exc.code, json.loads(raw) if raw else None
+
+
+async def call(
+    method: str,
+    url: str,
+    *,
+    token: str | None = None,
+    body: Any = None,
+    headers: dict[str, str] | None = None,
+) -> tuple[int, Any]:
+    return await asyncio.to_thread(_call, method, url, token, body, headers)
+
+
+@dataclass
+class Plane:
+    control: ControlPlane
+    store: SqliteStore
+    url: str
+    admin_url: str
+
+    def t(self, tenant: str, rest: str = "") -> str:
+        return f"{self.url}/v1/tenants/{tenant}{rest}"
+
+    async def bootstrap(self, tenant: str, **body: Any) -> dict[str, Any]:
+        body.setdefault("admin", {"subjects": [f"admin@{tenant}"]})
+        status, answer = await call(
+            "POST",
+            f"{self.admin_url}/v1/bootstrap",
+            token=BOOTSTRAP_SECRET,
+            body={"tenant": tenant, **body},
+        )
+        assert status == 201, answer
+        return dict(answer)
+
+    def rows(self) -> dict[str, int]:
+        """Row counts of every table: 'nothing written' checks compare two of these."""
+        db = self.store._db
+        return {
+            table: int(db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
+            for table in ("tenants", "resources", "signing_keys", "changes")
+        }
+
+
+@asynccontextmanager
+async def control_plane(tmp: Path, **settings: Any) -> AsyncIterator[Plane]:
+    store = SqliteStore(tmp / "cp.db")
+    settings.setdefault("sync_token", SYNC_TOKEN)
+    settings.setdefault("bootstrap_secret", BOOTSTRAP_SECRET)
+    control = ControlPlane(store, Settings(**settings))
+    public = HttpServer(control.handle)
+    admin = HttpServer(control.handle_admin)
+    await public.start("127.0.0.1", 0)
+    await admin.start("127.0.0.1", 0)
+    try:
+        yield Plane(
+            control,
+            store,
+            f"http://127.0.0.1:{public.port}",
+            f"http://127.0.0.1:{admin.port}",
+        )
+    finally:
+        await public.close()
+        await admin.close()
+        store.close()
+
+
+@dataclass
+class FakeIdp:
+    """An OIDC provider: an ES256 key pair, its JWKS served over loopback HTTP."""
+
+    issuer: str
+    key: ec.EllipticCurvePrivateKey = field(
+        default_factory=lambda: ec.generate_private_key(ec.SECP256R1())
+    )
+    kid: str = "idp-key-1"
+    url: str = ""
+    fetches: int = 0
+
+    def jwks(self) -> dict[str, Any]:
+        jwk = json.loads(jwt.algorithms.ECAlgorithm.to_jwk(self.key.public_key()))
+        jwk.update(kid=self.kid, alg="ES256", use="sig")
+        return {"keys": [jwk]}
+
+    async def handle(self, request: Request) -> Response:
+        self.fetches += 1
+        return Response(200, self.jwks())
+
+    def provider(self, name: str = "idp") -> dict[str, Any]:
+        return {
+            "issuer": self.issuer,
+            "audience": IDP_AUDIENCE,
+            "jwks_url": f"{self.url}/jwks.json",
+            "algorithms": ["ES256"],
+        }
+
+    def token(self, sub: str, *, groups: list[str] | None = None, **claims: Any) -> str:
+        now = int(time.time())
+        body: dict[str, Any] = {
+            "iss": self.issuer,
+            "aud": IDP_AUDIENCE,
+            "sub": sub,
+            "iat": now,
+            "exp": now + 300,
+        }
+        if groups is not None:
+            body["groups"] = groups
+        body.update(claims)
+        return jwt.encode(body, self.key, algorithm="ES256", headers={"kid": self.kid})
+
+    def subject(self, sub: str) -> str:
+        return f"{self.issuer}#{sub}"
+
+
+@asynccontextmanager
+async def fake_idp(issuer: str = "https://idp.test") -> AsyncIterator[FakeIdp]:
+    idp = FakeIdp(issuer)
+    server = HttpServer(idp.handle)
+    await server.start("127.0.0.1", 0)
+    idp.url = f"http://127.0.0.1:{server.port}"
+    try:
+        yield idp
+    finally:
+        await server.close()
+
+
+async def setup_tenant(plane: Plane, idp: FakeIdp, tenant: str, *, namespace: str = "ns") -> str:
+    """Bootstrap ``tenant`` with ``idp`` configured and namespace ``namespace``; admin token."""
+    answer = await plane.bootstrap(tenant, identity_provider={"name": "idp", **idp.provider()})
+    admin = str(answer["admin_token"])
+    status, body = await call(
+        "POST", plane.t(tenant, "/namespaces"), token=admin, body={"name": namespace}
+    )
+    assert status == 201, body
+    return admin
+
+
+__all__ = [
+    "BOOTSTRAP_SECRET",
+    "IDP_AUDIENCE",
+    "SYNC_TOKEN",
+    "FakeIdp",
+    "Plane",
+    "call",
+    "control_plane",
+    "fake_idp",
+    "setup_tenant",
+]
