@@ -167,6 +167,7 @@ class _Kind(Enum):
     BIND = "'host:port'"
     PATH = "a path"
     OPTIONAL_PATH = "a path or nothing"
+    OPTIONAL_URL = "an http(s) URL or nothing"
 
 
 @dataclass(frozen=True, slots=True)
@@ -201,6 +202,18 @@ def _path(default: str, *env: str) -> Any:
 
 def _optional_path(*env: str) -> Any:
     return field(default=None, metadata={"knob": _Knob(_Kind.OPTIONAL_PATH, env)})
+
+
+def _optional_url(*env: str) -> Any:
+    return field(default=None, metadata={"knob": _Knob(_Kind.OPTIONAL_URL, env)})
+
+
+def _url_value(key: str, value: object, source: str) -> str | None:
+    if value is None or value == "":
+        return None
+    if not isinstance(value, str) or not value.startswith(("http://", "https://")):
+        raise InvalidConfigValueError(key, source, f"expected an http(s) URL, got {value!r}")
+    return value.rstrip("/")
 
 
 @dataclass(frozen=True, slots=True)
@@ -297,6 +310,14 @@ class BrokerConfig:
     # How long a draining broker waits for in-flight work before closing (our choice).
     drain_timeout_ms: int = _int(10000, "FELIX_DRAIN_TIMEOUT_MS")
 
+    # Control plane: with a URL, the catalog and the tenants' token keys come from it
+    # (the config-file catalog and the development issuer are then not used).
+    controlplane_url: str | None = _optional_url("FELIX_CONTROLPLANE_URL")
+    # A file holding the control plane's sync token (FELIX_CONTROLPLANE_SYNC_TOKEN
+    # gives the token itself, for containers that inject secrets as variables).
+    controlplane_sync_token_file: Path | None = _optional_path("FELIX_CONTROLPLANE_SYNC_TOKEN_FILE")
+    controlplane_ca: Path | None = _optional_path("FELIX_CONTROLPLANE_CA")
+
     catalog: StaticCatalog = field(default_factory=default_catalog)
 
     @property
@@ -358,6 +379,8 @@ def _bind_value(key: str, value: object, source: str) -> HostPort:
 def _typed(key: str, knob: _Knob, value: object, source: str) -> object:
     """Validate a value that already has a type (from YAML or a programmatic override)."""
     kind = knob.kind
+    if kind is _Kind.OPTIONAL_URL:
+        return _url_value(key, value, source)
     if kind is _Kind.INT:
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidConfigValueError(key, source, f"expected an integer, got {value!r}")
@@ -404,6 +427,8 @@ def _from_text(key: str, knob: _Knob, text: str, source: str) -> object:
         return _enum_value(key, knob, stripped, source)
     if kind is _Kind.BIND:
         return _bind_value(key, stripped, source)
+    if kind is _Kind.OPTIONAL_URL:
+        return _url_value(key, stripped, source)
     if not stripped:
         if kind is _Kind.OPTIONAL_PATH:
             return None

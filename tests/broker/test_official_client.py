@@ -90,3 +90,40 @@ def test_cache_put_get_delete(felix_fixture: dict[str, Any]) -> None:
     assert c.cache_get(t, ns, cache, "k") == b"v1"
     assert c.cache_delete(t, ns, cache, "k") == b"v1"
     assert c.cache_get(t, ns, cache, "k") is None
+
+
+@pytest.fixture(scope="module")
+def acking_fixture(tmp_path_factory: pytest.TempPathFactory) -> Any:
+    """A broker whose acks wait for the write (and so carry offsets)."""
+    from ..conftest import start_fixture_broker, stop_fixture_broker
+
+    process, document = start_fixture_broker(
+        tmp_path_factory.mktemp("acking"),
+        ("FELIX_ACK_ON_COMMIT", "true"),
+        ("FELIX_DURABLE_FSYNC_MODE", "on_commit"),
+    )
+    try:
+        yield document
+    finally:
+        stop_fixture_broker(process)
+
+
+def test_durable_offsets_earliest_and_resume(acking_fixture: dict[str, Any]) -> None:
+    fx = acking_fixture
+    c = client(fx)
+    t, ns, stream = fx["tenant_id"], fx["namespace"], fx["durable_stream"]
+    offsets = [c.publish(t, ns, stream, f"m{i}".encode()) for i in range(4)]
+    assert offsets == [0, 1, 2, 3]  # publish() returns the record's offset
+    earliest = c.subscribe(t, ns, stream, start="earliest")
+    got = [earliest.next_event(timeout=10) for _ in range(4)]
+    assert [(e.payload, e.offset) for e in got] == [(f"m{i}".encode(), i) for i in range(4)]
+    assert c.publish(t, ns, stream, b"live") == 4
+    live = earliest.next_event(timeout=10)
+    assert (live.payload, live.offset) == (b"live", 4)
+    resumed = c.subscribe(t, ns, stream, start=2)
+    got = [resumed.next_event(timeout=10) for _ in range(3)]
+    assert [e.offset for e in got] == [2, 3, 4]
+    with pytest.raises(felix.CursorError):
+        c.subscribe(t, ns, stream, start=99)
+    earliest.close()
+    resumed.close()
