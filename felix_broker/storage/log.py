@@ -303,8 +303,8 @@ class Log:
                 self._next_offset += take
                 done += take
         except OSError as exc:
-            self._fail("write", exc)
-            raise LogFailedError(f"log {self.directory}: write failed: {exc}") from exc
+            self._fail("write", exc)  # no-op when a failed fsync already stopped the log
+            raise LogFailedError(f"log {self.directory} failed: {self._failure}") from exc
         return base
 
     def _roll(self) -> None:
@@ -313,10 +313,14 @@ class Log:
             # Recovery repairs only the last segment, so a segment must be
             # complete on disk before a later one can hold data. This costs one
             # fsync on the caller's thread per segment_bytes written.
-            self._fsync(active.fd)
-            if self._directory_dirty:
-                self._sync_directory()
-                self._directory_dirty = False
+            try:
+                self._fsync(active.fd)
+                if self._directory_dirty:
+                    self._sync_directory()
+            except OSError as exc:
+                self._fail("fsync", exc)
+                raise
+            self._directory_dirty = False
             self._durable_offset = self._next_offset
         fd = active.seal()
         if fd is not None:

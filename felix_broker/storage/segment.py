@@ -27,9 +27,9 @@ from felix_broker.storage.format import (
     check_record,
     decode_record,
     encode_header,
+    encode_records,
     index_path,
     pack_index_entry,
-    record_head,
     segment_path,
     unpack_index_entries,
 )
@@ -43,11 +43,27 @@ _READ_CHUNK = 256 * 1024
 _LENGTH = struct.Struct(">I")
 
 
+# Most systems accept 1024 buffers per vectored write.
+_IOV_MAX = min(os.sysconf("SC_IOV_MAX"), 1024) if hasattr(os, "sysconf") else 16
+
+
 def _write_at(fd: int, data: bytes, position: int) -> None:
     view = memoryview(data)
     written = 0
     while written < len(view):
         written += os.pwrite(fd, view[written:], position + written)
+
+
+def _write_pieces(fd: int, pieces: list[bytes], position: int) -> None:
+    # A vectored write hands the payloads to the kernel without first copying
+    # them into one buffer; a short write (rare on files) finishes the slow way.
+    for start in range(0, len(pieces), _IOV_MAX):
+        chunk = pieces[start : start + _IOV_MAX]
+        size = sum(len(piece) for piece in chunk)
+        written = os.pwritev(fd, chunk, position)
+        if written < size:
+            _write_at(fd, b"".join(chunk)[written:], position + written)
+        position += size
 
 
 def _find_valid_record(data: bytes, start: int, end: int) -> int | None:
@@ -78,9 +94,8 @@ class Segment:
         self.count = 0
         self.first_timestamp_us = 0
         self.last_timestamp_us = 0
-        # Write descriptors, open only while this is the active segment.
+        # Write descriptor, open only while this is the active segment.
         self.fd: int | None = None
-        self._index_fd: int | None = None
         self._index_interval = index_interval
         self._next_entry_at = HEADER_SIZE
         # Sparse index kept in compact arrays: a 64 MiB segment at the default
@@ -103,12 +118,11 @@ class Segment:
         fd = os.open(segment.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o644)
         try:
             _write_at(fd, encode_header(SEGMENT_MAGIC, base_offset), 0)
+            segment._write_index(segment._index_bytes())
         except BaseException:
             os.close(fd)
             raise
         segment.fd = fd
-        segment._write_index(segment._index_bytes())
-        segment._index_fd = os.open(segment.index_path, os.O_WRONLY | os.O_APPEND)
         return segment
 
     @classmethod
@@ -155,10 +169,9 @@ class Segment:
             os.truncate(path, position)
             if sync_file is not None:
                 segment._sync_path(sync_file)
-        segment._check_index(sync_file)
+        segment._check_index()
         if active:
             segment.fd = os.open(path, os.O_RDWR)
-            segment._index_fd = os.open(segment.index_path, os.O_WRONLY | os.O_APPEND)
         return segment
 
     def _scan(self, data: bytes, end: int) -> int:
@@ -201,7 +214,7 @@ class Segment:
         entries = b"".join(pack_index_entry(e, self.base_offset) for e in self._entries())
         return encode_header(INDEX_MAGIC, self.base_offset) + entries
 
-    def _check_index(self, sync_file: Callable[[int], None] | None) -> None:
+    def _check_index(self) -> None:
         expected = self._index_bytes()
         try:
             found: bytes | None = self.index_path.read_bytes()
@@ -254,44 +267,32 @@ class Segment:
         principal: bytes,
         payloads: Sequence[bytes],
     ) -> None:
-        """Write records ``first_offset, first_offset + 1, ...`` with one write call."""
-        if self.fd is None or self._index_fd is None:
+        """Write records ``first_offset, first_offset + 1, ...`` with one vectored write."""
+        if self.fd is None:
             raise RuntimeError(f"{self.path} is not the active segment")
-        pieces: list[bytes] = []
-        entries: list[tuple[IndexEntry, int]] = []
+        pieces = encode_records(first_offset, timestamp_us, flags, principal, payloads)
+        _write_pieces(self.fd, pieces, self.size)
+        # Index entries for the records that cross the next indexing point.
+        # They reach the index file when the segment is sealed or closed: the
+        # index is derived data, and the active segment's is rebuilt after a
+        # crash anyway, so one write per append (and no second file growing
+        # under every fsync) is enough.
+        overhead = RECORD_HEAD_SIZE + len(principal)
         position = self.size
         offset = first_offset
         for payload in payloads:
-            head = record_head(offset, timestamp_us, flags, principal, payload)
-            pieces.append(head)
-            if principal:
-                pieces.append(principal)
-            pieces.append(payload)
-            length = RECORD_HEAD_SIZE + len(principal) + len(payload)
-            entries.append((IndexEntry(offset, position, timestamp_us), length))
-            position += length
+            if position >= self._next_entry_at:
+                self._entry_offsets.append(offset)
+                self._entry_positions.append(position)
+                self._entry_times.append(timestamp_us)
+                self._next_entry_at = position + self._index_interval
+            position += overhead + len(payload)
             offset += 1
-        _write_at(self.fd, b"".join(pieces), self.size)
-        new_entries = len(self._entry_offsets)
-        for entry, length in entries:
-            self._account(entry, length)
-        if len(self._entry_offsets) > new_entries:
-            # The index is derived data, rebuilt on open when it disagrees with
-            # the segment, so it is written but never fsynced.
-            os.write(
-                self._index_fd,
-                b"".join(
-                    pack_index_entry(
-                        IndexEntry(
-                            self._entry_offsets[i],
-                            self._entry_positions[i],
-                            self._entry_times[i],
-                        ),
-                        self.base_offset,
-                    )
-                    for i in range(new_entries, len(self._entry_offsets))
-                ),
-            )
+        if not self.count:
+            self.first_timestamp_us = timestamp_us
+        self.last_timestamp_us = timestamp_us
+        self.count += len(payloads)
+        self.size = position
 
     def seal(self) -> int | None:
         """Stop being the active segment; returns the write descriptor for the caller to close.
@@ -299,10 +300,13 @@ class Segment:
         The log closes that descriptor only once no fsync round can still be
         using it (a closed descriptor number may be reused by another file).
         """
-        if self._index_fd is not None:
-            os.close(self._index_fd)
-            self._index_fd = None
         fd, self.fd = self.fd, None
+        if fd is not None:
+            try:
+                self._write_index(self._index_bytes())
+            except OSError as exc:
+                # Not fatal: the next open rebuilds an index that does not match.
+                _log.warning("%s: could not write the index: %s", self.index_path, exc)
         return fd
 
     def close(self) -> None:

@@ -117,18 +117,28 @@ class LogStore:
         return keys
 
     def _find_shards(self) -> list[ShardKey]:
+        # Walked level by level rather than globbed: catalog names may start
+        # with a dot, which glob patterns skip.
         keys: list[ShardKey] = []
-        if not self.root.is_dir():
-            return keys
-        for shard_dir in sorted(self.root.glob("*/*/*/*")):
+        for shard_dir in self._subfolders(self.root, depth=4):
             tenant, namespace, stream, shard = shard_dir.relative_to(self.root).parts
-            if not shard_dir.is_dir() or not _SHARD.fullmatch(shard):
+            if not _SHARD.fullmatch(shard):
+                _log.warning("ignoring %s: not a shard log folder", shard_dir)
                 continue
             try:
                 keys.append(ShardKey(tenant, namespace, stream, int(shard)))
             except ValueError:
                 _log.warning("ignoring %s: not a shard log folder", shard_dir)
-        return keys
+        return sorted(keys)
+
+    @classmethod
+    def _subfolders(cls, folder: Path, *, depth: int) -> list[Path]:
+        if not folder.is_dir():
+            return []
+        children = sorted(child for child in folder.iterdir() if child.is_dir())
+        if depth == 1:
+            return children
+        return [found for child in children for found in cls._subfolders(child, depth=depth - 1)]
 
     def open_log(self, key: ShardKey, *, retention: Retention | None = None) -> Log:
         """The log of ``key``, opened or created now if needed (blocking file I/O)."""

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 from pathlib import Path
 
 import pytest
@@ -208,3 +209,25 @@ async def test_fsync_runs_off_the_event_loop(tmp_path: Path) -> None:
     task.cancel()
     assert ticks >= 5  # the loop kept running during the 200 ms fsync
     await log.aclose()
+
+
+async def test_failed_write_stops_the_log(tmp_path: Path) -> None:
+    fsync = CountingFsync()
+    log = open_log(tmp_path, FsyncMode.ON_COMMIT, fsync)
+    await log.wait_durable(log.append([b"kept"], timestamp_us=1))
+    # Swap the active segment's descriptor for a read-only one: the next write
+    # fails with a real EBADF, as a write to a broken disk would fail.
+    active_fd = log._segments[-1].fd
+    assert active_fd is not None
+    read_only = os.open(tmp_path / f"{0:020d}.log", os.O_RDONLY)
+    os.dup2(read_only, active_fd)
+    os.close(read_only)
+    with pytest.raises(LogFailedError):
+        log.append([b"lost"], timestamp_us=2)
+    assert log.failed
+    with pytest.raises(LogFailedError):
+        await log.wait_durable(0)
+    await log.aclose()
+    reopened = Log.open(tmp_path, LogConfig(fsync_mode=FsyncMode.ON_COMMIT))
+    assert [r.payload for r in reopened.read(0, max_records=10, max_bytes=100)] == [b"kept"]
+    reopened.close()

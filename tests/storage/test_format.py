@@ -23,9 +23,9 @@ from felix_broker.storage.format import (
     decode_record,
     encode_header,
     encode_principal,
+    encode_records,
     pack_index_entry,
     parse_segment_name,
-    record_head,
     segment_path,
     unpack_index_entries,
 )
@@ -60,7 +60,7 @@ def test_header_checks_magic_checksum_and_base() -> None:
 def test_record_round_trip(publisher: str | None) -> None:
     flags, principal = encode_principal(publisher)
     payload = b"payload bytes"
-    data = record_head(42, 1_700_000_000_000_000, flags, principal, payload) + principal + payload
+    data = b"".join(encode_records(42, 1_700_000_000_000_000, flags, principal, [payload]))
     head = check_record(data, 0, len(data))
     assert head is not None
     assert head.length == len(data) == RECORD_HEAD_SIZE + len(principal) + len(payload)
@@ -68,13 +68,25 @@ def test_record_round_trip(publisher: str | None) -> None:
 
 
 def test_record_damage_is_detected_anywhere() -> None:
-    data = record_head(1, 2, 0, b"", b"abc") + b"abc"
+    data = b"".join(encode_records(1, 2, 0, b"", [b"abc"]))
     for i in range(len(data)):
         damaged = bytearray(data)
         damaged[i] ^= 0x40
         assert check_record(bytes(damaged), 0, len(damaged)) is None, i
     assert check_record(bytes(len(data)), 0, len(data)) is None
     assert check_record(data, 0, len(data) - 1) is None
+
+
+def test_records_of_a_batch_follow_each_other() -> None:
+    data = b"".join(encode_records(7, 9, 0, b"", [b"a", b"", b"ccc"]))
+    position = 0
+    offsets = []
+    while position < len(data):
+        head = check_record(data, position, len(data))
+        assert head is not None
+        offsets.append(decode_record(data, position, head).offset)
+        position += head.length
+    assert offsets == [7, 8, 9]
 
 
 def test_principal_limit_is_255_utf8_bytes() -> None:

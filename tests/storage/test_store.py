@@ -27,7 +27,7 @@ async def test_logs_live_in_shard_folders_and_recover(tmp_path: Path) -> None:
     store = LogStore(tmp_path, config=LogConfig(fsync_mode=FsyncMode.ON_COMMIT))
     assert await store.recover_all() == []
     assert store.ready
-    other = ShardKey("t1", "default", "orders", 3)
+    other = ShardKey("t1", ".ns", "orders", 3)
     log = store.open_log(KEY)
     assert store.open_log(KEY) is log
     await log.wait_durable(log.append([b"a", b"b"], timestamp_us=1))
@@ -40,7 +40,7 @@ async def test_logs_live_in_shard_folders_and_recover(tmp_path: Path) -> None:
     (tmp_path / "t1" / "default" / "orders" / "not-a-shard").mkdir()
     (tmp_path / "stray-file").write_text("ignored")
     again = LogStore(tmp_path, config=LogConfig(fsync_mode=FsyncMode.ON_COMMIT))
-    assert await again.recover_all() == [KEY, other]
+    assert await again.recover_all() == [other, KEY]  # sorted: "." before "d"
     assert again.offsets() == {
         KEY: ShardOffsets(0, 2, 2),
         other: ShardOffsets(0, 1, 1),  # closing synced the unsynced record
