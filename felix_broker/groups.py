@@ -1,0 +1,689 @@
+"""The consumer-group service: queues over durable streams (facts §5.8, Q1-Q17).
+
+Served only with durable storage and only for durable streams; a standalone
+broker leads every shard it serves, so a request naming a shard the stream
+does not have, or an in-memory stream, is refused and never answered with an
+empty batch (Q1).
+
+The state of one group on one shard is a `GroupState` (group_state.py, the
+sans-IO core: claims, cursor, dead letters). This module admits requests,
+reads payloads from the stream's log, appends the core's durable changes to
+the shard's group log (group_records.py) and waits for them to be durable
+before it answers, so an acknowledged settle survives a crash.
+
+Requests run as their own tasks (the server spawns each), so a long poll holds
+back nothing else on its stream. Every answer carries the request's
+request_id; settles are answered with cache_ok (what the clients accept).
+
+Long polls wait on a per-shard signal fired by the engine once appended
+records are durable (`Shard.listeners`), and by every settle, nack, redrive,
+seek or delete on the shard; they also wake at the next claim deadline, since
+a lapse makes a record owed.
+
+Bounds: a poll hands out at most 1000 records and about 4 MiB of payload (one
+bigger record still goes alone); waits at most FELIX_GROUP_MAX_WAIT_MS; at most
+`GroupServiceLimits.max_groups_per_shard` groups are kept per shard (a poll
+that would create one more is refused limit_exceeded). A group's in-memory
+state is dropped after `idle_ms` (10 minutes, or twice the visibility timeout
+if longer) without requests and with no standing claim; its cursor and dead
+letters stay in the group log. The group log is compacted (the live state
+copied to its tail, whole older segments deleted) once it is bigger than
+`compact_min_bytes` and four times the live state.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+import weakref
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from felix_transport import StreamClosedError
+from felix_transport.events import ConnectionClosedError
+from felix_wire.errors import ErrorCode, RetryClass
+from felix_wire.features import Feature
+from felix_wire.messages import (
+    CacheOk,
+    GroupAck,
+    GroupDeadLetter,
+    GroupDeadLetterList,
+    GroupDeadLetters,
+    GroupDelete,
+    GroupDeleted,
+    GroupDescribe,
+    GroupDiscard,
+    GroupExtend,
+    GroupExtended,
+    GroupInfo,
+    GroupNack,
+    GroupPoll,
+    GroupPosition,
+    GroupRecord,
+    GroupRecords,
+    GroupRedrive,
+    GroupSeek,
+    Message,
+    StartOffset,
+)
+
+from .catalog import Catalog, StreamSpec
+from .config import BrokerConfig, FsyncMode
+from .engine import Engine, Shard
+from .group_records import (
+    GroupChange,
+    GroupDurable,
+    Kind,
+    apply_change,
+    decode_change,
+    encode_change,
+    snapshot_changes,
+)
+from .group_state import GroupLimits, GroupRefusedError, GroupState, Member, Offer, SeekTarget
+from .permissions import Action, group_object
+from .protocol import StreamProtocol
+from .storage import Log, LogConfig, Retention, StorageError
+from .storage.format import Record
+
+__all__ = ["GROUP_FEATURES", "GROUP_REQUESTS", "GroupCall", "GroupService", "GroupServiceLimits"]
+
+_log = logging.getLogger(__name__)
+
+GROUP_REQUESTS = (
+    GroupPoll,
+    GroupAck,
+    GroupNack,
+    GroupExtend,
+    GroupDeadLetter,
+    GroupDeadLetters,
+    GroupDiscard,
+    GroupRedrive,
+    GroupSeek,
+    GroupDescribe,
+    GroupDelete,
+)
+GroupRequest = (
+    GroupPoll
+    | GroupAck
+    | GroupNack
+    | GroupExtend
+    | GroupDeadLetter
+    | GroupDeadLetters
+    | GroupDiscard
+    | GroupRedrive
+    | GroupSeek
+    | GroupDescribe
+    | GroupDelete
+)
+# Seek, delete, redrive and discard change what the group owes: group.manage (Q17).
+_MANAGE = (GroupSeek, GroupDelete, GroupRedrive, GroupDiscard)
+
+# Every part of this is served wherever the service runs (it runs only with durable
+# storage), so all of it is advertised together.
+GROUP_FEATURES = int(
+    Feature.FEATURE_CONSUMER_GROUP
+    | Feature.FEATURE_GROUP_DEAD_LETTERS
+    | Feature.FEATURE_GROUP_ADMIN
+    | Feature.FEATURE_GROUP_CLAIM_CONTROL
+    | Feature.FEATURE_GROUP_CONSUMER
+    | Feature.FEATURE_GROUP_SKIPPED
+    | Feature.FEATURE_GROUP_PUBLISHER
+)
+
+POLL_MAX_RECORDS = 1000  # Q3
+POLL_MAX_BYTES = 4 * 1024 * 1024  # Q3
+MAX_CONSUMER_BYTES = 128  # Q16
+_GROUPS_DIR = "@groups"
+_MIB = 1024 * 1024
+_READ_BATCH = 4096
+
+
+@dataclass(frozen=True, slots=True)
+class GroupServiceLimits:
+    """The service's own bounds and upkeep knobs (the protocol's are in config)."""
+
+    idle_ms: int = 600_000
+    """Idle time before a group's in-memory state is dropped (at least 2 x visibility)."""
+    max_groups_per_shard: int = 10_000
+    upkeep_interval: float = 1.0
+    """Seconds between passes that drop idle states and compact group logs."""
+    fsync_interval: float = 0.1
+    """Seconds between fsyncs of the group logs in fsync mode `periodic`."""
+    segment_bytes: int = _MIB
+    compact_min_bytes: int = 4 * _MIB
+
+
+@dataclass(frozen=True, slots=True)
+class GroupCall:
+    """What a group request needs from the stream it arrived on."""
+
+    proto: StreamProtocol
+    write: Callable[[bytes], Awaitable[None]]
+    connection: object  # the request's connection: newer connections win reclaims (Q16)
+
+
+class _Refused(Exception):
+    def __init__(self, code: ErrorCode, text: str, retry: RetryClass | None = None) -> None:
+        super().__init__(text)
+        self.code = code
+        self.text = text
+        self.retry = retry
+
+
+class _Signal:
+    """Wakes every waiter at once; each wait sees only fires after it started."""
+
+    def __init__(self) -> None:
+        self._event = asyncio.Event()
+
+    def fire(self) -> None:
+        self._event.set()
+        self._event = asyncio.Event()
+
+    async def wait(self, timeout: float) -> None:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._event.wait(), timeout)
+
+
+@dataclass(slots=True)
+class _ShardGroups:
+    """Every group of one stream shard: durable state, live states, the group log."""
+
+    stream: Shard
+    log: Log
+    durable: dict[str, GroupDurable]
+    live: dict[str, GroupState] = field(default_factory=dict)
+    last_used: dict[str, int] = field(default_factory=dict)
+    signal: _Signal = field(default_factory=_Signal)
+    last_stamp_us: int = 0
+    compacting: bool = False
+
+    @property
+    def tail(self) -> int:
+        log = self.stream.log
+        assert log is not None
+        return log.readable_offset
+
+    @property
+    def log_start(self) -> int:
+        log = self.stream.log
+        assert log is not None
+        return log.start_offset
+
+
+def _now_ms() -> int:
+    return time.monotonic_ns() // 1_000_000
+
+
+class GroupService:
+    """Every consumer group this broker serves. `start()` replays the group logs;
+    `close()` stops upkeep and closes them."""
+
+    def __init__(
+        self,
+        *,
+        config: BrokerConfig,
+        catalog: Catalog,
+        engine: Engine,
+        limits: GroupServiceLimits | None = None,
+    ) -> None:
+        assert config.durable_enabled, "consumer groups need durable storage"
+        self._config = config
+        self._catalog = catalog
+        self._engine = engine
+        self.limits = limits or GroupServiceLimits()
+        self.group_limits = GroupLimits(
+            visibility_ms=config.group_visibility_timeout_ms,
+            max_visibility_ms=config.effective_group_max_visibility_ms,
+            max_attempts=config.group_max_attempts,
+            max_in_flight=config.group_max_in_flight,
+            window=max(100_000, 10 * config.group_max_in_flight),
+        )
+        self._shards: dict[tuple[str, str, str, int], _ShardGroups] = {}
+        self._connections: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()
+        self._next_connection = 0
+        self._tasks: set[asyncio.Task[None]] = set()
+        self._closed = False
+
+    @property
+    def features(self) -> int:
+        return GROUP_FEATURES
+
+    @property
+    def idle_ms(self) -> int:
+        return max(self.limits.idle_ms, 2 * self._config.group_visibility_timeout_ms)
+
+    # -- life cycle -----------------------------------------------------------------
+
+    async def start(self) -> None:
+        """Replay every group log on disk, then start upkeep. A shard without one is
+        opened on its first group request (so no stream log is opened just for this)."""
+        for spec in self._config.catalog.streams():
+            if spec.durable:
+                for index in range(spec.shards):
+                    if self._directory(spec, index).exists():
+                        await asyncio.to_thread(self._shard_groups, spec, index)
+        self._run(self._every(self.limits.upkeep_interval, self._upkeep), "group-upkeep")
+        if self._config.durable_fsync_mode is FsyncMode.PERIODIC:
+            self._run(self._every(self.limits.fsync_interval, self._sync_pass), "group-fsync")
+
+    async def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        tasks = list(self._tasks)
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for groups in self._shards.values():
+            with contextlib.suppress(ValueError):
+                groups.stream.listeners.remove(groups.signal.fire)
+            try:
+                await groups.log.aclose()
+            except StorageError as exc:
+                _log.error("closing a group log failed: %s", exc)
+        self._shards.clear()
+
+    def _run(self, coro: Coroutine[Any, Any, None], name: str) -> None:
+        task = asyncio.get_running_loop().create_task(coro, name=name)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _every(self, interval: float, action: Callable[[], Awaitable[None]]) -> None:
+        while True:
+            await asyncio.sleep(interval)
+            try:
+                await action()
+            except Exception:
+                _log.exception("consumer group upkeep failed")
+
+    async def _upkeep(self) -> None:
+        self.evict_idle(_now_ms())
+        for groups in list(self._shards.values()):
+            if self._wants_compaction(groups):
+                await self.compact(groups)
+
+    async def _sync_pass(self) -> None:
+        logs = [g.log for g in self._shards.values() if g.log.needs_sync]
+        await asyncio.gather(*(log.sync() for log in logs), return_exceptions=True)
+
+    def evict_idle(self, now: int) -> int:
+        """Drop in-memory states idle for `idle_ms` with nothing standing (Q9)."""
+        dropped = 0
+        for groups in self._shards.values():
+            for name, state in list(groups.live.items()):
+                if not state.busy and now - groups.last_used.get(name, now) >= self.idle_ms:
+                    del groups.live[name]
+                    groups.last_used.pop(name, None)
+                    dropped += 1
+        return dropped
+
+    # -- shards ---------------------------------------------------------------------
+
+    def _directory(self, spec: StreamSpec, index: int) -> Path:
+        root = self._config.durable_storage_dir
+        assert root is not None
+        return Path(root, _GROUPS_DIR, spec.tenant_id, spec.namespace, spec.name, str(index))
+
+    def _shard_groups(self, spec: StreamSpec, index: int) -> _ShardGroups:
+        """The shard's groups, its group log opened and replayed on first use."""
+        key = (spec.tenant_id, spec.namespace, spec.name, index)
+        found = self._shards.get(key)
+        if found is not None:
+            return found
+        log = Log.open(
+            self._directory(spec, index),
+            LogConfig(
+                segment_bytes=self.limits.segment_bytes,
+                fsync_mode=self._config.durable_fsync_mode,
+                fsync_interval=self.limits.fsync_interval,
+            ),
+        )
+        durable: dict[str, GroupDurable] = {}
+        last_stamp = 0
+        offset = log.start_offset
+        try:
+            while offset < log.readable_offset:
+                records = log.read(offset, max_records=_READ_BATCH, max_bytes=16 * _MIB)
+                if not records:
+                    break
+                for record in records:
+                    apply_change(durable, decode_change(record.payload))
+                    last_stamp = max(last_stamp, record.timestamp_us)
+                offset = records[-1].offset + 1
+        except BaseException:
+            log.close()
+            raise
+        stream = self._engine.shard(spec, index)
+        groups = _ShardGroups(stream, log, durable, last_stamp_us=last_stamp)
+        stream.listeners.append(groups.signal.fire)
+        self._shards[key] = groups
+        return groups
+
+    def _state(self, groups: _ShardGroups, name: str, *, create: bool = True) -> GroupState | None:
+        state = groups.live.get(name)
+        if state is None:
+            durable = groups.durable.get(name)
+            if durable is None:
+                if not create:
+                    return None
+                if len(groups.durable) >= self.limits.max_groups_per_shard:
+                    raise _Refused(
+                        ErrorCode.LIMIT_EXCEEDED,
+                        f"this shard has {len(groups.durable)} consumer groups, the most it keeps",
+                    )
+                durable = groups.durable[name] = GroupDurable()
+            state = GroupState.build(name, durable, self.group_limits, groups.tail)
+            groups.live[name] = state
+        groups.last_used[name] = _now_ms()
+        return state
+
+    def _append(self, groups: _ShardGroups, changes: list[GroupChange]) -> int | None:
+        """Append changes to the group log now (in state order); returns the last offset."""
+        if not changes:
+            return None
+        stamp = max(time.time_ns() // 1000, groups.last_stamp_us)
+        groups.last_stamp_us = stamp
+        base = groups.log.append([encode_change(c) for c in changes], timestamp_us=stamp)
+        return base + len(changes) - 1
+
+    async def _persist(self, groups: _ShardGroups, state: GroupState) -> None:
+        """Write what the state changed, and wait until it is durable."""
+        last = self._append(groups, state.take_writes())
+        groups.signal.fire()
+        if last is not None:
+            await groups.log.wait_durable(last)
+
+    def _wants_compaction(self, groups: _ShardGroups) -> bool:
+        if groups.compacting:
+            return False
+        size = groups.log.size_bytes
+        live = sum(1 + len(d.dead) + len(d.redriven) for d in groups.durable.values())
+        return size > self.limits.compact_min_bytes and size > 4 * 64 * live
+
+    async def compact(self, groups: _ShardGroups) -> int:
+        """Copy the live state to the tail, then delete the segments wholly before it."""
+        groups.compacting = True
+        try:
+            log = groups.log
+            # Every record before the copy has a time below `stamp`, the copy and
+            # everything after it one at or above it: retention by age at `stamp`
+            # removes exactly the segments wholly before the copy.
+            stamp = max(time.time_ns() // 1000, groups.last_stamp_us + 1)
+            groups.last_stamp_us = stamp
+            changes = snapshot_changes(groups.durable.items())
+            if changes:
+                log.append([encode_change(c) for c in changes], timestamp_us=stamp)
+            else:
+                # Nothing live: an empty-state marker keeps the tail's time at `stamp`.
+                log.append([encode_change(GroupChange(Kind.DELETE, ""))], timestamp_us=stamp)
+            if log.needs_sync:
+                await log.sync()
+            return log.apply_retention(Retention(max_age_us=0), now_us=stamp)
+        finally:
+            groups.compacting = False
+
+    # -- requests -------------------------------------------------------------------
+
+    async def handle(self, request: Message, call: GroupCall) -> None:
+        assert isinstance(request, GROUP_REQUESTS)
+        proto = call.proto
+        try:
+            try:
+                if isinstance(request, GroupPoll):
+                    await self._poll(request, call)
+                    return
+                answer = await self._answer(proto, request)
+            except _Refused as refused:
+                answer = proto.error(refused.code, refused.text, retry=refused.retry)
+            except GroupRefusedError as refused:
+                answer = _refusal(proto, refused)
+            except StorageError as exc:
+                _log.error("group request failed in storage: %s", exc)
+                answer = proto.error(ErrorCode.STORAGE, f"group storage failed: {exc}")
+            await call.write(answer)
+        except (StreamClosedError, ConnectionClosedError):
+            return
+
+    def _admit(self, proto: StreamProtocol, request: GroupRequest) -> _ShardGroups:
+        """The shard's groups, if this principal may do the request on the group."""
+        if self._closed:
+            raise _Refused(ErrorCode.DRAINING, "the broker is shutting down")
+        principal = proto.principal
+        assert principal is not None
+        tenant, namespace, stream = request.tenant_id, request.namespace, request.stream
+        if tenant != principal.tenant_id:
+            raise _Refused(ErrorCode.FORBIDDEN, "forbidden: the token is for another tenant")
+        if not request.group:
+            raise _Refused(ErrorCode.INVALID_REQUEST, "a group needs a name")
+        action = Action.GROUP_MANAGE if isinstance(request, _MANAGE) else Action.GROUP_CONSUME
+        obj = group_object(tenant, namespace, stream, request.group)
+        if not principal.permissions.allows(action, obj):
+            raise _Refused(ErrorCode.FORBIDDEN, f"forbidden: {action.value} on {obj}")
+        spec = self._catalog.stream(tenant, namespace, stream)
+        if spec is None:
+            raise _Refused(
+                ErrorCode.NOT_FOUND,
+                f"stream not found: tenant={tenant} namespace={namespace} stream={stream}",
+            )
+        if not spec.durable:
+            raise _Refused(
+                ErrorCode.INVALID_REQUEST,
+                f"stream {stream} is in memory: consumer groups need a durable stream",
+            )
+        if request.shard >= spec.shards:
+            # Not a shard this broker leads (it has no such shard): refused, never served.
+            raise _Refused(
+                ErrorCode.INVALID_REQUEST,
+                f"stream {stream} has {spec.shards} shard(s), not {request.shard + 1}",
+            )
+        if len(request.group.encode()) > 0xFFFF:
+            raise _Refused(ErrorCode.INVALID_REQUEST, "the group name is too long")
+        return self._shard_groups(spec, request.shard)
+
+    async def _answer(self, proto: StreamProtocol, request: GroupRequest) -> bytes:
+        groups = self._admit(proto, request)
+        name = request.group
+        rid = request.request_id
+        now = _now_ms()
+        if isinstance(request, GroupDeadLetters):
+            durable = groups.durable.get(name)
+            offsets = sorted(durable.dead) if durable is not None else []
+            return proto.message(GroupDeadLetterList(offsets=offsets, request_id=rid))
+        if isinstance(request, GroupDescribe):
+            return proto.message(self._describe(groups, name, rid))
+        if isinstance(request, GroupDelete):
+            return proto.message(await self._delete(groups, name, rid))
+        state = self._state(groups, name)
+        assert state is not None
+        if isinstance(request, GroupAck):
+            state.ack(now, request.offset, groups.tail)
+        elif isinstance(request, GroupNack):
+            state.nack(now, request.offset, groups.tail, request.delay_ms, request.attempts)
+        elif isinstance(request, GroupDeadLetter):
+            state.dead_letter(now, request.offset, groups.tail)
+        elif isinstance(request, GroupRedrive):
+            state.redrive(request.offset)
+        elif isinstance(request, GroupDiscard):
+            state.discard(request.offset)
+        elif isinstance(request, GroupExtend):
+            granted = state.extend(now, request.offset, request.attempts, request.extend_ms)
+            return proto.message(GroupExtended(visible_ms=granted, request_id=rid))
+        else:
+            assert isinstance(request, GroupSeek)
+            start = request.start
+            target = SeekTarget(
+                earliest=start == "earliest",
+                latest=start == "latest",
+                offset=start.offset if isinstance(start, StartOffset) else None,
+            )
+            position, moved = state.seek(target, request.if_new, groups.log_start, groups.tail)
+            await self._persist(groups, state)
+            return proto.message(GroupPosition(offset=position, moved=moved, request_id=rid))
+        await self._persist(groups, state)
+        return proto.message(CacheOk(request_id=rid))
+
+    def _describe(self, groups: _ShardGroups, name: str, rid: int) -> GroupInfo:
+        durable = groups.durable.get(name)
+        state = groups.live.get(name)
+        return GroupInfo(
+            committed=durable.cursor if durable is not None else None,
+            tail=groups.tail,
+            in_flight=state.in_flight if state is not None else 0,
+            owed=len(state.owed) if state is not None else 0,
+            dead_letters=len(durable.dead) if durable is not None else 0,
+            request_id=rid,
+        )
+
+    async def _delete(self, groups: _ShardGroups, name: str, rid: int) -> GroupDeleted:
+        """Remove the cursor, dead letters and in-memory state (Q15)."""
+        durable = groups.durable.pop(name, None)
+        state = groups.live.pop(name, None)
+        groups.last_used.pop(name, None)
+        existed = (durable is not None and durable.exists) or (
+            state is not None and (state.busy or bool(state.owed))
+        )
+        last = self._append(groups, [GroupChange(Kind.DELETE, name)])
+        groups.signal.fire()
+        assert last is not None
+        await groups.log.wait_durable(last)
+        return GroupDeleted(existed=existed, request_id=rid)
+
+    # -- polls ----------------------------------------------------------------------
+
+    def _connection_seq(self, connection: object) -> int:
+        seq = self._connections.get(connection)
+        if seq is None:
+            self._next_connection += 1
+            seq = self._connections[connection] = self._next_connection
+        return seq
+
+    async def _poll(self, request: GroupPoll, call: GroupCall) -> None:
+        proto = call.proto
+        principal = proto.principal
+        assert principal is not None
+        try:
+            groups = self._admit(proto, request)
+            member: Member | None = None
+            if request.consumer is not None:
+                if not 1 <= len(request.consumer.encode()) <= MAX_CONSUMER_BYTES:
+                    raise _Refused(
+                        ErrorCode.INVALID_REQUEST,
+                        f"a consumer name is 1 to {MAX_CONSUMER_BYTES} bytes",
+                    )
+                member = (request.consumer, principal.subject)
+            conn = self._connection_seq(call.connection)
+            limit = min(request.max_records, POLL_MAX_RECORDS)
+            loop = asyncio.get_running_loop()
+            wait_s = min(request.wait_ms, self._config.group_max_wait_ms) / 1000
+            deadline = loop.time() + wait_s
+            reclaim = request.reclaim and member is not None
+            while True:
+                state = self._state(groups, request.group)
+                assert state is not None
+                now = _now_ms()
+                if reclaim:
+                    assert member is not None
+                    state.reclaim(now, conn, member, request.visibility_ms)
+                    reclaim = False
+                taken = self._take(groups, state, now, limit, conn, member, request.visibility_ms)
+                await self._persist(groups, state)
+                remaining = deadline - loop.time()
+                if taken or limit == 0 or remaining <= 0:
+                    break
+                next_deadline = state.next_deadline()
+                if next_deadline is not None:
+                    remaining = min(remaining, max(0.0, (next_deadline - now) / 1000) + 0.001)
+                await groups.signal.wait(remaining)
+        except _Refused as refused:
+            await call.write(proto.error(refused.code, refused.text, retry=refused.retry))
+            return
+        except StorageError as exc:
+            _log.error("group poll failed in storage: %s", exc)
+            await call.write(proto.error(ErrorCode.STORAGE, f"group storage failed: {exc}"))
+            return
+        records = [
+            GroupRecord(
+                offset=record.offset,
+                payload=record.payload,
+                attempts=offer.attempts,
+                publisher=record.publisher,
+                timestamp_micros=record.timestamp_us,
+            )
+            for offer, record in taken
+        ]
+        answer = proto.message(GroupRecords(records=records, request_id=request.request_id))
+        try:
+            await call.write(answer)
+        except BaseException:
+            # The client never got these: hand them back rather than wait out the claim.
+            state.release([offer.offset for offer, _ in taken])
+            groups.signal.fire()
+            raise
+
+    def _take(
+        self,
+        groups: _ShardGroups,
+        state: GroupState,
+        now: int,
+        limit: int,
+        conn: int,
+        member: Member | None,
+        visibility_ms: int,
+    ) -> list[tuple[Offer, Record]]:
+        """Offer, read and claim in one synchronous step (no await: nobody else can
+        take the same records meanwhile)."""
+        if limit <= 0:
+            return []
+        offers = state.offer(now, limit, conn, groups.log_start, groups.tail)
+        if not offers:
+            return []
+        taken = _read(groups, offers)
+        state.claim(now, [offer for offer, _ in taken], conn, member, visibility_ms)
+        return taken
+
+
+def _read(groups: _ShardGroups, offers: list[Offer]) -> list[tuple[Offer, Record]]:
+    """The offers' records, in order, as many as fit the poll's byte budget (a first
+    record bigger than the budget still goes alone)."""
+    log = groups.stream.log
+    assert log is not None
+    taken: list[tuple[Offer, Record]] = []
+    used = 0
+    i = 0
+    while i < len(offers):
+        j = i + 1
+        while j < len(offers) and offers[j].offset == offers[j - 1].offset + 1:
+            j += 1
+        run = offers[i:j]
+        try:
+            records = log.read(
+                run[0].offset,
+                max_records=len(run),
+                max_bytes=max(POLL_MAX_BYTES - used, 0),
+                end=run[-1].offset + 1,
+            )
+        except StorageError:
+            return taken  # retention removed it meanwhile: the rest waits for the next poll
+        for offer, record in zip(run, records, strict=False):
+            if record.offset != offer.offset:
+                return taken
+            if taken and used + len(record.payload) > POLL_MAX_BYTES:
+                return taken
+            taken.append((offer, record))
+            used += len(record.payload)
+        if len(records) < len(run):
+            return taken
+        i = j
+    return taken
+
+
+def _refusal(proto: StreamProtocol, refused: GroupRefusedError) -> bytes:
+    if refused.stale:
+        retry = RetryClass.FATAL if refused.fatal else RetryClass.RETRY
+        return proto.error(ErrorCode.STALE_CLAIM, refused.text, retry=retry)
+    return proto.error(ErrorCode.INVALID_REQUEST, refused.text)

@@ -1,0 +1,365 @@
+"""Consumer groups over real QUIC against an in-process broker (short timeouts by config)."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from felix_wire.features import Feature
+from felix_wire.messages import (
+    AckMode,
+    AuthOk,
+    CacheOk,
+    Error,
+    GroupAck,
+    GroupDeadLetter,
+    GroupDeadLetterList,
+    GroupDeadLetters,
+    GroupDelete,
+    GroupDeleted,
+    GroupDescribe,
+    GroupDiscard,
+    GroupExtend,
+    GroupExtended,
+    GroupInfo,
+    GroupNack,
+    GroupPoll,
+    GroupPosition,
+    GroupRecords,
+    GroupRedrive,
+    GroupSeek,
+    Publish,
+    PublishOk,
+    StartOffset,
+)
+
+from ..broker.harness import (
+    NS,
+    OFFICIAL_FEATURES,
+    TENANT,
+    WireClient,
+    WireStream,
+    running_broker,
+    token,
+)
+
+pytestmark = pytest.mark.timeout(60)
+
+SCOPE: dict[str, Any] = {"tenant_id": TENANT, "namespace": NS, "stream": "log", "shard": 0}
+
+
+class Session:
+    """One authenticated control stream and a request-id counter."""
+
+    def __init__(self, stream: WireStream) -> None:
+        self.stream = stream
+        self.rid = 0
+
+    def next_id(self) -> int:
+        self.rid += 1
+        return self.rid
+
+    async def call(self, cls: Any, timeout: float = 5.0, **fields: Any) -> Any:
+        rid = self.next_id()
+        fields.setdefault("group", "g")
+        message = cls(**{**SCOPE, **fields, "request_id": rid})
+        await self.stream.send(message)
+        return await self.stream.recv(timeout=timeout)
+
+    async def poll(self, n: int = 10, wait_ms: int = 0, **kw: Any) -> list[Any]:
+        answer = await self.call(GroupPoll, max_records=n, wait_ms=wait_ms, **kw)
+        assert isinstance(answer, GroupRecords), answer
+        return list(answer.records)
+
+    async def publish(self, *payloads: bytes) -> list[int]:
+        offsets = []
+        for payload in payloads:
+            rid = self.next_id()
+            await self.stream.send(
+                Publish(
+                    tenant_id=TENANT,
+                    namespace=NS,
+                    stream="log",
+                    payload=payload,
+                    ack=AckMode.PER_MESSAGE,
+                    request_id=rid,
+                )
+            )
+            answer = await self.stream.recv()
+            assert isinstance(answer, PublishOk), answer
+            offsets.append(answer.offset)
+        return offsets
+
+
+async def session(broker: Any, **auth: Any) -> Session:
+    client = await WireClient.connect(broker)
+    stream, answer = await client.authed(**auth)
+    assert isinstance(answer, AuthOk), answer
+    return Session(stream)
+
+
+def stale(answer: Any, retry: str = "retry") -> bool:
+    return isinstance(answer, Error) and answer.code == "stale_claim" and answer.retry == retry
+
+
+async def test_groups_are_advertised_only_with_durable_storage(tmp_path: Path) -> None:
+    wanted = (
+        Feature.FEATURE_CONSUMER_GROUP
+        | Feature.FEATURE_GROUP_DEAD_LETTERS
+        | Feature.FEATURE_GROUP_ADMIN
+        | Feature.FEATURE_GROUP_CLAIM_CONTROL
+        | Feature.FEATURE_GROUP_CONSUMER
+        | Feature.FEATURE_GROUP_SKIPPED
+        | Feature.FEATURE_GROUP_PUBLISHER
+    )
+    async with running_broker(tmp_path) as broker:
+        client = await WireClient.connect(broker)
+        _, answer = await client.authed()
+        assert isinstance(answer, AuthOk)
+        assert answer.server_features & wanted == wanted
+    async with running_broker(tmp_path / "mem", durable_storage_dir=None) as broker:
+        assert broker.groups is None
+        client = await WireClient.connect(broker)
+        stream, answer = await client.authed()
+        assert isinstance(answer, AuthOk)
+        assert not answer.server_features & wanted
+        await stream.send(GroupPoll(**SCOPE, group="g", max_records=1, request_id=1))
+        assert not isinstance(await stream.recv(), GroupRecords)
+
+
+async def test_poll_ack_and_the_contiguous_cursor(tmp_path: Path) -> None:
+    async with running_broker(tmp_path) as broker:
+        s = await session(broker)
+        await s.publish(b"a", b"b", b"c")
+        records = await s.poll(10)
+        assert [(r.offset, r.payload, r.attempts) for r in records] == [
+            (0, b"a", 1),
+            (1, b"b", 1),
+            (2, b"c", 1),
+        ]
+        assert await s.poll(10) == []  # everything is claimed
+        assert isinstance(await s.call(GroupAck, offset=1), CacheOk)
+        info = await s.call(GroupDescribe)
+        assert isinstance(info, GroupInfo)
+        assert (info.committed, info.tail, info.in_flight, info.owed) == (0, 3, 2, 0)
+        assert isinstance(await s.call(GroupAck, offset=0), CacheOk)
+        info = await s.call(GroupDescribe)
+        assert info.committed == 2 and info.in_flight == 1
+        assert isinstance(await s.call(GroupAck, offset=0), CacheOk)  # duplicate: harmless
+        answer = await s.call(GroupAck, offset=3)  # at the tail
+        assert isinstance(answer, Error) and answer.code == "invalid_request"
+        await s.publish(b"d")
+        assert stale(await s.call(GroupAck, offset=3))  # written after the state, not handed out
+
+
+async def test_gated_fields_are_dropped_for_a_client_that_did_not_offer_them(
+    tmp_path: Path,
+) -> None:
+    async with running_broker(tmp_path, record_publishers=True) as broker:
+        s = await session(broker, features=int(Feature.FEATURE_ERROR_CODES))
+        await s.publish(b"x")
+        [record] = await s.poll(1)
+        assert record.timestamp_micros is None and record.publisher is None
+        offered = Feature.FEATURE_RECORD_TIMESTAMPS | Feature.FEATURE_GROUP_PUBLISHER
+        s2 = await session(broker, features=OFFICIAL_FEATURES | offered)
+        await s2.publish(b"y")
+        [record] = await s2.poll(1)
+        assert record.publisher == "tester" and record.timestamp_micros
+
+
+async def test_long_poll_wakes_on_publish_and_is_capped(tmp_path: Path) -> None:
+    async with running_broker(tmp_path, group_max_wait_ms=300) as broker:
+        s = await session(broker)
+        publisher = await session(broker)
+        started = time.monotonic()
+        assert await s.poll(5, wait_ms=10_000) == []  # capped at 300 ms
+        assert time.monotonic() - started < 2
+        pending = asyncio.ensure_future(s.poll(5, wait_ms=250))
+        await asyncio.sleep(0.05)
+        await publisher.publish(b"wake")
+        records = await pending
+        assert [r.payload for r in records] == [b"wake"]
+
+
+async def test_a_lapsed_claim_comes_back_and_max_attempts_dead_letters(tmp_path: Path) -> None:
+    async with running_broker(
+        tmp_path, group_visibility_timeout_ms=150, group_max_attempts=2
+    ) as broker:
+        s = await session(broker)
+        await s.publish(b"poison")
+        assert [(r.offset, r.attempts) for r in await s.poll(5)] == [(0, 1)]
+        assert await s.poll(5) == []
+        await asyncio.sleep(0.3)
+        assert [(r.offset, r.attempts) for r in await s.poll(5)] == [(0, 2)]
+        await asyncio.sleep(0.3)
+        await s.publish(b"fine")
+        assert [(r.offset, r.attempts) for r in await s.poll(5)] == [(1, 1)]
+        await s.call(GroupAck, offset=1)
+        assert (await s.call(GroupDescribe)).committed == 2
+        dead = await s.call(GroupDeadLetters)
+        assert isinstance(dead, GroupDeadLetterList) and dead.offsets == [0]
+
+
+async def test_nack_now_later_and_by_delivery(tmp_path: Path) -> None:
+    async with running_broker(tmp_path) as broker:
+        s = await session(broker)
+        await s.publish(b"a")
+        [record] = await s.poll(1)
+        assert isinstance(await s.call(GroupNack, offset=0, attempts=1), CacheOk)
+        assert stale(await s.call(GroupNack, offset=0, attempts=1), "fatal")
+        [record] = await s.poll(1)
+        assert record.attempts == 2
+        assert isinstance(await s.call(GroupNack, offset=0, attempts=2, delay_ms=200), CacheOk)
+        assert await s.poll(1) == []  # delayed: not owed yet
+        started = time.monotonic()
+        [record] = await s.poll(1, wait_ms=2000)
+        assert record.attempts == 3 and time.monotonic() - started >= 0.1
+
+
+async def test_extend_keeps_a_claim_and_stale_once_it_lapsed(tmp_path: Path) -> None:
+    async with running_broker(
+        tmp_path, group_visibility_timeout_ms=200, group_max_visibility_ms=400
+    ) as broker:
+        s = await session(broker)
+        await s.publish(b"a")
+        await s.poll(1)
+        answer = await s.call(GroupExtend, offset=0, attempts=1, extend_ms=60_000)
+        assert isinstance(answer, GroupExtended) and answer.visible_ms == 400
+        await asyncio.sleep(0.25)
+        assert await s.poll(1) == []  # still claimed past the 200 ms default
+        answer = await s.call(GroupExtend, offset=0, attempts=1, extend_ms=0)
+        assert isinstance(answer, Error) and answer.code == "invalid_request"
+        await asyncio.sleep(0.25)
+        assert stale(await s.call(GroupExtend, offset=0, attempts=1, extend_ms=100), "fatal")
+        [record] = await s.poll(1, visibility_ms=5000)
+        assert record.attempts == 2
+
+
+async def test_in_flight_cap_answers_empty(tmp_path: Path) -> None:
+    async with running_broker(tmp_path, group_max_in_flight=2) as broker:
+        s = await session(broker)
+        await s.publish(b"1", b"2", b"3")
+        assert len(await s.poll(10)) == 2
+        assert await s.poll(10, wait_ms=100) == []
+        await s.call(GroupAck, offset=0)
+        assert [r.offset for r in await s.poll(10)] == [2]
+
+
+async def test_dead_letter_by_hand_redrive_and_discard(tmp_path: Path) -> None:
+    async with running_broker(tmp_path) as broker:
+        s = await session(broker)
+        await s.publish(b"a", b"b")
+        await s.poll(2)
+        assert isinstance(await s.call(GroupDeadLetter, offset=0), CacheOk)
+        answer = await s.call(GroupDeadLetter, offset=0)
+        assert isinstance(answer, Error) and answer.code == "invalid_request"
+        assert (await s.call(GroupDeadLetters)).offsets == [0]
+        assert isinstance(await s.call(GroupRedrive, offset=0), CacheOk)
+        assert (await s.call(GroupDeadLetters)).offsets == []
+        [record] = await s.poll(5)
+        assert (record.offset, record.attempts) == (0, 1)
+        await s.call(GroupDeadLetter, offset=0)
+        assert isinstance(await s.call(GroupDiscard, offset=0), CacheOk)
+        assert (await s.call(GroupDeadLetters)).offsets == []
+        answer = await s.call(GroupRedrive, offset=0)
+        assert isinstance(answer, Error) and answer.code == "invalid_request"
+
+
+async def test_seek_describe_delete(tmp_path: Path) -> None:
+    async with running_broker(tmp_path) as broker:
+        s = await session(broker)
+        await s.publish(b"a", b"b", b"c", b"d")
+        info = await s.call(GroupDescribe, group="new")
+        assert info.committed is None and info.tail == 4
+        answer = await s.call(GroupSeek, group="new", start="latest", if_new=True)
+        assert isinstance(answer, GroupPosition) and (answer.offset, answer.moved) == (4, True)
+        answer = await s.call(GroupSeek, group="new", start="earliest", if_new=True)
+        assert (answer.offset, answer.moved) == (4, False)
+        await s.poll(2)
+        answer = await s.call(GroupSeek, start=StartOffset(offset=3))
+        assert (answer.offset, answer.moved) == (3, True)
+        assert stale(await s.call(GroupAck, offset=3))  # the claim was voided by the seek
+        assert isinstance(await s.call(GroupAck, offset=1), CacheOk)  # below: duplicate
+        answer = await s.call(GroupSeek, start=StartOffset(offset=9))
+        assert isinstance(answer, Error) and answer.code == "invalid_request"
+        assert [r.offset for r in await s.poll(5)] == [3]
+        deleted = await s.call(GroupDelete)
+        assert isinstance(deleted, GroupDeleted) and deleted.existed
+        assert (await s.call(GroupDelete)).existed is False
+        assert [r.offset for r in await s.poll(5)] == [0, 1, 2, 3]  # afresh at 0
+
+
+async def test_permissions_and_refusals(tmp_path: Path) -> None:
+    async with running_broker(tmp_path) as broker:
+        consume = token(broker, perms=[f"group.consume:group:{TENANT}/{NS}/log/g"])
+        s = await session(broker, tok=consume)
+        assert await s.poll(1) == []
+        answer = await s.call(GroupPoll, group="other", max_records=1)
+        assert isinstance(answer, Error) and answer.code == "forbidden"
+        answer = await s.call(GroupSeek, start="latest")
+        assert isinstance(answer, Error) and answer.code == "forbidden"
+        subscriber = token(broker, perms=[f"stream.subscribe:stream:{TENANT}/{NS}/log"])
+        s2 = await session(broker, tok=subscriber)
+        assert await s2.poll(1) == []  # group.consume through stream.subscribe
+        answer = await s2.call(GroupDelete)
+        assert isinstance(answer, Error) and answer.code == "forbidden"
+        owner = await session(broker)
+        answer = await owner.call(GroupPoll, shard=2, max_records=1)  # not a shard here
+        assert isinstance(answer, Error) and answer.code == "invalid_request"
+        answer = await owner.call(GroupPoll, stream="orders", max_records=1)  # in memory
+        assert isinstance(answer, Error) and answer.code == "invalid_request"
+        answer = await owner.call(GroupPoll, stream="nope", max_records=1)
+        assert isinstance(answer, Error) and answer.code == "not_found"
+        answer = await owner.call(GroupPoll, max_records=1, consumer="")
+        assert isinstance(answer, Error) and answer.code == "invalid_request"
+
+
+async def test_named_consumer_reclaims_from_an_older_connection(tmp_path: Path) -> None:
+    async with running_broker(tmp_path) as broker:
+        old = await session(broker)
+        await old.publish(b"a", b"b", b"c")
+        held = await old.poll(2, consumer="w1")
+        assert [r.offset for r in held] == [0, 1]
+        other = await session(broker)
+        assert [r.offset for r in await other.poll(5)] == [2]
+        new = await session(broker)
+        got = await new.poll(5, consumer="w1", reclaim=True)
+        assert [(r.offset, r.attempts) for r in got] == [(0, 2), (1, 2)]
+        assert stale(await old.call(GroupNack, offset=0, attempts=1), "fatal")
+
+
+async def test_idle_state_is_dropped_without_losing_the_cursor(tmp_path: Path) -> None:
+    async with running_broker(tmp_path) as broker:
+        s = await session(broker)
+        await s.publish(b"a", b"b")
+        await s.poll(1)
+        await s.call(GroupAck, offset=0)
+        assert broker.groups is not None
+        assert broker.groups.evict_idle(time.monotonic_ns() // 1_000_000 + 10**9) == 1
+        info = await s.call(GroupDescribe)
+        assert (info.committed, info.in_flight) == (1, 0)
+        assert [r.offset for r in await s.poll(5)] == [1]
+        await s.call(GroupAck, offset=1)
+
+
+async def test_cursor_and_dead_letters_survive_a_broker_restart(tmp_path: Path) -> None:
+    async with running_broker(tmp_path) as broker:
+        s = await session(broker)
+        await s.publish(b"a", b"b", b"c", b"d")
+        await s.poll(4)
+        await s.call(GroupAck, offset=0)
+        await s.call(GroupDeadLetter, offset=1)
+        await s.call(GroupAck, offset=3)
+    async with running_broker(tmp_path) as broker:
+        s = await session(broker)
+        info = await s.call(GroupDescribe)
+        assert (info.committed, info.dead_letters) == (2, 1)
+        assert (await s.call(GroupDeadLetters)).offsets == [1]
+        # The unacknowledged record comes back; 3, acknowledged above the cursor, does not.
+        assert [r.offset for r in await s.poll(5)] == [2]
+        await s.call(GroupAck, offset=2)
+        assert (await s.call(GroupDescribe)).committed == 4
