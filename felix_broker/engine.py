@@ -48,6 +48,7 @@ import itertools
 import logging
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from felix_wire.binary import (
@@ -301,6 +302,9 @@ class Shard:
         self.log = log
         self.next_offset = log.next_offset if log is not None else 0
         self.subscribers: list[Subscriber] = []
+        # Called on each flush, once appended records are durable (per fsync mode) and
+        # so readable: consumer groups wake their long polls here.
+        self.listeners: list[Callable[[], None]] = []
         self._pending: list[Chunk] = []
         self._max_events = config.event_batch_max_events
         self._max_bytes = config.event_batch_max_bytes
@@ -366,6 +370,8 @@ class Shard:
     def flush(self) -> list[Subscriber]:
         """Encode pending records once per variant and queue them; returns the
         subscribers that are full under the `block` policy (the caller waits)."""
+        for listener in self.listeners:
+            listener()
         if not self._pending:
             return []
         subscribers = [s for s in self.subscribers if not s.closed]
@@ -499,6 +505,14 @@ class Engine:
                 log = self.store.open_log(ShardKey(*key), retention=retention)
             shard = self._shards[key] = Shard(spec, index, self.config, log)
         return shard
+
+    def forget_stream(self, tenant_id: str, namespace: str, stream: str) -> None:
+        """Drop a deleted stream's shards (their subscribers were ended by the caller)."""
+        for key in [k for k in self._shards if k[:3] == (tenant_id, namespace, stream)]:
+            shard = self._shards.pop(key)
+            for sub in shard.subscribers:
+                sub.close()
+            shard.subscribers.clear()
 
     def shard_for(self, spec: StreamSpec, key: bytes | None) -> Shard:
         return self.shard(spec, shard_for_key(key, spec.shards, spec.routing.value))

@@ -20,10 +20,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 from felix_transport import Connection, Server, Stream, StreamClosedError, TransportConfig, serve
 from felix_transport.events import ConnectionClosedError
@@ -65,7 +66,7 @@ from felix_wire.messages import (
 )
 
 from .cache import CACHE_REQUESTS, CacheCall, CacheService
-from .catalog import Routing, StreamSpec
+from .catalog import Catalog, Routing, StreamSpec
 from .config import BrokerConfig, FsyncMode
 from .engine import (
     Chunk,
@@ -77,6 +78,7 @@ from .engine import (
     encode_events,
     publisher_of,
 )
+from .groups import GROUP_REQUESTS, GroupCall, GroupService
 from .http import Health, HttpListener
 from .metrics import BrokerMetrics
 from .permissions import Action, stream_object
@@ -168,6 +170,13 @@ class _StreamIO:
             self.answers.task_done()
 
 
+class Verifier(Protocol):
+    """Checks a Felix token for the tenant a stream names (TokenVerifier, or the
+    control plane's TenantJwksVerifier)."""
+
+    def verify(self, token: str, tenant_id: str) -> Principal: ...
+
+
 class Broker:
     """A standalone Felix broker on asyncio.
 
@@ -176,13 +185,17 @@ class Broker:
     connections with code 0; `stop()` tears everything down.
     """
 
-    def __init__(self, config: BrokerConfig, *, verifier: TokenVerifier | None = None) -> None:
+    def __init__(self, config: BrokerConfig, *, verifier: Verifier | None = None) -> None:
         self.config = config
         self.metrics = BrokerMetrics()
         self.health = Health()
         self.engine: Engine | None = None
         self.cache: CacheService | None = None
+        self.groups: GroupService | None = None
         self.store: LogStore | None = None
+        # What exists: the config file's catalog, or the control plane's live one.
+        self.catalog: Catalog = config.catalog
+        self._control: list[Any] = []  # control-plane clients to close on stop
         self.tls: TlsMaterial | None = None
         self.issuer: DevIssuer | None = None
         self._verifier = verifier
@@ -204,12 +217,19 @@ class Broker:
             ca=config.tls_ca,
             cert_export=config.tls_cert_export,
         )
+        if config.controlplane_url is not None:
+            await self._connect_control_plane(config.controlplane_url)
         if self._verifier is None:
             if config.jwks_path is not None:
                 self._verifier = TokenVerifier.from_file(config.jwks_path)
             else:
                 self.issuer = DevIssuer.load_or_create(config.data_dir)
                 self._verifier = TokenVerifier(self.issuer.jwks())
+        # Listen first: /ready answers 503 while the logs recover.
+        self._http = HttpListener(
+            metrics=self.metrics, health=self.health, backup_offsets=self._backup_offsets
+        )
+        await self._http.start(config.metrics_bind.host, config.metrics_bind.port)
         if config.durable_enabled:
             assert config.durable_storage_dir is not None
             self.store = LogStore(
@@ -218,13 +238,13 @@ class Broker:
             # /ready stays 503 until every log has recovered (a corrupt log stops here).
             await self.store.recover_all()
             self.store.start()
-        self.engine = Engine(config.catalog, config, self.metrics, self.store)
-        self.cache = CacheService(config=config, catalog=config.catalog, metrics=self.metrics)
+        self.engine = Engine(self.catalog, config, self.metrics, self.store)
+        self.cache = CacheService(config=config, catalog=self.catalog, metrics=self.metrics)
         await self.cache.start()  # reloads cache logs, starts the TTL pass
-        self._http = HttpListener(
-            metrics=self.metrics, health=self.health, backup_offsets=self._backup_offsets
-        )
-        await self._http.start(config.metrics_bind.host, config.metrics_bind.port)
+        if config.durable_enabled:
+            # Consumer groups need durable storage (facts N4, Q1): none without it.
+            self.groups = GroupService(config=config, catalog=self.catalog, engine=self.engine)
+            await self.groups.start()  # replays the group logs (cursors, dead letters)
         transport = TransportConfig.server(
             self.tls.chain_pem(),
             self.tls.key_pem(),
@@ -290,14 +310,61 @@ class Broker:
             await self._http.close()
         if self.cache is not None:
             await self.cache.close()
+        if self.groups is not None:
+            await self.groups.close()
         if self.engine is not None:
             self.engine.close()
         if self.store is not None:
             await self.store.aclose()
+        for client in reversed(self._control):
+            await client.close()
         self._stopped.set()
 
     async def wait_stopped(self) -> None:
         await self._stopped.wait()
+
+    # -- control plane ----------------------------------------------------------------
+
+    async def _connect_control_plane(self, url: str) -> None:
+        """Take the catalog and the tenants' token keys from the control plane: a
+        snapshot now (start fails if it cannot be had), then changes as they come."""
+        from .controlplane.sync import LiveCatalog, TenantJwksVerifier
+
+        config = self.config
+        if config.controlplane_sync_token_file is not None:
+            sync_token = config.controlplane_sync_token_file.read_text().strip()
+        else:
+            sync_token = os.environ.get("FELIX_CONTROLPLANE_SYNC_TOKEN", "")
+        if not sync_token:
+            raise ValueError(
+                "controlplane_url needs a sync token: controlplane_sync_token_file "
+                "or FELIX_CONTROLPLANE_SYNC_TOKEN"
+            )
+        ca = str(config.controlplane_ca) if config.controlplane_ca is not None else None
+        catalog = LiveCatalog(url, sync_token=sync_token, ca_file=ca)
+        verifier = TenantJwksVerifier(url, ca_file=ca, known_tenant=catalog.tenant_exists)
+        catalog.add_listener(verifier.on_catalog_change)
+        catalog.add_listener(self.on_catalog_change)
+        await catalog.start()
+        self._control.append(catalog)
+        await verifier.start(catalog.tenant_ids())
+        self._control.append(verifier)
+        self.catalog = catalog
+        self._verifier = verifier
+
+    def on_catalog_change(self, change: Any) -> None:
+        """A stream deleted from the catalog ends its subscriptions (their event streams
+        finish) and forgets its shards, so a stream created again starts afresh."""
+        if not (change.op == "delete" and change.kind == "stream"):
+            return
+        key = (change.tenant, change.namespace, change.name)
+        for state in self._connections.values():
+            for sub in list(state.subscriptions):
+                spec = sub.shard.spec
+                if (spec.tenant_id, spec.namespace, spec.name) == key:
+                    self._end_subscription(state, sub)
+        if self.engine is not None:
+            self.engine.forget_stream(*key)
 
     # -- connections ----------------------------------------------------------------
 
@@ -346,6 +413,8 @@ class Broker:
         config = self.config
         assert self.cache is not None
         features = SERVER_FEATURES | self.cache.features
+        if self.groups is not None:
+            features |= self.groups.features
         if self.store is not None:
             features |= DURABLE_FEATURES
         if config.publish_window <= 0:
@@ -443,6 +512,10 @@ class Broker:
                 state.connection.open_uni_stream,
             )
             state.spawn(self.cache.handle(request, call), "cache-request")
+        elif isinstance(request, GROUP_REQUESTS) and self.groups is not None:
+            # Like cache requests: each on its own, so a long poll holds back nothing.
+            group_call = GroupCall(proto, io.write, state.connection)
+            state.spawn(self.groups.handle(request, group_call), "group-request")
         elif isinstance(request, StreamRead) and self.store is not None:
             await io.write(self._stream_read(proto, request))
         elif isinstance(request, OffsetForTime) and self.store is not None:
@@ -734,6 +807,8 @@ class Broker:
             while True:
                 frames = await sub.next_frames()
                 if not frames:
+                    if uni.stop_sending_code is None:
+                        await uni.finish()  # ended here (its stream was deleted): FIN
                     break
                 out: list[bytes] = []
                 for frame, count, base in frames:
@@ -949,7 +1024,7 @@ class Broker:
         assert proto.principal is not None
         spec = None
         if request.tenant_id == proto.principal.tenant_id:
-            spec = self.config.catalog.cache(request.tenant_id, request.namespace, request.cache)
+            spec = self.catalog.cache(request.tenant_id, request.namespace, request.cache)
         return proto.message(
             CacheShardsView(shards=spec.shards if spec else 0, request_id=request.request_id)
         )
@@ -961,7 +1036,7 @@ class Broker:
             stream = self._visible_stream(proto, request.tenant_id, request.namespace, request.name)
             shards = stream.shards if stream else 0
         elif request.tenant_id == proto.principal.tenant_id:
-            cache = self.config.catalog.cache(request.tenant_id, request.namespace, request.name)
+            cache = self.catalog.cache(request.tenant_id, request.namespace, request.name)
             shards = cache.shards if cache else 0
         # A standalone broker owns every shard it knows, with no cluster identity (D3).
         owners = [ShardOwner(shard=i, generation=0) for i in range(shards)]
