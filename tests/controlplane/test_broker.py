@@ -481,3 +481,62 @@ async def test_unknown_tenant_and_kid_refetch_is_rate_limited(tmp_path: Path) ->
         await asyncio.sleep(0.1)
         assert fetches <= 1
         client.close()
+
+
+async def test_broker_configured_with_a_control_plane_url(tmp_path: Path) -> None:
+    """FELIX_CONTROLPLANE_URL (+ a sync token file): the broker takes its catalog and
+    token keys from the control plane, and a deleted stream ends its subscriptions."""
+    from felix_wire.messages import Subscribe, Subscribed
+
+    async with control_plane(tmp_path) as plane, fake_idp() as idp:
+        admin = await setup_tenant(plane, idp, "acme")
+        token_file = tmp_path / "sync-token"
+        token_file.write_text(SYNC_TOKEN + "\n")
+        settings = {
+            "quic_bind": "127.0.0.1:0",
+            "metrics_bind": "127.0.0.1:0",
+            "data_dir": str(tmp_path / "broker"),
+            "quic_impl": default_impl(),
+            "controlplane_url": plane.url,
+            "controlplane_sync_token_file": str(token_file),
+        }
+        broker = Broker(load_config(environ={}, overrides=settings))
+        await broker.start()
+        try:
+            assert broker.issuer is None  # no development issuer next to a control plane
+            status, _ = await call(
+                "POST",
+                plane.t("acme", "/namespaces/ns/streams"),
+                token=admin,
+                body={"name": "live"},
+            )
+            assert status == 201
+            head = plane.store.changes_since(0, 1_000_000).seq
+            await broker.catalog.wait_for_seq(head, timeout=5)  # type: ignore[attr-defined]
+            now = int(time.time())
+            claims = {
+                "iss": "felix-auth",
+                "aud": "felix-broker",
+                "sub": "app",
+                "tid": "acme",
+                "perms": ["stream.subscribe:stream:acme/ns/*"],
+                "iat": now,
+                "nbf": now,
+                "exp": now + 300,
+            }
+            tok = plane.control.keys.sign("acme", claims, now)
+            client = await WireClient.connect(broker)
+            control, answer = await auth(client, tok, "acme")
+            assert isinstance(answer, AuthOk), answer
+            await control.send(Subscribe(tenant_id="acme", namespace="ns", stream="live"))
+            assert isinstance(await control.recv(), Subscribed)
+            events = await client.event_stream()
+            await events.recv()  # hello
+            status, _ = await call(
+                "DELETE", plane.t("acme", "/namespaces/ns/streams/live"), token=admin
+            )
+            assert status == 204
+            await events.expect_end(timeout=10)  # the deletion ended the subscription
+            client.close()
+        finally:
+            await broker.stop()
