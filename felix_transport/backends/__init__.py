@@ -17,7 +17,16 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..config import Impl, TransportConfig
-from ..events import TransportEvent
+from ..events import (
+    ConnectionIdIssued,
+    ConnectionIdRetired,
+    ConnectionTerminated,
+    HandshakeCompleted,
+    StopSendingReceived,
+    StreamDataReceived,
+    StreamReset,
+    TransportEvent,
+)
 
 __all__ = [
     "Address",
@@ -182,3 +191,29 @@ def server_factory(config: TransportConfig) -> ServerFactory:
     from . import _aioquic
 
     return _aioquic.AioquicServerFactory(config)
+
+
+def translate_event(event: object, stack_events: Any) -> TransportEvent | None:
+    """One stack event as ours, or None for events Felix does not use.
+
+    Both stacks define the same event classes with the same fields (qh3 forked
+    aioquic), so one translation serves both; `stack_events` is the stack's
+    `quic.events` module. ProtocolNegotiated duplicates HandshakeCompleted, and
+    PING acks and DATAGRAM frames are not used by Felix.
+    """
+    qe = stack_events
+    if isinstance(event, qe.StreamDataReceived):
+        return StreamDataReceived(event.stream_id, event.data, event.end_stream)
+    if isinstance(event, qe.StreamReset):
+        return StreamReset(event.stream_id, event.error_code)
+    if isinstance(event, qe.StopSendingReceived):
+        return StopSendingReceived(event.stream_id, event.error_code)
+    if isinstance(event, qe.HandshakeCompleted):
+        return HandshakeCompleted(event.alpn_protocol)
+    if isinstance(event, qe.ConnectionTerminated):
+        return ConnectionTerminated(event.error_code, event.reason_phrase)
+    if isinstance(event, qe.ConnectionIdIssued):
+        return ConnectionIdIssued(event.connection_id)
+    if isinstance(event, qe.ConnectionIdRetired):
+        return ConnectionIdRetired(event.connection_id)
+    return None

@@ -26,17 +26,11 @@ from cryptography.hazmat.primitives import serialization
 
 from ..config import TransportConfig
 from ..events import (
-    ConnectionIdIssued,
-    ConnectionIdRetired,
-    ConnectionTerminated,
     HandshakeCompleted,
-    StopSendingReceived,
     StreamClosedError,
-    StreamDataReceived,
-    StreamReset,
     TransportEvent,
 )
-from . import Address, Capabilities, ConnectionAdapter, ServerFactory
+from . import Address, Capabilities, ConnectionAdapter, ServerFactory, translate_event
 from ._alpn import AlpnSelection, install_server_hello_hook
 
 __all__ = ["AioquicAdapter", "AioquicServerFactory", "build_configuration"]
@@ -160,23 +154,11 @@ class AioquicAdapter(ConnectionAdapter):
 
     def next_event(self) -> TransportEvent | None:
         while (event := self._quic.next_event()) is not None:
-            if isinstance(event, qe.StreamDataReceived):
-                return StreamDataReceived(event.stream_id, event.data, event.end_stream)
-            if isinstance(event, qe.StreamReset):
-                return StreamReset(event.stream_id, event.error_code)
-            if isinstance(event, qe.StopSendingReceived):
-                return StopSendingReceived(event.stream_id, event.error_code)
-            if isinstance(event, qe.HandshakeCompleted):
-                self._alpn = event.alpn_protocol
-                return HandshakeCompleted(event.alpn_protocol)
-            if isinstance(event, qe.ConnectionTerminated):
-                return ConnectionTerminated(event.error_code, event.reason_phrase)
-            if isinstance(event, qe.ConnectionIdIssued):
-                return ConnectionIdIssued(event.connection_id)
-            if isinstance(event, qe.ConnectionIdRetired):
-                return ConnectionIdRetired(event.connection_id)
-            # ProtocolNegotiated duplicates HandshakeCompleted; PING acks and
-            # DATAGRAM frames are not used by Felix.
+            ours = translate_event(event, qe)
+            if ours is not None:
+                if isinstance(ours, HandshakeCompleted):
+                    self._alpn = ours.alpn_protocol
+                return ours
         return None
 
     def open_stream(self, *, unidirectional: bool) -> int:
