@@ -293,10 +293,19 @@ class BrokerConfig:
         16384, "FELIX_MAX_SUBSCRIPTIONS_PER_CONN_TOTAL", minimum=1
     )
 
-    # Durable storage; unset durable_storage_dir = in-memory only (no groups, no counters).
+    # Durable storage: on by default in <data_dir>/durable; set FELIX_DURABLE_STORAGE_DIR
+    # to an empty value to run in memory only (no durable streams, groups or counters).
     durable_storage_dir: Path | None = _optional_path("FELIX_DURABLE_STORAGE_DIR")
     durable_fsync_mode: FsyncMode = _enum(FsyncMode.PERIODIC, "FELIX_DURABLE_FSYNC_MODE")
     durable_max_records_per_read: int = _int(10000, "FELIX_DURABLE_MAX_RECORDS_PER_READ", minimum=1)
+    # Retention defaults for durable streams that set none of their own (0 = unbounded);
+    # whole sealed segments go, oldest first, never the active one.
+    durable_retention_max_age_ms: int = _int(
+        0, "FELIX_DURABLE_RETENTION_MAX_AGE_MS", maximum=2**63 - 1
+    )
+    durable_retention_max_bytes: int = _int(
+        0, "FELIX_DURABLE_RETENTION_MAX_BYTES", maximum=2**63 - 1
+    )
 
     # Consumer groups.
     group_visibility_timeout_ms: int = _int(30000, "FELIX_GROUP_VISIBILITY_TIMEOUT_MS", minimum=1)
@@ -513,6 +522,9 @@ def load_config(
         if isinstance(value, Path) and not value.is_absolute():
             values[key] = base / value
     values.setdefault("data_dir", base / _DEFAULT_DATA_DIR)
+    # Durable storage is on unless a source set the directory (an empty value is None,
+    # which turns it off).
+    values.setdefault("durable_storage_dir", values["data_dir"] / "durable")
 
     try:
         catalog = load_catalog(catalog_section)

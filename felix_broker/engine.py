@@ -496,15 +496,21 @@ class Engine:
         if shard is None:
             log = None
             if spec.durable and self.store is not None:
-                retention = Retention(
-                    max_bytes=spec.retention_max_bytes,
-                    max_age_us=None
-                    if spec.retention_max_age_ms is None
-                    else spec.retention_max_age_ms * 1000,
-                )
+                retention = self.retention_for(spec)
                 log = self.store.open_log(ShardKey(*key), retention=retention)
             shard = self._shards[key] = Shard(spec, index, self.config, log)
         return shard
+
+    def retention_for(self, spec: StreamSpec) -> Retention:
+        """The stream's own retention, else the broker's defaults (0 = unbounded)."""
+        config = self.config
+        age_ms = spec.retention_max_age_ms
+        if age_ms is None:
+            age_ms = config.durable_retention_max_age_ms or None
+        size = spec.retention_max_bytes
+        if size is None:
+            size = config.durable_retention_max_bytes or None
+        return Retention(max_bytes=size, max_age_us=None if age_ms is None else age_ms * 1000)
 
     def forget_stream(self, tenant_id: str, namespace: str, stream: str) -> None:
         """Drop a deleted stream's shards (their subscribers were ended by the caller)."""

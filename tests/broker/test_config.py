@@ -68,7 +68,10 @@ def test_defaults(tmp_path: Path) -> None:
     assert config.fanout_batch_size == 64
     assert config.max_subscriptions_per_conn == 4096
     assert config.max_subscriptions_per_conn_total == 16384
-    assert config.durable_storage_dir is None and not config.durable_enabled
+    # Durable storage is on by default, in the data directory.
+    assert config.durable_storage_dir == tmp_path / "felix-data" / "durable"
+    assert config.durable_enabled
+    assert (config.durable_retention_max_age_ms, config.durable_retention_max_bytes) == (0, 0)
     assert config.durable_fsync_mode is FsyncMode.PERIODIC
     assert config.group_visibility_timeout_ms == 30000
     assert config.group_max_attempts == 5
@@ -290,6 +293,8 @@ def test_unreadable_and_malformed_files(tmp_path: Path) -> None:
         ("subscriber_queue_capacity: 5000\n", "subscriber_queue_capacity"),
         ("preauth_max_frame_bytes: 100\nmax_frame_bytes: 50\n", "preauth_max_frame_bytes"),
         (
+            # durable storage turned off, a durable stream declared anyway
+            "durable_storage_dir: null\n"
             "catalog: {tenants: {t1: {namespaces: {ns: {streams: {s: {durable: true}}}}}}}\n",
             "catalog.tenants.t1.namespaces.ns.streams.s.durable",
         ),
@@ -319,3 +324,10 @@ def test_derived_values(tmp_path: Path) -> None:
 def test_hostport_parse_round_trip() -> None:
     for text in ("0.0.0.0:5000", "[::]:0", "localhost:8080"):
         assert str(HostPort.parse(text)) == text
+
+
+def test_durable_storage_can_be_turned_off_with_an_empty_value(tmp_path: Path) -> None:
+    config = load_config(environ={"FELIX_DURABLE_STORAGE_DIR": ""}, cwd=tmp_path)
+    assert config.durable_storage_dir is None and not config.durable_enabled
+    data = load_config(environ={"FELIX_DATA_DIR": "/srv/felix"}, cwd=tmp_path)
+    assert data.durable_storage_dir == Path("/srv/felix/durable")

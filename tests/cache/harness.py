@@ -46,8 +46,8 @@ def broker_config(tmp: Path, *, durable: bool, **overrides: Any) -> Any:
         "metrics_bind": "127.0.0.1:0",
         "data_dir": str(tmp / "data"),
     }
-    if durable:
-        settings["durable_storage_dir"] = str(tmp / "durable")
+    # Durable storage is on by default; an empty value turns it off.
+    settings["durable_storage_dir"] = str(tmp / "durable") if durable else ""
     settings.update(overrides)
     return dataclasses.replace(load_config(environ={}, overrides=settings), catalog=catalog())
 
