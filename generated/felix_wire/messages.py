@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: bfc91a7f5da384234b03f5ae517826cee5d3051f15291320ed97885258808436
+# spec sha256: ad4f3f9eac04c52c03e8b1f8567e4a605199603785c99722ba3acb5dec42b739
 """Every JSON message of the protocol (frames with flags 0) as a msgspec Struct.
 
 Messages are internally tagged by "type" and encoded compactly, "type" first,
