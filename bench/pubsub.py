@@ -100,7 +100,15 @@ def start_relay(impl: str, datagram: int, tmp: Path) -> tuple[subprocess.Popen[b
 
 def start_broker(tmp: Path, datagram: int) -> tuple[subprocess.Popen[bytes], dict[str, object]]:
     out = tmp / "fixture.json"
-    env = dict(os.environ, FELIX_MAX_DATAGRAM_SIZE=str(datagram), FELIX_SUB_QUEUE_CAPACITY="4096")
+    # Unacked publishes wait for queue room instead of being shed (the broker's
+    # default sheds them when a tenant's queue is full): every published record must
+    # arrive for the delivered-records figure to mean anything.
+    env = dict(
+        os.environ,
+        FELIX_MAX_DATAGRAM_SIZE=str(datagram),
+        FELIX_SUB_QUEUE_CAPACITY="4096",
+        FELIX_PUB_INGRESS_WAIT="true",
+    )
     process = subprocess.Popen(
         [
             sys.executable,

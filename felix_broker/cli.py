@@ -15,9 +15,13 @@ import argparse
 import asyncio
 import json
 import logging
+import secrets
 import signal
 import sys
 import tempfile
+import time
+import urllib.request
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -32,6 +36,9 @@ from .config import (
     config_from_args,
     load_config,
 )
+from .controlplane.api import ControlPlane, Settings
+from .controlplane.http11 import HttpServer
+from .controlplane.store import SqliteStore
 from .server import Broker
 from .tokens import DevIssuer
 
@@ -72,6 +79,11 @@ def _parser() -> argparse.ArgumentParser:
     fixture = sub.add_parser("fixture", help="serve a broker for client test suites on loopback")
     fixture.add_argument("--out", type=Path, required=True, help="where to write the fixture JSON")
     fixture.add_argument("--ca-file", type=Path, required=True, help="where to write the CA PEM")
+    fixture.add_argument(
+        "--control-plane",
+        action="store_true",
+        help="also run a control plane: the broker takes its catalog and keys from it",
+    )
     return parser
 
 
@@ -93,7 +105,7 @@ def main(argv: list[str] | None = None) -> int:
         print(issuer.mint(args.tenant, subject=args.subject, perms=perms, ttl_seconds=args.ttl))
         return 0
     if args.command == "fixture":
-        return asyncio.run(_fixture(args.out, args.ca_file, args.log_level))
+        return asyncio.run(_fixture(args.out, args.ca_file, control_plane=args.control_plane))
     return asyncio.run(_serve(config))
 
 
@@ -143,39 +155,55 @@ def fixture_catalog() -> StaticCatalog:
     )
 
 
-async def _fixture(out: Path, ca_file: Path, log_level: str) -> int:
+Minter = Callable[[str, str, list[str], int], str]
+"""(tenant, subject, perms, ttl seconds) -> a signed Felix token."""
+
+
+def _dev_minter(issuer: DevIssuer) -> Minter:
+    def mint(tenant: str, subject: str, perms: list[str], ttl: int) -> str:
+        return issuer.mint(tenant, subject=subject, perms=perms, ttl_seconds=ttl)
+
+    return mint
+
+
+async def _fixture(out: Path, ca_file: Path, *, control_plane: bool) -> int:
     stop = _stop_on_signals()
     data_dir = Path(tempfile.mkdtemp(prefix="felix-fixture-"))
     # FELIX_* variables apply (e.g. FELIX_QUIC_IMPL); the fixture's own settings win.
-    config = load_config(
-        overrides={
-            "quic_bind": "127.0.0.1:0",
-            "metrics_bind": "127.0.0.1:0",
-            "data_dir": str(data_dir),
-            "durable_storage_dir": str(data_dir / "durable"),
-            "tls_cert_export": str(ca_file),
-        },
-    )
-    config = _with_catalog(config, fixture_catalog())
+    overrides: dict[str, object] = {
+        "quic_bind": "127.0.0.1:0",
+        "metrics_bind": "127.0.0.1:0",
+        "data_dir": str(data_dir),
+        "durable_storage_dir": str(data_dir / "durable"),
+        "tls_cert_export": str(ca_file),
+    }
+    extra: dict[str, Any] = {}
+    plane: _FixtureControlPlane | None = None
+    if control_plane:
+        plane = await _FixtureControlPlane.start(data_dir)
+        overrides["controlplane_url"] = plane.url
+        overrides["controlplane_sync_token_file"] = str(plane.sync_token_file)
+        extra = {"controlplane_url": plane.url, "controlplane_admin_token": plane.admin_token}
+    config = _with_catalog(load_config(overrides=overrides), fixture_catalog())
     broker = Broker(config)
     await broker.start()
-    assert broker.issuer is not None
-    issuer = broker.issuer
-    forger = DevIssuer(Ed25519PrivateKey.generate())
+    if plane is not None:
+        mint = plane.minter()
+    else:
+        assert broker.issuer is not None
+        mint = _dev_minter(broker.issuer)
+    forger = _dev_minter(DevIssuer(Ed25519PrivateKey.generate()))
     control = await asyncio.start_server(
-        lambda r, w: _token_endpoint(r, w, issuer, forger), "127.0.0.1", 0
+        lambda r, w: _token_endpoint(r, w, mint, forger), "127.0.0.1", 0
     )
     control_port = control.sockets[0].getsockname()[1]
+    tenant = FIXTURE_TENANT
     document: dict[str, Any] = {
         "addrs": [f"127.0.0.1:{broker.quic_port}"],
-        "tenant_id": FIXTURE_TENANT,
+        "tenant_id": tenant,
         "namespace": FIXTURE_NAMESPACE,
-        "token": issuer.mint(
-            FIXTURE_TENANT, subject="fixture", perms=full_rights(FIXTURE_TENANT), ttl_seconds=86400
-        ),
-        "unauthorized_token": issuer.mint(
-            FIXTURE_TENANT, subject="nobody", perms=[], ttl_seconds=86400
-        ),
+        "token": mint(tenant, "fixture", full_rights(tenant), 86400),
+        "unauthorized_token": mint(tenant, "nobody", [], 86400),
         "ca_file": str(ca_file),
         "durable_stream": "durable",
         "memory_stream": "memory",
@@ -184,6 +212,7 @@ async def _fixture(out: Path, ca_file: Path, log_level: str) -> int:
         "missing_stream": "no-such-stream",
         "control_url": f"http://127.0.0.1:{control_port}",
         "http_url": f"http://127.0.0.1:{broker.http_port}",
+        **extra,
     }
     tmp = out.with_suffix(out.suffix + ".tmp")
     tmp.write_text(json.dumps(document, indent=2) + "\n")
@@ -195,7 +224,103 @@ async def _fixture(out: Path, ca_file: Path, log_level: str) -> int:
     finally:
         control.close()
         await control.wait_closed()
+        if plane is not None:
+            await plane.close()
     return 0
+
+
+class _FixtureControlPlane:
+    """A control plane in the fixture's process, with the fixture's tenant, streams
+    and caches created through its own API (so the broker learns them by syncing)."""
+
+    def __init__(
+        self,
+        url: str,
+        admin_token: str,
+        sync_token_file: Path,
+        control: ControlPlane,
+        servers: tuple[HttpServer, HttpServer],
+        store: SqliteStore,
+    ) -> None:
+        self.url = url
+        self.admin_token = admin_token
+        self.sync_token_file = sync_token_file
+        self._control = control
+        self._servers = servers
+        self._store = store
+
+    @classmethod
+    async def start(cls, data_dir: Path) -> _FixtureControlPlane:
+        sync_token = secrets.token_urlsafe(32)
+        bootstrap = secrets.token_urlsafe(32)
+        store = SqliteStore(data_dir / "controlplane.db")
+        control = ControlPlane(store, Settings(sync_token=sync_token, bootstrap_secret=bootstrap))
+        public = HttpServer(control.handle)
+        admin = HttpServer(control.handle_admin)
+        await public.start("127.0.0.1", 0)
+        await admin.start("127.0.0.1", 0)
+        url = f"http://127.0.0.1:{public.port}"
+        answer = await _post(
+            f"http://127.0.0.1:{admin.port}/v1/bootstrap",
+            bootstrap,
+            {"tenant": FIXTURE_TENANT, "admin": {"subjects": [f"admin@{FIXTURE_TENANT}"]}},
+        )
+        token = str(answer["admin_token"])
+        tenant_url = f"{url}/v1/tenants/{FIXTURE_TENANT}"
+        await _post(f"{tenant_url}/namespaces", token, {"name": FIXTURE_NAMESPACE})
+        ns_url = f"{tenant_url}/namespaces/{FIXTURE_NAMESPACE}"
+        for spec in fixture_catalog().streams():
+            body = {"name": spec.name, "shards": spec.shards}
+            body["durability"] = "durable" if spec.durable else "memory"
+            await _post(f"{ns_url}/streams", token, body)
+        for cache in fixture_catalog().caches():
+            await _post(f"{ns_url}/caches", token, {"name": cache.name, "shards": cache.shards})
+        sync_file = data_dir / "controlplane.sync-token"
+        sync_file.write_text(sync_token)
+        sync_file.chmod(0o600)
+        return cls(url, token, sync_file, control, (public, admin), store)
+
+    def minter(self) -> Minter:
+        keys = self._control.keys
+
+        def mint(tenant: str, subject: str, perms: list[str], ttl: int) -> str:
+            now = int(time.time())
+            claims = {
+                "iss": "felix-auth",
+                "aud": "felix-broker",
+                "sub": subject,
+                "tid": tenant,
+                "perms": perms,
+                "iat": now,
+                "nbf": now,
+                "exp": now + ttl,
+            }
+            token: str = keys.sign(tenant, claims, now)
+            return token
+
+        return mint
+
+    async def close(self) -> None:
+        for server in self._servers:
+            await server.close()
+        self._store.close()
+
+
+async def _post(url: str, token: str, body: dict[str, Any]) -> dict[str, Any]:
+    """One JSON POST (off the event loop: the server may run on this loop)."""
+
+    def call() -> dict[str, Any]:
+        request = urllib.request.Request(
+            url,
+            data=json.dumps(body).encode(),
+            method="POST",
+            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
+        )
+        with urllib.request.urlopen(request, timeout=10) as response:
+            answer: dict[str, Any] = json.loads(response.read() or b"{}")
+            return answer
+
+    return await asyncio.to_thread(call)
 
 
 def _with_catalog(config: BrokerConfig, catalog: StaticCatalog) -> BrokerConfig:
@@ -205,7 +330,7 @@ def _with_catalog(config: BrokerConfig, catalog: StaticCatalog) -> BrokerConfig:
 
 
 async def _token_endpoint(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, issuer: DevIssuer, forger: DevIssuer
+    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, mint: Minter, forger: Minter
 ) -> None:
     """POST /tokens {"ttl_secs": N, "forged": bool} -> {"token": "..."} (tests mint tokens here)."""
     status, body = 404, {"error": "not found"}
@@ -223,13 +348,8 @@ async def _token_endpoint(
             request = json.loads(raw or b"{}")
             ttl = int(request.get("ttl_secs", 3600))
             perms = request.get("perms", full_rights(FIXTURE_TENANT))
-            signer = forger if request.get("forged") else issuer
-            token = signer.mint(
-                FIXTURE_TENANT,
-                subject=str(request.get("subject", "fixture")),
-                perms=perms,
-                ttl_seconds=ttl,
-            )
+            signer = forger if request.get("forged") else mint
+            token = signer(FIXTURE_TENANT, str(request.get("subject", "fixture")), perms, ttl)
             status, body = 200, {"token": token}
     except (
         ValueError,

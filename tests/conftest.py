@@ -34,7 +34,7 @@ import pytest  # noqa: E402
 
 
 def start_fixture_broker(
-    tmp: Path, *extra_env: tuple[str, str]
+    tmp: Path, *extra_env: tuple[str, str], args: tuple[str, ...] = ()
 ) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     """Run `felix-broker fixture` and return the process and its fixture document."""
     out = tmp / "fixture.json"
@@ -50,6 +50,7 @@ def start_fixture_broker(
             str(out),
             "--ca-file",
             str(tmp / "ca.pem"),
+            *args,
         ],
         stdout=subprocess.DEVNULL,
         stderr=subprocess.PIPE,

@@ -168,6 +168,11 @@ class HttpServer:
             await writer.drain()
         except (ConnectionError, ssl.SSLError) as exc:
             _log.debug("client %s went away: %s", peer, exc)
+        except asyncio.CancelledError:
+            # Shutdown cancels a waiting long poll: the connection simply ends. This
+            # task is the connection's own (not awaited by anyone), so nothing is lost
+            # by ending it here instead of asyncio logging the cancellation as an error.
+            _log.debug("request from %s cancelled at shutdown", peer)
         finally:
             writer.close()
             with contextlib.suppress(Exception):
