@@ -29,7 +29,6 @@ from typing import Any, Protocol
 from felix_transport import Connection, Server, Stream, StreamClosedError, TransportConfig, serve
 from felix_transport.events import ConnectionClosedError
 from felix_wire.binary import PublishBatchFrame
-from felix_wire.codec import encode_frame
 from felix_wire.errors import ErrorCode
 from felix_wire.features import Feature
 from felix_wire.flags import KNOWN_FLAGS, Flag
@@ -40,7 +39,6 @@ from felix_wire.messages import (
     CacheShardsView,
     CursorErrorReason,
     ErrorDetail,
-    EventStreamHello,
     Extension,
     Message,
     OffsetForTime,
@@ -61,21 +59,19 @@ from felix_wire.messages import (
     Subscribe,
     SubscribeCursorError,
     Subscribed,
-    SubscriptionLagged,
     Unsupported,
 )
 
 from .cache import CACHE_REQUESTS, CacheCall, CacheService
 from .catalog import Catalog, Routing, StreamSpec
 from .config import BrokerConfig, FsyncMode
+from .delivery import SubscriptionWriter
 from .engine import (
-    Chunk,
     Engine,
     OverloadedError,
     PublishRequest,
     Shard,
     Subscriber,
-    encode_events,
     publisher_of,
 )
 from .groups import GROUP_REQUESTS, GroupCall, GroupService
@@ -158,6 +154,11 @@ class _StreamIO:
     async def write(self, data: bytes) -> None:
         async with self._lock:
             await self.stream.write(data)
+
+    async def finish(self) -> None:
+        """FIN after whatever is being written."""
+        async with self._lock:
+            await self.stream.finish()
 
     async def answer_writer(self) -> None:
         while True:
@@ -483,8 +484,7 @@ class Broker:
             return
         with contextlib.suppress(StreamClosedError):
             if stream.writable:
-                async with io._lock:
-                    await stream.finish()
+                await io.finish()
         stream.stop_sending(0)
 
     # -- requests -------------------------------------------------------------------
@@ -791,103 +791,20 @@ class Broker:
         start: int | None,
         lagged_capable: bool,
     ) -> None:
-        """Feed one subscription's event stream until the client stops it or leaves.
-
-        On a durable shard `start` is the first offset to deliver: history is read
-        from the log up to the first live frame, then live frames follow, each
-        checked against the position so the seam shows no gap and no duplicate.
-        A later gap means the subscriber's queue dropped records: a client that
-        negotiated it gets `subscription_lagged` and the stream ends (S10).
-        """
-        stopper = asyncio.get_running_loop().create_task(uni.wait_stopped())
-        stopper.add_done_callback(lambda _t: sub.close())
+        """Run one subscription's writer (delivery.py), then forget the subscription."""
+        writer = SubscriptionWriter(
+            sub,
+            uni,
+            max_records=self.config.event_batch_max_events * 16,
+            max_bytes=self.config.event_batch_max_bytes * 16,
+        )
         try:
-            await uni.write(encode_frame(EventStreamHello(subscription_id=sub.subscription_id)))
-            position = await self._replay(sub, uni, start) if start is not None else None
-            while True:
-                frames = await sub.next_frames()
-                if not frames:
-                    if uni.stop_sending_code is None:
-                        await uni.finish()  # ended here (its stream was deleted): FIN
-                    break
-                out: list[bytes] = []
-                for frame, count, base in frames:
-                    if position is None:
-                        out.append(frame)
-                        continue
-                    end = base + count
-                    if end <= position:
-                        continue  # replay already delivered these
-                    if base > position and lagged_capable:
-                        await self._lagged(sub, uni, out, position)
-                        return
-                    if base < position:
-                        # Straddles the seam: re-read the rest from the log.
-                        while position < end:
-                            history, position = self._history_frames(sub, position, end)
-                            out.extend(history)
-                    else:
-                        out.append(frame)
-                    position = end
-                if out:
-                    await uni.write(out[0] if len(out) == 1 else b"".join(out))
-                if sub.lagged and lagged_capable and position is not None:
-                    await self._lagged(sub, uni, [], position)
-                    return
-        except (StreamClosedError, ConnectionClosedError):
-            pass
+            await writer.run(start, lagged_capable)
         finally:
-            stopper.cancel()
             self._end_subscription(state, sub)
             if not state.connection.closed:
                 with contextlib.suppress(Exception):
                     uni.reset(0)
-
-    async def _lagged(self, sub: Subscriber, uni: Stream, out: list[bytes], resume: int) -> None:
-        """Write what was queued before the drop, then subscription_lagged, then FIN."""
-        lagged = encode_frame(
-            SubscriptionLagged(subscription_id=sub.subscription_id, resume_from=resume)
-        )
-        await uni.write(b"".join([*out, lagged]), end_stream=True)
-        sub.close()
-
-    async def _replay(self, sub: Subscriber, uni: Stream, start: int) -> int:
-        """Deliver history from `start` up to the first queued live frame (or the
-        readable tail); returns the next offset to deliver."""
-        log = sub.shard.log
-        assert log is not None
-        position = start
-        while not sub.closed:
-            head = sub.first_queued_base()
-            target = head if head is not None else log.readable_offset
-            if position >= target:
-                break
-            frames, reached = self._history_frames(sub, position, target)
-            if not frames:
-                break
-            await uni.write(b"".join(frames))
-            position = reached
-        return position
-
-    def _history_frames(self, sub: Subscriber, start: int, end: int) -> tuple[list[bytes], int]:
-        """Records from [start, end) of the subscriber's shard laid out for its variant,
-        as much as one capped read gives, and the offset after the last one."""
-        log = sub.shard.log
-        assert log is not None
-        config = self.config
-        records = log.read(
-            start,
-            max_records=config.event_batch_max_events * 16,
-            max_bytes=config.event_batch_max_bytes * 16,
-            end=end,
-        )
-        if not records:
-            return [], start
-        chunks = [Chunk([r.payload], r.publisher, r.offset, [r.timestamp_us]) for r in records]
-        cut = sub.shard.cut(chunks, sub.variant.publisher)
-        spec = sub.shard.spec
-        frames = [encode_events(sub.variant, spec, chunk, sub.subscription_id) for chunk in cut]
-        return frames, records[-1].offset + 1
 
     def _end_subscription(self, state: _ConnectionState, sub: Subscriber) -> None:
         state.subscriptions.pop(sub, None)

@@ -1,0 +1,121 @@
+"""One subscription's writer: its event stream from the first frame to the last.
+
+It writes `event_stream_hello`, then, on a durable shard, history read from the
+log up to the first frame the live subscriber queued, then live frames. Every
+frame is checked against the position (the next offset owed), so the seam
+between history and live delivery shows no gap and no duplicate: frames already
+covered are skipped, a frame straddling the position is re-read from the log.
+A gap after that means the subscriber's queue dropped records: a client that
+negotiated it gets `subscription_lagged` (resume_from = the position) and the
+stream ends (facts S10); others see the gap in the offsets. On an in-memory
+shard there are no offsets, and frames are written as they come.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+from felix_transport import ConnectionClosedError, Stream, StreamClosedError
+from felix_wire.codec import encode_frame
+from felix_wire.messages import EventStreamHello, SubscriptionLagged
+
+from .engine import Chunk, Subscriber, encode_events
+
+__all__ = ["SubscriptionWriter"]
+
+
+class SubscriptionWriter:
+    """Feeds one subscriber's event stream until the client stops it, the connection
+    goes, or the broker ends the subscription (its stream was deleted: FIN)."""
+
+    def __init__(self, sub: Subscriber, uni: Stream, *, max_records: int, max_bytes: int) -> None:
+        self.sub = sub
+        self.uni = uni
+        self._max_records = max_records  # one history read: a few delivery batches
+        self._max_bytes = max_bytes
+
+    async def run(self, start: int | None, lagged_capable: bool) -> None:
+        """`start` is the first offset to deliver on a durable shard, None in memory."""
+        sub, uni = self.sub, self.uni
+        stopper = asyncio.get_running_loop().create_task(uni.wait_stopped())
+        stopper.add_done_callback(lambda _t: sub.close())
+        try:
+            await uni.write(encode_frame(EventStreamHello(subscription_id=sub.subscription_id)))
+            position = await self._replay(start) if start is not None else None
+            while True:
+                frames = await sub.next_frames()
+                if not frames:
+                    if uni.stop_sending_code is None:
+                        await uni.finish()  # ended by the broker: FIN
+                    return
+                out: list[bytes] = []
+                for frame, count, base in frames:
+                    if position is None:
+                        out.append(frame)
+                        continue
+                    end = base + count
+                    if end <= position:
+                        continue  # history already delivered these
+                    if base > position and lagged_capable:
+                        await self._lagged(out, position)
+                        return
+                    if base < position:
+                        # Straddles the seam: the rest comes from the log.
+                        while position < end:
+                            history, position = self._history(position, end)
+                            out.extend(history)
+                    else:
+                        out.append(frame)
+                    position = end
+                if out:
+                    await uni.write(out[0] if len(out) == 1 else b"".join(out))
+                if sub.lagged and lagged_capable and position is not None:
+                    await self._lagged([], position)
+                    return
+        except (StreamClosedError, ConnectionClosedError):
+            pass
+        finally:
+            stopper.cancel()
+
+    async def _lagged(self, out: list[bytes], resume: int) -> None:
+        """What was queued before the drop, then subscription_lagged, then FIN."""
+        sub = self.sub
+        lagged = encode_frame(
+            SubscriptionLagged(subscription_id=sub.subscription_id, resume_from=resume)
+        )
+        await self.uni.write(b"".join([*out, lagged]), end_stream=True)
+        sub.close()
+
+    async def _replay(self, start: int) -> int:
+        """History from `start` up to the first queued live frame (or the readable
+        tail); returns the next offset owed."""
+        sub = self.sub
+        log = sub.shard.log
+        assert log is not None
+        position = start
+        while not sub.closed:
+            head = sub.first_queued_base()
+            target = head if head is not None else log.readable_offset
+            if position >= target:
+                break
+            frames, reached = self._history(position, target)
+            if not frames:
+                break
+            await self.uni.write(b"".join(frames))
+            position = reached
+        return position
+
+    def _history(self, start: int, end: int) -> tuple[list[bytes], int]:
+        """Records from [start, end) laid out for the subscriber's variant, as much as
+        one capped read gives, and the offset after the last one."""
+        sub = self.sub
+        log = sub.shard.log
+        assert log is not None
+        records = log.read(start, max_records=self._max_records, max_bytes=self._max_bytes, end=end)
+        if not records:
+            return [], start
+        chunks = [Chunk([r.payload], r.publisher, r.offset, [r.timestamp_us]) for r in records]
+        cut = sub.shard.cut(chunks, sub.variant.publisher)
+        spec = sub.shard.spec
+        frames = [encode_events(sub.variant, spec, chunk, sub.subscription_id) for chunk in cut]
+        return frames, records[-1].offset + 1
