@@ -84,6 +84,7 @@ from .group_records import (
     snapshot_changes,
 )
 from .group_state import GroupLimits, GroupRefusedError, GroupState, Member, Offer, SeekTarget
+from .metrics import BrokerMetrics
 from .permissions import Action, group_object
 from .protocol import StreamProtocol
 from .storage import Log, LogConfig, Retention, StorageError
@@ -229,10 +230,12 @@ class GroupService:
         config: BrokerConfig,
         catalog: Catalog,
         engine: Engine,
+        metrics: BrokerMetrics | None = None,
         limits: GroupServiceLimits | None = None,
     ) -> None:
         assert config.durable_enabled, "consumer groups need durable storage"
         self._config = config
+        self._metrics = metrics
         self._catalog = catalog
         self._engine = engine
         self.limits = limits or GroupServiceLimits()
@@ -432,22 +435,30 @@ class GroupService:
     async def handle(self, request: Message, call: GroupCall) -> None:
         assert isinstance(request, GROUP_REQUESTS)
         proto = call.proto
+        outcome = "ok"
         try:
             try:
                 if isinstance(request, GroupPoll):
-                    await self._poll(request, call)
+                    outcome = await self._poll(request, call)
                     return
                 answer = await self._answer(proto, request)
             except _Refused as refused:
+                outcome = refused.code.wire
                 answer = proto.error(refused.code, refused.text, retry=refused.retry)
             except GroupRefusedError as refused:
+                outcome = "stale_claim" if refused.stale else "invalid_request"
                 answer = _refusal(proto, refused)
             except StorageError as exc:
+                outcome = "storage"
                 _log.error("group request failed in storage: %s", exc)
                 answer = proto.error(ErrorCode.STORAGE, f"group storage failed: {exc}")
             await call.write(answer)
         except (StreamClosedError, ConnectionClosedError):
             return
+        finally:
+            if self._metrics is not None:
+                kind = str(type(request).__struct_config__.tag)
+                self._metrics.group_requests.labels(type=kind, outcome=outcome).inc()
 
     def _admit(self, proto: StreamProtocol, request: GroupRequest) -> _ShardGroups:
         """The shard's groups, if this principal may do the request on the group."""
@@ -562,7 +573,8 @@ class GroupService:
             seq = self._connections[connection] = self._next_connection
         return seq
 
-    async def _poll(self, request: GroupPoll, call: GroupCall) -> None:
+    async def _poll(self, request: GroupPoll, call: GroupCall) -> str:
+        """Answer one poll; returns its outcome for the metrics (ok or an error code)."""
         proto = call.proto
         principal = proto.principal
         assert principal is not None
@@ -601,11 +613,11 @@ class GroupService:
                 await groups.signal.wait(remaining)
         except _Refused as refused:
             await call.write(proto.error(refused.code, refused.text, retry=refused.retry))
-            return
+            return refused.code.wire
         except StorageError as exc:
             _log.error("group poll failed in storage: %s", exc)
             await call.write(proto.error(ErrorCode.STORAGE, f"group storage failed: {exc}"))
-            return
+            return "storage"
         records = [
             GroupRecord(
                 offset=record.offset,
@@ -624,6 +636,9 @@ class GroupService:
             state.release([offer.offset for offer, _ in taken])
             groups.signal.fire()
             raise
+        if self._metrics is not None:
+            self._metrics.group_records.inc(len(records))
+        return "ok"
 
     def _take(
         self,

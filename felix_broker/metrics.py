@@ -61,6 +61,17 @@ class BrokerMetrics:
         self.connections_accepted = Counter(
             "felix_broker_connections_accepted", "Client connections accepted.", registry=r
         )
+        self.group_requests = Counter(
+            "felix_broker_group_requests",
+            "Consumer-group requests answered, by type and outcome (ok or the error code).",
+            ["type", "outcome"],
+            registry=r,
+        )
+        self.group_records = Counter(
+            "felix_broker_group_records_claimed",
+            "Records handed out by group polls (redeliveries included).",
+            registry=r,
+        )
         self.auth_failures = Counter(
             "felix_broker_auth_failures",
             "Refused auth attempts, by the check that failed.",

@@ -244,7 +244,9 @@ class Broker:
         await self.cache.start()  # reloads cache logs, starts the TTL pass
         if config.durable_enabled:
             # Consumer groups need durable storage (facts N4, Q1): none without it.
-            self.groups = GroupService(config=config, catalog=self.catalog, engine=self.engine)
+            self.groups = GroupService(
+                config=config, catalog=self.catalog, engine=self.engine, metrics=self.metrics
+            )
             await self.groups.start()  # replays the group logs (cursors, dead letters)
         transport = TransportConfig.server(
             self.tls.chain_pem(),
