@@ -111,22 +111,15 @@ class CatalogError(ValueError):
         self.reason = reason
 
 
-class StaticCatalog:
-    """A fixed catalog, e.g. the one read from the config file."""
+class CatalogTables:
+    """The lookups every catalog answers, over four plain tables. A static catalog
+    fills them once; the control plane's live catalog keeps them up to date."""
 
-    def __init__(
-        self,
-        streams: Iterable[StreamSpec],
-        caches: Iterable[CacheSpec],
-        namespaces: Iterable[tuple[str, str]] = (),
-    ) -> None:
-        self._streams = {(s.tenant_id, s.namespace, s.name): s for s in streams}
-        self._caches = {(c.tenant_id, c.namespace, c.name): c for c in caches}
-        known = set(namespaces)
-        known.update((t, ns) for t, ns, _ in self._streams)
-        known.update((t, ns) for t, ns, _ in self._caches)
-        self._namespaces = frozenset(known)
-        self._tenants = frozenset(t for t, _ in known)
+    def __init__(self) -> None:
+        self._tenants: set[str] = set()
+        self._namespaces: set[tuple[str, str]] = set()
+        self._streams: dict[tuple[str, str, str], StreamSpec] = {}
+        self._caches: dict[tuple[str, str, str], CacheSpec] = {}
 
     def tenant_exists(self, tenant_id: str) -> bool:
         return tenant_id in self._tenants
@@ -147,6 +140,24 @@ class StaticCatalog:
     def caches(self) -> list[CacheSpec]:
         """Every cache."""
         return list(self._caches.values())
+
+
+class StaticCatalog(CatalogTables):
+    """A fixed catalog, e.g. the one read from the config file."""
+
+    def __init__(
+        self,
+        streams: Iterable[StreamSpec],
+        caches: Iterable[CacheSpec],
+        namespaces: Iterable[tuple[str, str]] = (),
+    ) -> None:
+        super().__init__()
+        self._streams = {(s.tenant_id, s.namespace, s.name): s for s in streams}
+        self._caches = {(c.tenant_id, c.namespace, c.name): c for c in caches}
+        self._namespaces = set(namespaces)
+        self._namespaces.update((t, ns) for t, ns, _ in self._streams)
+        self._namespaces.update((t, ns) for t, ns, _ in self._caches)
+        self._tenants = {t for t, _ in self._namespaces}
 
 
 def default_catalog() -> StaticCatalog:

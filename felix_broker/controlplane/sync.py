@@ -39,7 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import quote
 
-from felix_broker.catalog import CacheSpec, StreamSpec
+from felix_broker.catalog import CatalogTables
 from felix_broker.tokens import Principal, TokenVerifier, UnknownKeyIdError
 
 from .model import ApiError, cache_spec, stream_spec
@@ -98,7 +98,7 @@ def _get_json(
         raise SyncError(f"{url}: {exc}") from None
 
 
-class LiveCatalog:
+class LiveCatalog(CatalogTables):
     """A catalog kept in step with the control plane (snapshot, then changes)."""
 
     def __init__(
@@ -117,34 +117,13 @@ class LiveCatalog:
         self._retry = retry_seconds
         self._max_retry = max_retry_seconds
         self._context = _ssl_context(ca_file)
-        self._tenants: set[str] = set()
-        self._namespaces: set[tuple[str, str]] = set()
-        self._streams: dict[tuple[str, str, str], StreamSpec] = {}
-        self._caches: dict[tuple[str, str, str], CacheSpec] = {}
+        super().__init__()  # the tables the snapshot and the changes fill
         self._listeners: list[Callable[[CatalogChange], None]] = []
         self._seq = 0
         self._task: asyncio.Task[None] | None = None
         self._advanced = asyncio.Condition()
 
-    # -- the Catalog protocol ----------------------------------------------------------
-
-    def tenant_exists(self, tenant_id: str) -> bool:
-        return tenant_id in self._tenants
-
-    def namespace_exists(self, tenant_id: str, namespace: str) -> bool:
-        return (tenant_id, namespace) in self._namespaces
-
-    def stream(self, tenant_id: str, namespace: str, name: str) -> StreamSpec | None:
-        return self._streams.get((tenant_id, namespace, name))
-
-    def cache(self, tenant_id: str, namespace: str, name: str) -> CacheSpec | None:
-        return self._caches.get((tenant_id, namespace, name))
-
-    def streams(self) -> list[StreamSpec]:
-        return list(self._streams.values())
-
-    def caches(self) -> list[CacheSpec]:
-        return list(self._caches.values())
+    # -- the Catalog protocol: CatalogTables; and what only a live catalog has -----------
 
     def tenant_ids(self) -> list[str]:
         return sorted(self._tenants)
