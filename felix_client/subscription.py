@@ -11,6 +11,7 @@ with `subscription_lagged` or `shard_moved`.
 
 from __future__ import annotations
 
+import abc
 import asyncio
 import logging
 from collections import deque
@@ -69,7 +70,7 @@ class Event:
     dropped_before: int = 0
 
 
-class Feed(Generic[T]):
+class Feed(abc.ABC, Generic[T]):
     """An event stream the broker opened for one subscription or watch."""
 
     def __init__(self, label: str) -> None:
@@ -81,14 +82,15 @@ class Feed(Generic[T]):
         self._open_lock = asyncio.Lock()
         self._resume_pending = False
 
-    # -- to implement ----------------------------------------------------------------
+    # -- what a kind of feed (subscription, cache watch) defines ------------------------
 
+    @abc.abstractmethod
     async def _open_stream(self) -> EventHandoff:
-        raise NotImplementedError
+        """Send the request that opens the feed and return its event stream."""
 
+    @abc.abstractmethod
     def _accept(self, item: Item) -> None:
         """Take one decoded item: buffer what it delivers, or react to a last frame."""
-        raise NotImplementedError
 
     # -- opening ---------------------------------------------------------------------
 
