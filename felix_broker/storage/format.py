@@ -3,17 +3,22 @@
 Everything is big-endian. A segment file is a 20-byte header followed by
 records; an index file is a 20-byte header followed by 16-byte entries. This
 module only packs and unpacks bytes; it opens no files.
+
+Checksums are CRC-32C (Castagnoli), through the ``crc32c`` package: it uses
+the CPU's CRC instruction where there is one, about four times faster than
+``zlib.crc32`` on 4 KiB records, and every appended byte goes through it.
 """
 
 from __future__ import annotations
 
 import re
 import struct
-import zlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import NamedTuple
+
+from crc32c import crc32c
 
 from felix_broker.storage.errors import (
     CorruptionError,
@@ -46,11 +51,13 @@ __all__ = [
     "unpack_index_entries",
 ]
 
-FORMAT_VERSION = 1
+# Version 1 used zlib's CRC-32; no broker with it was ever released, so its
+# files are refused like any other unknown version.
+FORMAT_VERSION = 2
 SEGMENT_MAGIC = b"FLXS"
 INDEX_MAGIC = b"FLXI"
 
-# Header: magic, version, reserved (0), base offset, CRC-32 of the 16 bytes before it.
+# Header: magic, version, reserved (0), base offset, CRC-32C of the 16 bytes before it.
 _HEADER = struct.Struct(">4sHHQI")
 HEADER_SIZE = _HEADER.size
 _VERSION_AT = 4
@@ -125,7 +132,7 @@ def parse_segment_name(name: str) -> int | None:
 def encode_header(magic: bytes, base_offset: int) -> bytes:
     """A segment or index file header."""
     head = _HEADER.pack(magic, FORMAT_VERSION, 0, base_offset, 0)[:-4]
-    return head + _CRC.pack(zlib.crc32(head))
+    return head + _CRC.pack(crc32c(head))
 
 
 def check_header(path: Path, data: bytes, magic: bytes, base_offset: int) -> None:
@@ -137,7 +144,7 @@ def check_header(path: Path, data: bytes, magic: bytes, base_offset: int) -> Non
         raise CorruptionError(path, 0, f"bad magic {found_magic!r}, expected {magic!r}")
     if version != FORMAT_VERSION:
         raise UnsupportedVersionError(path, version, FORMAT_VERSION)
-    if zlib.crc32(data[: HEADER_SIZE - 4]) != crc:
+    if crc32c(data[: HEADER_SIZE - 4]) != crc:
         raise CorruptionError(path, 0, "header checksum mismatch")
     if found_base != base_offset:
         raise CorruptionError(
@@ -164,19 +171,21 @@ def encode_records(
 ) -> list[bytes]:
     """Records ``first_offset, first_offset + 1, ...`` as pieces to write back to back.
 
-    The hot path of every append: one pack and two CRC calls per record, and
-    the payloads are not copied (the pieces go to one vectored write).
+    The hot path of every append: per record one pack, two checksum calls and
+    no copy of the payload (the caller joins small batches and hands big ones
+    to a vectored write).
     """
     overhead = RECORD_HEAD_SIZE + len(principal)
     principal_length = len(principal)
     pack_body = _BODY.pack
     pack_crc = _CRC.pack
-    crc32 = zlib.crc32
+    checksum = crc32c
     pieces: list[bytes] = []
     for offset, payload in enumerate(payloads, first_offset):
         body = pack_body(overhead + len(payload), offset, timestamp_us, flags, principal_length)
-        body += principal
-        pieces += (pack_crc(crc32(payload, crc32(body))), body, payload)
+        if principal_length:
+            body += principal
+        pieces += (pack_crc(checksum(payload, checksum(body))), body, payload)
     return pieces
 
 
@@ -196,7 +205,7 @@ def check_record(data: bytes | memoryview, position: int, end: int) -> RecordHea
         return None
     if not head.flags & FLAG_HAS_PRINCIPAL and head.principal_length:
         return None
-    if zlib.crc32(data[position + 4 : position + length]) != head.crc:
+    if crc32c(data[position + 4 : position + length]) != head.crc:
         return None
     return head
 

@@ -6,6 +6,7 @@ import struct
 from pathlib import Path
 
 import pytest
+from crc32c import crc32c
 
 from felix_broker.storage.errors import (
     CorruptionError,
@@ -13,6 +14,7 @@ from felix_broker.storage.errors import (
     UnsupportedVersionError,
 )
 from felix_broker.storage.format import (
+    FORMAT_VERSION,
     HEADER_SIZE,
     RECORD_HEAD_SIZE,
     SEGMENT_MAGIC,
@@ -37,13 +39,27 @@ def test_header_round_trip() -> None:
     check_header(Path("x.log"), header, SEGMENT_MAGIC, 1234)
 
 
-def test_header_with_unknown_version_names_the_file() -> None:
+@pytest.mark.parametrize("version", [1, FORMAT_VERSION + 1])
+def test_header_with_unknown_version_names_the_file(version: int) -> None:
+    # Version 1 (zlib CRC-32) was never released: it is as unknown as a newer one.
     header = bytearray(encode_header(SEGMENT_MAGIC, 0))
-    struct.pack_into(">H", header, 4, 2)
+    struct.pack_into(">H", header, 4, version)
     with pytest.raises(UnsupportedVersionError) as info:
         check_header(Path("a/b.log"), bytes(header), SEGMENT_MAGIC, 0)
-    assert info.value.version == 2
+    assert info.value.version == version
     assert "a/b.log" in str(info.value)
+
+
+def test_bytes_match_the_documented_layout_with_crc32c() -> None:
+    # Packed by hand from docs/storage-format.md, so a change of layout or of
+    # checksum algorithm (CRC-32C, check value 0xE3069283) cannot go unnoticed.
+    assert FORMAT_VERSION == 2
+    assert crc32c(b"123456789") == 0xE3069283
+    head = b"FLXS" + struct.pack(">HHQ", 2, 0, 5)
+    assert encode_header(SEGMENT_MAGIC, 5) == head + struct.pack(">I", crc32c(head))
+    body = struct.pack(">IQqBB", 26 + 1 + 2, 5, 77, 1, 1) + b"p" + b"hi"
+    record = struct.pack(">I", crc32c(body)) + body
+    assert b"".join(encode_records(5, 77, 1, b"p", [b"hi"])) == record
 
 
 def test_header_checks_magic_checksum_and_base() -> None:
