@@ -33,6 +33,7 @@ import threading
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
 
 from felix_broker.config import FsyncMode
@@ -95,13 +96,6 @@ def _last_timestamp(segment: Segment) -> int:
     return segment.last_timestamp_us
 
 
-def _retrieve_exception(task: asyncio.Task[None]) -> None:
-    # Waiters get the error through shield(); this keeps asyncio from warning
-    # about an exception nobody retrieved when every waiter was cancelled.
-    if not task.cancelled():
-        task.exception()
-
-
 def _remove_leftovers(directory: Path, bases: set[int]) -> None:
     for path in directory.iterdir():
         if path.name.endswith(".idx.tmp"):
@@ -130,7 +124,7 @@ class Log:
         self._durable_offset = self._next_offset
         self._failure: BaseException | None = None
         self._closed = False
-        self._sync_task: asyncio.Task[None] | None = None
+        self._sync_round: asyncio.Future[None] | None = None
         # Write descriptors of sealed segments that an in-flight fsync round may
         # still use; closed when the round ends.
         self._retired_fds: list[int] = []
@@ -269,9 +263,11 @@ class Log:
         if not payloads:
             raise ValueError("append needs at least one payload")
         flags, principal = encode_principal(publisher)
-        for payload in payloads:
-            if len(payload) > MAX_PAYLOAD_BYTES:
-                raise ValueError(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD_BYTES}")
+        total = sum(map(len, payloads))
+        if total > MAX_PAYLOAD_BYTES:  # only then can a single payload be too big
+            for payload in payloads:
+                if len(payload) > MAX_PAYLOAD_BYTES:
+                    raise ValueError(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD_BYTES}")
         # Only the active segment can be empty, so the newest held record is in
         # it or in the segment before.
         for segment in self._segments[-1:-3:-1]:
@@ -282,6 +278,12 @@ class Log:
         overhead = RECORD_HEAD_SIZE + len(principal)
         done = 0
         try:
+            segment = self._segments[-1]
+            if segment.size + total + overhead * len(payloads) <= self.config.segment_bytes:
+                # The common case: the whole batch fits the active segment.
+                segment.append(base, timestamp_us, flags, principal, payloads)
+                self._next_offset += len(payloads)
+                return base
             while done < len(payloads):
                 segment = self._segments[-1]
                 room = self.config.segment_bytes - segment.size
@@ -324,7 +326,7 @@ class Log:
             self._durable_offset = self._next_offset
         fd = active.seal()
         if fd is not None:
-            if self._sync_task is None:
+            if self._sync_round is None:
                 os.close(fd)
             else:
                 self._retired_fds.append(fd)
@@ -352,32 +354,40 @@ class Log:
     async def _sync_until(self, target: int, *, directory: bool) -> None:
         while self._durable_offset < target or (directory and self._directory_dirty):
             self._check_usable()
-            task = self._sync_task
-            if task is None:
-                task = asyncio.get_running_loop().create_task(self._sync_round())
-                task.add_done_callback(_retrieve_exception)
-                self._sync_task = task
-            # A cancelled waiter must not cancel the round others share.
-            await asyncio.shield(task)
+            sync_round = self._sync_round or self._start_sync_round()
+            try:
+                # A cancelled waiter must not cancel the round others share.
+                await asyncio.shield(sync_round)
+            except OSError as exc:
+                raise LogFailedError(f"log {self.directory}: fsync failed: {exc}") from exc
 
-    async def _sync_round(self) -> None:
+    def _start_sync_round(self) -> asyncio.Future[None]:
+        # A plain executor future with a done callback, not a task: the round
+        # trip to the fsync thread is most of what on_commit adds to an fsync.
         target = self._next_offset
         fd = self._segments[-1].fd
         directory = self._directory_dirty
         self._directory_dirty = False
-        try:
-            await asyncio.to_thread(self._sync_files, fd, directory)
-        except OSError as exc:
-            self._fail("fsync", exc)
-            raise LogFailedError(f"log {self.directory}: fsync failed: {exc}") from exc
-        finally:
-            self._sync_task = None
-            retired, self._retired_fds = self._retired_fds, []
-            for retired_fd in retired:
-                os.close(retired_fd)
-        if self._failure is not None:
-            raise LogFailedError(f"log {self.directory} failed: {self._failure}")
-        self._durable_offset = max(self._durable_offset, target)
+        loop = asyncio.get_running_loop()
+        sync_round = loop.run_in_executor(None, self._sync_files, fd, directory)
+        sync_round.add_done_callback(partial(self._end_sync_round, target))
+        self._sync_round = sync_round
+        return sync_round
+
+    def _end_sync_round(self, target: int, sync_round: asyncio.Future[None]) -> None:
+        # Runs before any waiter resumes (the first callback added), so waiters
+        # see the new durable offset or the failure.
+        self._sync_round = None
+        retired, self._retired_fds = self._retired_fds, []
+        for retired_fd in retired:
+            os.close(retired_fd)
+        if sync_round.cancelled():
+            return  # the loop is shutting down; nothing is known to be durable
+        error = sync_round.exception()
+        if error is not None:
+            self._fail("fsync", error)
+        elif self._failure is None:
+            self._durable_offset = max(self._durable_offset, target)
 
     def _sync_files(self, fd: int | None, directory: bool) -> None:
         with self._fsync_lock:

@@ -54,8 +54,16 @@ def _write_at(fd: int, data: bytes, position: int) -> None:
         written += os.pwrite(fd, view[written:], position + written)
 
 
-def _write_pieces(fd: int, pieces: list[bytes], position: int) -> None:
-    # A vectored write hands the payloads to the kernel without first copying
+# Below this many bytes a batch is joined and written with one pwrite: copying
+# it costs less than the kernel's per-buffer work in a vectored write.
+_JOIN_BELOW = 512 * 1024
+
+
+def _write_pieces(fd: int, pieces: list[bytes], position: int, size: int) -> None:
+    if size < _JOIN_BELOW:
+        _write_at(fd, b"".join(pieces), position)
+        return
+    # A vectored write hands big payloads to the kernel without first copying
     # them into one buffer; a short write (rare on files) finishes the slow way.
     for start in range(0, len(pieces), _IOV_MAX):
         chunk = pieces[start : start + _IOV_MAX]
@@ -271,28 +279,31 @@ class Segment:
         if self.fd is None:
             raise RuntimeError(f"{self.path} is not the active segment")
         pieces = encode_records(first_offset, timestamp_us, flags, principal, payloads)
-        _write_pieces(self.fd, pieces, self.size)
+        overhead = RECORD_HEAD_SIZE + len(principal)
+        start = self.size
+        end = start + overhead * len(payloads) + sum(map(len, payloads))
+        _write_pieces(self.fd, pieces, start, end - start)
         # Index entries for the records that cross the next indexing point.
         # They reach the index file when the segment is sealed or closed: the
         # index is derived data, and the active segment's is rebuilt after a
         # crash anyway, so one write per append (and no second file growing
         # under every fsync) is enough.
-        overhead = RECORD_HEAD_SIZE + len(principal)
-        position = self.size
-        offset = first_offset
-        for payload in payloads:
-            if position >= self._next_entry_at:
-                self._entry_offsets.append(offset)
-                self._entry_positions.append(position)
-                self._entry_times.append(timestamp_us)
-                self._next_entry_at = position + self._index_interval
-            position += overhead + len(payload)
-            offset += 1
+        if end > self._next_entry_at:
+            position = start
+            offset = first_offset
+            for payload in payloads:
+                if position >= self._next_entry_at:
+                    self._entry_offsets.append(offset)
+                    self._entry_positions.append(position)
+                    self._entry_times.append(timestamp_us)
+                    self._next_entry_at = position + self._index_interval
+                position += overhead + len(payload)
+                offset += 1
         if not self.count:
             self.first_timestamp_us = timestamp_us
         self.last_timestamp_us = timestamp_us
         self.count += len(payloads)
-        self.size = position
+        self.size = end
 
     def seal(self) -> int | None:
         """Stop being the active segment; returns the write descriptor for the caller to close.
