@@ -21,7 +21,7 @@ A failed write or fsync puts the log in a failed state: everything later
 raises :class:`LogFailedError` until the log is reopened (which rescans it).
 
 A :class:`Log` is not thread-safe: use it from one thread (the event loop);
-it moves only the fsync calls to a worker thread.
+it moves only the fsync calls to a worker thread (see ``fsync_threads``).
 """
 
 from __future__ import annotations
@@ -51,6 +51,7 @@ from felix_broker.storage.format import (
     encode_principal,
     parse_segment_name,
 )
+from felix_broker.storage.fsync_threads import run_fsync
 from felix_broker.storage.retention import Retention, segments_to_delete
 from felix_broker.storage.segment import Segment
 
@@ -124,7 +125,9 @@ class Log:
         self._durable_offset = self._next_offset
         self._failure: BaseException | None = None
         self._closed = False
-        self._sync_round: asyncio.Future[None] | None = None
+        # Group commit: at most one fsync round runs; waiters queue for its end.
+        self._sync_running = False
+        self._sync_waiters: list[asyncio.Future[None]] = []
         # Write descriptors of sealed segments that an in-flight fsync round may
         # still use; closed when the round ends.
         self._retired_fds: list[int] = []
@@ -326,7 +329,7 @@ class Log:
             self._durable_offset = self._next_offset
         fd = active.seal()
         if fd is not None:
-            if self._sync_round is None:
+            if not self._sync_running:
                 os.close(fd)
             else:
                 self._retired_fds.append(fd)
@@ -352,42 +355,40 @@ class Log:
             await self._sync_until(self._next_offset, directory=True)
 
     async def _sync_until(self, target: int, *, directory: bool) -> None:
+        loop = asyncio.get_running_loop()
         while self._durable_offset < target or (directory and self._directory_dirty):
             self._check_usable()
-            sync_round = self._sync_round or self._start_sync_round()
-            try:
-                # A cancelled waiter must not cancel the round others share.
-                await asyncio.shield(sync_round)
-            except OSError as exc:
-                raise LogFailedError(f"log {self.directory}: fsync failed: {exc}") from exc
+            if not self._sync_running:
+                self._start_sync_round()
+            # Each waiter has its own future, so a cancelled waiter cancels
+            # only itself, never the round that others share.
+            waiter = loop.create_future()
+            self._sync_waiters.append(waiter)
+            await waiter
 
-    def _start_sync_round(self) -> asyncio.Future[None]:
-        # A plain executor future with a done callback, not a task: the round
-        # trip to the fsync thread is most of what on_commit adds to an fsync.
+    def _start_sync_round(self) -> None:
         target = self._next_offset
         fd = self._segments[-1].fd
         directory = self._directory_dirty
         self._directory_dirty = False
-        loop = asyncio.get_running_loop()
-        sync_round = loop.run_in_executor(None, self._sync_files, fd, directory)
-        sync_round.add_done_callback(partial(self._end_sync_round, target))
-        self._sync_round = sync_round
-        return sync_round
+        self._sync_running = True
+        run_fsync(partial(self._sync_files, fd, directory), partial(self._end_sync_round, target))
 
-    def _end_sync_round(self, target: int, sync_round: asyncio.Future[None]) -> None:
-        # Runs before any waiter resumes (the first callback added), so waiters
-        # see the new durable offset or the failure.
-        self._sync_round = None
+    def _end_sync_round(self, target: int, error: BaseException | None) -> None:
+        # On the loop thread. Waiters resume after this and find the new
+        # durable offset, or the failure through _check_usable.
+        self._sync_running = False
         retired, self._retired_fds = self._retired_fds, []
         for retired_fd in retired:
             os.close(retired_fd)
-        if sync_round.cancelled():
-            return  # the loop is shutting down; nothing is known to be durable
-        error = sync_round.exception()
         if error is not None:
             self._fail("fsync", error)
         elif self._failure is None:
             self._durable_offset = max(self._durable_offset, target)
+        waiters, self._sync_waiters = self._sync_waiters, []
+        for waiter in waiters:
+            if not waiter.done():
+                waiter.set_result(None)
 
     def _sync_files(self, fd: int | None, directory: bool) -> None:
         with self._fsync_lock:
