@@ -1,24 +1,29 @@
 """Durable storage benchmark: the shard log against raw os.write/os.fsync, in one run.
 
-Run: ``.venv/bin/python bench/durable.py [--quick] [--seconds S] [--dir PATH]``.
+Run: ``.venv/bin/python bench/durable.py [--quick] [--seconds S] [--rounds N] [--dir PATH]``.
 
 For each fsync mode (none, periodic, on_commit), payload size (100 B, 4 KiB)
 and batch size (1, 16, 64 records), one writer appends for ``--seconds`` and
-the script prints records/s and payload MB/s beside a raw baseline measured
-right after it on the same disk: sequential ``os.write`` of the same payload
-bytes with the same batching, and
+the script prints records/s and payload MB/s beside a raw baseline on the
+same disk: sequential ``os.write`` of the same payload bytes with the same
+batching, and
 
 - ``none``: no fsync;
 - ``periodic``: one fsync every 100 ms (the log's default interval);
 - ``on_commit``: one fsync per batch, which the log answers with
   ``await wait_durable`` per batch (one writer, so no group commit to share).
 
+Each row alternates log and raw ``--rounds`` times, each slice starting
+after an ``os.sync()`` so that neither side pays for the other's dirty pages,
+and prints the medians (the ratio is the median of the per-round ratios):
+on a shared VM one pair of runs can differ by 2x on the disk's mood alone.
+
 For ``on_commit`` it also prints p50/p99 append-to-durable latency against the
 raw write+fsync latency, and one extra line with 16 concurrent writers of
 single records, where group commit lets one fsync cover many appends (the
 raw baseline stays one write+fsync per record). Ratios, not absolute figures,
-are what to compare across machines. A full run takes about 40 s,
-``--quick`` about 10 s.
+are what to compare across machines. A full run takes about 90 s,
+``--quick`` about 15 s.
 """
 
 from __future__ import annotations
@@ -179,10 +184,45 @@ def raw_in_fresh_folder(root: Path, run: Callable[[Path], Result]) -> Result:
         shutil.rmtree(folder)
 
 
-def line(label: str, ours: Result, raw: Result, latency: bool) -> str:
+@dataclass
+class Row:
+    """The rounds of one row: each a log result and the raw result measured next to it."""
+
+    ours: list[Result]
+    raw: list[Result]
+
+    def ratio(self) -> float:
+        pairs = zip(self.ours, self.raw, strict=True)
+        return statistics.median(o.mb_per_s / r.mb_per_s for o, r in pairs)
+
+
+def median_result(results: list[Result]) -> Result:
+    """The round with the median throughput, carrying every round's latencies."""
+    middle = sorted(results, key=lambda r: r.mb_per_s)[len(results) // 2]
+    latencies = [latency for result in results for latency in result.latencies]
+    return Result(middle.records, middle.payload_bytes, middle.seconds, latencies)
+
+
+async def measure(
+    root: Path,
+    rounds: int,
+    ours: Callable[[Path], Awaitable[Result]],
+    raw: Callable[[Path], Result],
+) -> Row:
+    row = Row([], [])
+    for _ in range(rounds):
+        os.sync()
+        row.ours.append(await in_fresh_folder(root, ours))
+        os.sync()
+        row.raw.append(raw_in_fresh_folder(root, raw))
+    return row
+
+
+def line(label: str, row: Row, latency: bool) -> str:
+    ours, raw = median_result(row.ours), median_result(row.raw)
     text = (
         f"{label:<28} {ours.records_per_s:>11,.0f} {ours.mb_per_s:>8.1f}"
-        f" {raw.records_per_s:>11,.0f} {raw.mb_per_s:>8.1f} {ours.mb_per_s / raw.mb_per_s:>6.0%}"
+        f" {raw.records_per_s:>11,.0f} {raw.mb_per_s:>8.1f} {row.ratio():>6.0%}"
     )
     if latency:
         text += (
@@ -193,9 +233,10 @@ def line(label: str, ours: Result, raw: Result, latency: bool) -> str:
 
 
 async def run(args: argparse.Namespace) -> None:
-    seconds = args.seconds if args.seconds else (0.2 if args.quick else 0.9)
+    seconds = args.seconds if args.seconds else (0.1 if args.quick else 0.3)
+    rounds = args.rounds if args.rounds else (3 if args.quick else 5)
     root = Path(tempfile.mkdtemp(prefix="felix-durable-bench-", dir=args.dir))
-    print(f"folder {root}, {seconds:.2f} s per measurement")
+    print(f"folder {root}, {rounds} rounds of {seconds:.2f} s per side and row")
     print(
         f"{'mode size x batch':<28} {'log rec/s':>11} {'MB/s':>8} {'raw rec/s':>11} {'MB/s':>8}"
         f" {'ratio':>6}   {'p50 µs':>7} {'p99 µs':>7} {'raw p50':>7} {'raw p99':>7}"
@@ -211,10 +252,9 @@ async def run(args: argparse.Namespace) -> None:
                     def raw(path: Path) -> Result:
                         return bench_raw(path, mode, size, batch, seconds)  # noqa: B023
 
+                    row = await measure(root, rounds, ours, raw)
                     label = f"{mode.value} {size} B x {batch}"
-                    result = await in_fresh_folder(root, ours)
-                    baseline = raw_in_fresh_folder(root, raw)
-                    print(line(label, result, baseline, mode is FsyncMode.ON_COMMIT), flush=True)
+                    print(line(label, row, mode is FsyncMode.ON_COMMIT), flush=True)
         for size in SIZES:
 
             async def concurrent(folder: Path) -> Result:
@@ -223,18 +263,18 @@ async def run(args: argparse.Namespace) -> None:
             def raw_single(path: Path) -> Result:
                 return bench_raw_concurrent(path, size, seconds)  # noqa: B023
 
+            row = await measure(root, rounds, concurrent, raw_single)
             label = f"on_commit {size} B, {CONCURRENT_WRITERS} writers"
-            result = await in_fresh_folder(root, concurrent)
-            baseline = raw_in_fresh_folder(root, raw_single)
-            print(line(label, result, baseline, True), flush=True)
+            print(line(label, row, True), flush=True)
     finally:
         shutil.rmtree(root, ignore_errors=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--quick", action="store_true", help="short measurements (~10 s in all)")
-    parser.add_argument("--seconds", type=float, help="seconds per measurement")
+    parser.add_argument("--quick", action="store_true", help="short measurements (~15 s in all)")
+    parser.add_argument("--seconds", type=float, help="seconds per side and round")
+    parser.add_argument("--rounds", type=int, help="log/raw pairs per row (default 5)")
     parser.add_argument("--dir", type=Path, help="where to write (default: the temp folder)")
     asyncio.run(run(parser.parse_args()))
 
