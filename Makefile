@@ -50,6 +50,10 @@ bench: setup
 	$(PY) bench/codec.py
 	$(PY) bench/transport.py --quick
 	$(PY) bench/pubsub.py --quick
+	$(PY) bench/durable.py --quick
+	$(PY) bench/cache.py --quick
+	$(PY) bench/client.py --quick
+	$(PY) bench/groups.py --quick
 
 run: setup
 	$(VENV)/bin/felix-broker

@@ -179,7 +179,8 @@ async def run(args: argparse.Namespace) -> None:
             await fill(await Conn.open(broker, tok), records)
             print(f"{records} records of 100 B; {seconds:.1f} s per run; median of {repeats}")
             rates = [await subscribe_rate(broker, tok, seconds, records) for _ in range(repeats)]
-            print(f"{'subscribe':>18}: {statistics.median(rates):>10.0f} records/s")
+            baseline = statistics.median(rates)
+            print(f"{'subscribe':>18}: {baseline:>10.0f} records/s  (baseline)")
             run_id = 0
             for consumers in (1, 8):
                 conns = [await Conn.open(broker, tok) for _ in range(consumers)]
@@ -189,7 +190,10 @@ async def run(args: argparse.Namespace) -> None:
                         run_id += 1
                         rates.append(await group_rate(conns, f"g{run_id}", batch, seconds))
                     label = f"group c={consumers} b={batch}"
-                    print(f"{label:>18}: {statistics.median(rates):>10.0f} records/s")
+                    rate = statistics.median(rates)
+                    print(
+                        f"{label:>18}: {rate:>10.0f} records/s  {rate / baseline:.3f} x subscribe"
+                    )
                 for conn in conns:
                     conn.connection.close()
         finally:
