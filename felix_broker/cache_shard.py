@@ -41,7 +41,7 @@ from .cache_records import CacheRecord, Kind, decode_record, encode_counter, enc
 from .cache_watch import Change, Watcher
 from .config import FsyncMode
 from .storage import Log, LogConfig, Retention, StorageError
-from .storage.format import RECORD_HEAD_SIZE
+from .storage.format import batch_size
 
 __all__ = ["CacheLimits", "CacheShard", "Entry", "EntryTooLargeError"]
 
@@ -192,7 +192,7 @@ class CacheShard:
 
     def _apply(self, record: CacheRecord, offset: int, payload_bytes: int) -> None:
         """Replay one record into the index (recovery)."""
-        record_bytes = RECORD_HEAD_SIZE + payload_bytes
+        record_bytes = batch_size(0, 1, payload_bytes)
         if record.kind is Kind.COUNTER:
             old = self.counters.get(record.key)
             if old is not None:
@@ -268,7 +268,7 @@ class CacheShard:
             version = self.log.next_offset
             payload = encode_record(CacheRecord(Kind.PUT, key, value, version, expires))
             offset = self._append([payload])
-            record_bytes = RECORD_HEAD_SIZE + len(payload)
+            record_bytes = batch_size(0, 1, len(payload))
         else:
             version = offset = self._version()
             record_bytes = 0
@@ -328,7 +328,7 @@ class CacheShard:
         if self.log is not None:
             payload = encode_counter(key, total)
             offset = self._append([payload])
-            record_bytes = RECORD_HEAD_SIZE + len(payload)
+            record_bytes = batch_size(0, 1, len(payload))
         if old is not None:
             self.live_record_bytes -= old.record_bytes
         self.counters[key] = _Counter(total, offset if offset is not None else 0, record_bytes)

@@ -46,8 +46,9 @@ from felix_broker.storage.errors import (
 from felix_broker.storage.format import (
     HEADER_SIZE,
     MAX_PAYLOAD_BYTES,
-    RECORD_HEAD_SIZE,
+    RECORD_ENTRY_SIZE,
     Record,
+    batch_size,
     encode_principal,
     parse_segment_name,
 )
@@ -72,15 +73,16 @@ class LogConfig:
     segment_bytes: int = 64 * _MIB
     """Roll to a new segment before one would grow past this (a bigger record gets its own)."""
     index_interval_bytes: int = 4096
-    """Bytes of records between two sparse index entries."""
+    """At least this many bytes between two sparse index entries (at most one per batch)."""
     fsync_mode: FsyncMode = FsyncMode.PERIODIC
     fsync_interval: float = 0.1
     """Seconds between the owner's periodic :meth:`Log.sync` calls."""
 
     def __post_init__(self) -> None:
-        if not HEADER_SIZE + RECORD_HEAD_SIZE <= self.segment_bytes <= _MAX_SEGMENT_BYTES:
+        smallest = HEADER_SIZE + batch_size(0, 1, 0)
+        if not smallest <= self.segment_bytes <= _MAX_SEGMENT_BYTES:
             raise ValueError(
-                f"segment_bytes must be in [{HEADER_SIZE + RECORD_HEAD_SIZE}, "
+                f"segment_bytes must be in [{smallest}, "
                 f"{_MAX_SEGMENT_BYTES}], got {self.segment_bytes}"
             )
         if self.index_interval_bytes < 1:
@@ -278,22 +280,23 @@ class Log:
                 timestamp_us = max(timestamp_us, segment.last_timestamp_us)
                 break
         base = self._next_offset
-        overhead = RECORD_HEAD_SIZE + len(principal)
         done = 0
         try:
             segment = self._segments[-1]
-            if segment.size + total + overhead * len(payloads) <= self.config.segment_bytes:
+            whole = batch_size(len(principal), len(payloads), total)
+            if segment.size + whole <= self.config.segment_bytes:
                 # The common case: the whole batch fits the active segment.
                 segment.append(base, timestamp_us, flags, principal, payloads)
                 self._next_offset += len(payloads)
                 return base
+            # Split across segments: each part is a batch of its own.
             while done < len(payloads):
                 segment = self._segments[-1]
                 room = self.config.segment_bytes - segment.size
                 take = 0
-                size = 0
+                size = batch_size(len(principal), 0, 0)
                 for payload in payloads[done:]:
-                    record = overhead + len(payload)
+                    record = RECORD_ENTRY_SIZE + len(payload)
                     # A record always fits an empty segment, however big.
                     if size + record > room and (segment.count or take):
                         break

@@ -1,4 +1,4 @@
-"""One segment file with its sparse index: create, recover, append, read.
+"""One segment file of record batches with its sparse index: create, recover, append, read.
 
 A segment knows nothing about fsync policy or retention; the log decides when
 to roll, sync and delete. Only the last (active) segment of a log holds open
@@ -17,19 +17,23 @@ from pathlib import Path
 
 from felix_broker.storage.errors import CorruptionError
 from felix_broker.storage.format import (
+    BATCH_HEAD_SIZE,
     HEADER_SIZE,
     INDEX_MAGIC,
-    RECORD_HEAD_SIZE,
     SEGMENT_MAGIC,
+    Batch,
+    BatchHead,
     IndexEntry,
     Record,
+    check_batch,
     check_header,
-    check_record,
-    decode_record,
+    check_payload,
+    encode_batch,
     encode_header,
-    encode_records,
     index_path,
     pack_index_entry,
+    read_batch_head,
+    read_batch_table,
     segment_path,
     unpack_index_entries,
 )
@@ -41,6 +45,7 @@ _log = logging.getLogger(__name__)
 # Reads go through the page cache in chunks this big; a longer record is read whole.
 _READ_CHUNK = 256 * 1024
 _LENGTH = struct.Struct(">I")
+_LENGTH_AT = 4  # where a batch keeps its length
 
 
 # Most systems accept 1024 buffers per vectored write.
@@ -76,21 +81,43 @@ def _write_pieces(fd: int, pieces: list[bytes], position: int, size: int) -> Non
         position += size
 
 
-def _find_valid_record(data: bytes, start: int, end: int) -> int | None:
-    """The position of the first checksum-valid record in ``data[start:end]``, if any.
+def _find_valid_batch(data: bytes, start: int, end: int) -> int | None:
+    """The position of the first checksum-valid batch in ``data[start:end]``, if any.
 
-    Used only after a bad record in the active segment, to tell a torn tail
+    Used only after a bad batch in the active segment, to tell a torn tail
     (nothing valid after the damage) from damage in the middle of the log.
     Slow (a probe per byte), but it only runs on damaged files.
     """
     if data.count(0, start, end) == end - start:
         return None
     view = memoryview(data)
-    for position in range(start, end - RECORD_HEAD_SIZE + 1):
-        (length,) = _LENGTH.unpack_from(data, position + 4)
-        if RECORD_HEAD_SIZE <= length <= end - position and check_record(view, position, end):
+    for position in range(start, end - BATCH_HEAD_SIZE + 1):
+        (length,) = _LENGTH.unpack_from(data, position + _LENGTH_AT)
+        if BATCH_HEAD_SIZE <= length <= end - position and check_batch(view, position, end):
             return position
     return None
+
+
+class _Reader:
+    """Positional reads of one segment through a window, so a scan costs one pread per chunk."""
+
+    def __init__(self, path: Path, fd: int, end: int) -> None:
+        self._path = path
+        self._fd = fd
+        self._end = end
+        self._window = memoryview(b"")
+        self._window_at = 0
+
+    def view(self, position: int, size: int) -> memoryview:
+        """Bytes ``[position, position + size)``; a part longer than a chunk is read whole."""
+        start = position - self._window_at
+        if start < 0 or start + size > len(self._window):
+            want = max(size, min(_READ_CHUNK, self._end - position))
+            self._window = memoryview(os.pread(self._fd, want, position))
+            self._window_at, start = position, 0
+            if len(self._window) < size:
+                raise CorruptionError(self._path, position, "segment shorter than recorded")
+        return self._window[start : start + size]
 
 
 class Segment:
@@ -167,11 +194,11 @@ class Segment:
         position = segment._scan(data, end)
         if position < end:
             if not active:
-                raise CorruptionError(path, position, "invalid record in a sealed segment")
-            valid_at = _find_valid_record(data, position + 1, end)
+                raise CorruptionError(path, position, "invalid batch in a sealed segment")
+            valid_at = _find_valid_batch(data, position + 1, end)
             if valid_at is not None:
                 raise CorruptionError(
-                    path, position, f"invalid record followed by a valid record at byte {valid_at}"
+                    path, position, f"invalid batch followed by a valid batch at byte {valid_at}"
                 )
             _log.warning(
                 "%s: cutting a torn tail of %d bytes at byte %d", path, end - position, position
@@ -185,32 +212,32 @@ class Segment:
         return segment
 
     def _scan(self, data: bytes, end: int) -> int:
-        """Account every valid record from the header on; returns where valid data stops."""
+        """Account every valid batch from the header on; returns where valid data stops."""
         view = memoryview(data)
         position = HEADER_SIZE
-        expected = self.base_offset
         while position < end:
-            head = check_record(view, position, end)
-            if head is None or head.offset != expected:
+            batch = check_batch(view, position, end)
+            if batch is None or batch.head.base_offset != self.end_offset:
                 break
-            if self.count and head.timestamp_us < self.last_timestamp_us:
+            if self.count and batch.head.timestamp_us < self.last_timestamp_us:
                 break
-            self._account(IndexEntry(expected, position, head.timestamp_us), head.length)
-            position += head.length
-            expected += 1
+            self._account(position, batch.head)
+            position += batch.head.length
         return position
 
-    def _account(self, record: IndexEntry, length: int) -> None:
-        if record.position >= self._next_entry_at:
-            self._entry_offsets.append(record.offset)
-            self._entry_positions.append(record.position)
-            self._entry_times.append(record.timestamp_us)
-            self._next_entry_at = record.position + self._index_interval
+    def _account(self, position: int, head: BatchHead) -> None:
+        # Index entries point at batches (a batch is read from its start), at
+        # most one per batch and at least index_interval bytes apart.
+        if position >= self._next_entry_at:
+            self._entry_offsets.append(head.base_offset)
+            self._entry_positions.append(position)
+            self._entry_times.append(head.timestamp_us)
+            self._next_entry_at = position + self._index_interval
         if not self.count:
-            self.first_timestamp_us = record.timestamp_us
-        self.last_timestamp_us = record.timestamp_us
-        self.count += 1
-        self.size = record.position + length
+            self.first_timestamp_us = head.timestamp_us
+        self.last_timestamp_us = head.timestamp_us
+        self.count += head.record_count
+        self.size = position + head.length
 
     def _entries(self) -> list[IndexEntry]:
         return [
@@ -277,35 +304,21 @@ class Segment:
         principal: bytes,
         payloads: Sequence[bytes],
     ) -> None:
-        """Write records ``first_offset, first_offset + 1, ...`` with one vectored write."""
+        """Write records ``first_offset, first_offset + 1, ...`` as one batch, with one write."""
         if self.fd is None:
             raise RuntimeError(f"{self.path} is not the active segment")
-        pieces = encode_records(first_offset, timestamp_us, flags, principal, payloads)
-        overhead = RECORD_HEAD_SIZE + len(principal)
-        start = self.size
-        end = start + overhead * len(payloads) + sum(map(len, payloads))
-        _write_pieces(self.fd, pieces, start, end - start)
-        # Index entries for the records that cross the next indexing point.
-        # They reach the index file when the segment is sealed or closed: the
-        # index is derived data, and the active segment's is rebuilt after a
-        # crash anyway, so one write per append (and no second file growing
-        # under every fsync) is enough.
-        if end > self._next_entry_at:
-            position = start
-            offset = first_offset
-            for payload in payloads:
-                if position >= self._next_entry_at:
-                    self._entry_offsets.append(offset)
-                    self._entry_positions.append(position)
-                    self._entry_times.append(timestamp_us)
-                    self._next_entry_at = position + self._index_interval
-                position += overhead + len(payload)
-                offset += 1
-        if not self.count:
-            self.first_timestamp_us = timestamp_us
-        self.last_timestamp_us = timestamp_us
-        self.count += len(payloads)
-        self.size = end
+        pieces = encode_batch(first_offset, timestamp_us, flags, principal, payloads)
+        position = self.size
+        length = sum(map(len, pieces))
+        _write_pieces(self.fd, pieces, position, length)
+        # The index entry, if any, reaches the index file when the segment is
+        # sealed or closed: the index is derived data, and the active
+        # segment's is rebuilt after a crash anyway, so one write per append
+        # (and no second file growing under every fsync) is enough.
+        self._account(
+            position,
+            BatchHead(0, length, first_offset, timestamp_us, len(payloads), flags, len(principal)),
+        )
 
     def seal(self) -> int | None:
         """Stop being the active segment; returns the write descriptor for the caller to close.
@@ -342,37 +355,56 @@ class Segment:
         ``fd`` is any descriptor open for reading this segment. Checksums are
         verified on the way, so damage after open is reported, not returned.
         """
+        reader = _Reader(self.path, fd, self.size)
+        for position, batch in self._batches_from(reader, offset):
+            head = batch.head
+            if head.end_offset <= offset:
+                continue
+            records = zip(
+                range(head.base_offset, head.end_offset),
+                batch.payload_positions(position),
+                batch.lengths,
+                batch.crcs,
+                strict=True,
+            )
+            for record_offset, at, length, crc in records:
+                if record_offset < offset:
+                    continue
+                payload = reader.view(at, length)
+                if not check_payload(payload, crc):
+                    raise CorruptionError(self.path, position, "record checksum mismatch")
+                yield Record(record_offset, head.timestamp_us, batch.publisher, bytes(payload))
+
+    def _batches_from(self, reader: _Reader, offset: int) -> Iterator[tuple[int, Batch]]:
+        """Each batch (head and table verified) from the one the index says holds ``offset``."""
         i = bisect_right(self._entry_offsets, offset) - 1
         position = self._entry_positions[i] if i >= 0 else HEADER_SIZE
         expected = self._entry_offsets[i] if i >= 0 else self.base_offset
         end = self.size
-        buffer = memoryview(b"")
-        buffer_at = position
         while position < end:
-            at = position - buffer_at
-            if len(buffer) - at < RECORD_HEAD_SIZE:
-                buffer = memoryview(os.pread(fd, min(_READ_CHUNK, end - position), position))
-                buffer_at, at = position, 0
-            if len(buffer) < RECORD_HEAD_SIZE:
-                raise CorruptionError(self.path, position, "segment shorter than recorded")
-            (length,) = _LENGTH.unpack_from(buffer, at + 4)
-            if not RECORD_HEAD_SIZE <= length <= end - position:
-                raise CorruptionError(self.path, position, f"record length {length} out of range")
-            if len(buffer) - at < length:
-                buffer = memoryview(os.pread(fd, max(_READ_CHUNK, length), position))
-                buffer_at, at = position, 0
-            head = check_record(buffer, at, len(buffer))
-            if head is None or head.offset != expected:
-                raise CorruptionError(self.path, position, "record checksum or offset mismatch")
-            if expected >= offset:
-                yield decode_record(buffer, at, head)
-            position += length
-            expected += 1
+            head = read_batch_head(reader.view(position, BATCH_HEAD_SIZE), 0, end - position)
+            if head is None:
+                raise CorruptionError(self.path, position, "batch head out of range")
+            batch = read_batch_table(reader.view(position, head.table_end), 0, head)
+            if batch is None or head.base_offset != expected:
+                raise CorruptionError(self.path, position, "batch checksum or offset mismatch")
+            yield position, batch
+            position += head.length
+            expected = head.end_offset
 
     def offset_for_time(self, fd: int, at_us: int) -> int | None:
         """The first offset here appended at or after ``at_us``, via the sparse index."""
         if not self.count or self.last_timestamp_us < at_us:
             return None
+        # The last entry strictly older than at_us: batches equal to at_us may
+        # sit before an entry that carries the same time.
+        i = bisect_left(self._entry_times, at_us)
+        start = self._entry_offsets[i - 1] if i > 0 else self.base_offset
+        # Every record of a batch has the batch's time: no payload is read.
+        for _position, batch in self._batches_from(_Reader(self.path, fd, self.size), start):
+            if batch.head.timestamp_us >= at_us:
+                return batch.head.base_offset
+        return None
         # The last entry strictly older than at_us: records equal to at_us may
         # sit before an entry that carries the same time.
         i = bisect_left(self._entry_times, at_us)

@@ -14,20 +14,25 @@ from felix_broker.storage.errors import (
     UnsupportedVersionError,
 )
 from felix_broker.storage.format import (
+    BATCH_HEAD_SIZE,
     FORMAT_VERSION,
     HEADER_SIZE,
-    RECORD_HEAD_SIZE,
+    RECORD_ENTRY_SIZE,
     SEGMENT_MAGIC,
     IndexEntry,
     Record,
+    batch_size,
+    check_batch,
     check_header,
-    check_record,
-    decode_record,
+    check_payload,
+    decode_batch,
+    encode_batch,
     encode_header,
     encode_principal,
-    encode_records,
     pack_index_entry,
     parse_segment_name,
+    read_batch_head,
+    read_batch_table,
     segment_path,
     unpack_index_entries,
 )
@@ -57,9 +62,16 @@ def test_bytes_match_the_documented_layout_with_crc32c() -> None:
     assert crc32c(b"123456789") == 0xE3069283
     head = b"FLXS" + struct.pack(">HHQ", 2, 0, 5)
     assert encode_header(SEGMENT_MAGIC, 5) == head + struct.pack(">I", crc32c(head))
-    body = struct.pack(">IQqBB", 26 + 1 + 2, 5, 77, 1, 1) + b"p" + b"hi"
-    record = struct.pack(">I", crc32c(body)) + body
-    assert b"".join(encode_records(5, 77, 1, b"p", [b"hi"])) == record
+    length = 30 + 1 + 2 * 8 + 2 + 3
+    covered = (
+        struct.pack(">IQqIBB", length, 5, 77, 2, 1, 1)
+        + b"p"
+        + struct.pack(">IIII", 2, crc32c(b"hi"), 3, crc32c(b"abc"))
+    )
+    batch = struct.pack(">I", crc32c(covered)) + covered + b"hi" + b"abc"
+    assert b"".join(encode_batch(5, 77, 1, b"p", [b"hi", b"abc"])) == batch
+    assert batch_size(1, 2, 5) == len(batch) == length
+    assert (BATCH_HEAD_SIZE, RECORD_ENTRY_SIZE) == (30, 8)
 
 
 def test_header_checks_magic_checksum_and_base() -> None:
@@ -73,36 +85,55 @@ def test_header_checks_magic_checksum_and_base() -> None:
 
 
 @pytest.mark.parametrize("publisher", [None, "", "alice", "é" * 127])
-def test_record_round_trip(publisher: str | None) -> None:
+def test_batch_round_trip(publisher: str | None) -> None:
     flags, principal = encode_principal(publisher)
-    payload = b"payload bytes"
-    data = b"".join(encode_records(42, 1_700_000_000_000_000, flags, principal, [payload]))
-    head = check_record(data, 0, len(data))
-    assert head is not None
-    assert head.length == len(data) == RECORD_HEAD_SIZE + len(principal) + len(payload)
-    assert decode_record(data, 0, head) == Record(42, 1_700_000_000_000_000, publisher, payload)
+    payloads = [b"payload bytes", b"", b"x" * 5000]
+    data = b"".join(encode_batch(42, 1_700_000_000_000_000, flags, principal, payloads))
+    batch = check_batch(data, 0, len(data))
+    assert batch is not None
+    assert batch.head.length == len(data) == batch_size(len(principal), 3, 5013)
+    assert (batch.head.base_offset, batch.head.end_offset) == (42, 45)
+    assert decode_batch(data, 0, batch) == [
+        Record(42 + i, 1_700_000_000_000_000, publisher, payload)
+        for i, payload in enumerate(payloads)
+    ]
 
 
-def test_record_damage_is_detected_anywhere() -> None:
-    data = b"".join(encode_records(1, 2, 0, b"", [b"abc"]))
+def test_batch_damage_is_detected_anywhere() -> None:
+    data = b"".join(encode_batch(1, 2, 1, b"pub", [b"abc", b"", b"defg"]))
     for i in range(len(data)):
         damaged = bytearray(data)
         damaged[i] ^= 0x40
-        assert check_record(bytes(damaged), 0, len(damaged)) is None, i
-    assert check_record(bytes(len(data)), 0, len(data)) is None
-    assert check_record(data, 0, len(data) - 1) is None
+        assert check_batch(bytes(damaged), 0, len(damaged)) is None, i
+    assert check_batch(bytes(len(data)), 0, len(data)) is None
+    assert check_batch(data, 0, len(data) - 1) is None
 
 
-def test_records_of_a_batch_follow_each_other() -> None:
-    data = b"".join(encode_records(7, 9, 0, b"", [b"a", b"", b"ccc"]))
+def test_a_damaged_payload_passes_the_head_but_not_its_own_checksum() -> None:
+    # Readers check the head and table first, then each payload as they return it.
+    data = bytearray(b"".join(encode_batch(0, 0, 0, b"", [b"first", b"second"])))
+    data[-1] ^= 1
+    head = read_batch_head(data, 0, len(data))
+    assert head is not None
+    batch = read_batch_table(bytes(data), 0, head)
+    assert batch is not None
+    first, second = batch.payload_positions(0)
+    assert check_payload(bytes(data[first : first + 5]), batch.crcs[0])
+    assert not check_payload(bytes(data[second : second + 6]), batch.crcs[1])
+
+
+def test_batches_follow_each_other() -> None:
+    data = b"".join(
+        encode_batch(7, 9, 0, b"", [b"a", b"", b"ccc"]) + encode_batch(10, 9, 0, b"", [b"d"])
+    )
     position = 0
     offsets = []
     while position < len(data):
-        head = check_record(data, position, len(data))
-        assert head is not None
-        offsets.append(decode_record(data, position, head).offset)
-        position += head.length
-    assert offsets == [7, 8, 9]
+        batch = check_batch(data, position, len(data))
+        assert batch is not None
+        offsets += [record.offset for record in decode_batch(data, position, batch)]
+        position += batch.head.length
+    assert offsets == [7, 8, 9, 10]
 
 
 def test_principal_limit_is_255_utf8_bytes() -> None:

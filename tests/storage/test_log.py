@@ -126,8 +126,9 @@ def test_offset_for_time_after_retention_and_restart(tmp_path: Path) -> None:
     log = Log.open(tmp_path, SMALL)
     for ts in range(20):
         log.append([b"z" * 100], timestamp_us=ts * 10)
-    log.apply_retention(Retention(max_bytes=600), now_us=0)
-    # One 146-byte segment per record: four fit in 600 bytes.
+    log.apply_retention(Retention(max_bytes=640), now_us=0)
+    # One 158-byte segment per record (a 20-byte header, a 138-byte batch of one):
+    # four fit in 640 bytes.
     assert log.start_offset == 16
     log.close()
     log = Log.open(tmp_path, SMALL)
@@ -146,7 +147,7 @@ def test_retention_by_size_keeps_active_segment(tmp_path: Path) -> None:
     segments = log.segment_count
     assert log.apply_retention(Retention(max_bytes=0), now_us=0) == segments - 1
     assert log.segment_count == 1
-    # 86-byte records: two fit a 256-byte segment after its 20-byte header.
+    # 98-byte batches of one record: two fit a 256-byte segment after its 20-byte header.
     assert log.start_offset == 28
     assert [r.offset for r in read_all(log)] == [28, 29]
     with pytest.raises(OffsetOutOfRangeError):

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
 from felix_broker.storage import FsyncMode, Log, LogConfig, Record, Retention
+from felix_broker.storage.format import HEADER_SIZE, check_batch
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -72,26 +73,31 @@ class LogModel(RuleBasedStateMachine):
 
     @precondition(lambda self: len(self.records) > self.start)
     @rule(cut=st.integers(0, 10_000), junk=st.binary(max_size=40))
-    def crash_with_torn_last_record(self, cut: int, junk: bytes) -> None:
+    def crash_with_torn_last_batch(self, cut: int, junk: bytes) -> None:
         self.log.close()
         active = max(self.directory.glob("*.log"))
-        last = self.records[-1]
-        flags_length = 0 if last.publisher is None else len(last.publisher.encode())
-        length = 26 + flags_length + len(last.payload)
-        size = active.stat().st_size
-        if size - length < 20:
+        data = active.read_bytes()
+        # Find the last batch on disk (an append split across segments left
+        # only its last part here).
+        position, last = HEADER_SIZE, None
+        while position < len(data):
+            batch = check_batch(data, position, len(data))
+            assert batch is not None
+            last = (position, batch.head.length, batch.head.record_count)
+            position += batch.head.length
+        if last is None or last[0] == HEADER_SIZE:
             self.log = Log.open(self.directory, CONFIG)
-            return  # the record sits alone in a segment; tearing it is covered elsewhere
-        at = size - length + cut % length
+            return  # the batch sits alone in a segment; tearing it is covered elsewhere
+        start, length, records = last
+        at = start + cut % length
         damage = bytearray(bytes(len(junk)) if junk[:1] == b"\0" else junk)
-        original = active.read_bytes()[at]
-        if damage and damage[0] == original:
-            damage[0] ^= 0xFF  # the junk must really differ from the record it replaces
+        if damage and damage[0] == data[at]:
+            damage[0] ^= 0xFF  # the junk must really differ from the batch it replaces
         os.truncate(active, at)
         with active.open("ab") as f:
             f.write(damage)
         self.log = Log.open(self.directory, CONFIG)
-        self.records.pop()
+        del self.records[-records:]
 
     @rule(data=st.data())
     def read(self, data: st.DataObject) -> None:

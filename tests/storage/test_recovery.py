@@ -17,11 +17,15 @@ from felix_broker.storage import (
     Record,
     UnsupportedVersionError,
 )
+from felix_broker.storage.format import BATCH_HEAD_SIZE, HEADER_SIZE, RECORD_ENTRY_SIZE
 
-CONFIG = LogConfig(segment_bytes=4096, index_interval_bytes=128, fsync_mode=FsyncMode.NONE)
 PAYLOAD = 50
-RECORD = 26 + PAYLOAD  # no principal
-HEADER = 20
+RECORD = BATCH_HEAD_SIZE + RECORD_ENTRY_SIZE + PAYLOAD  # each append here is a batch of one
+HEADER = HEADER_SIZE
+# Room for exactly 53 such records per segment.
+CONFIG = LogConfig(
+    segment_bytes=HEADER + 53 * RECORD + 10, index_interval_bytes=128, fsync_mode=FsyncMode.NONE
+)
 
 
 def position(index_in_segment: int) -> int:

@@ -53,11 +53,13 @@ async def test_logs_live_in_shard_folders_and_recover(tmp_path: Path) -> None:
 
 async def test_recover_all_reports_a_corrupt_shard(tmp_path: Path) -> None:
     store = LogStore(tmp_path, config=LogConfig(fsync_mode=FsyncMode.NONE))
-    store.open_log(KEY).append([b"x" * 50] * 3, timestamp_us=1)
+    log = store.open_log(KEY)
+    log.append([b"x" * 50] * 3, timestamp_us=1)
+    log.append([b"y" * 50], timestamp_us=2)  # valid data after the damage: not a torn tail
     await store.aclose()
     segment = tmp_path / "t1" / "default" / "orders" / "0" / f"{0:020d}.log"
     data = bytearray(segment.read_bytes())
-    data[20 + 40] ^= 1
+    data[20 + 70] ^= 1  # a payload byte of the first batch
     segment.write_bytes(bytes(data))
     with pytest.raises(CorruptionError) as info:
         await LogStore(tmp_path).recover_all()
