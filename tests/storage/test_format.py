@@ -7,6 +7,8 @@ from pathlib import Path
 
 import pytest
 from crc32c import crc32c
+from hypothesis import given
+from hypothesis import strategies as st
 
 from felix_broker.storage.errors import (
     CorruptionError,
@@ -152,3 +154,38 @@ def test_index_entries_and_names() -> None:
     assert path.name == "00000000000000000100.log"
     assert parse_segment_name(path.name) == 100
     assert parse_segment_name("100.log") is None
+
+
+@given(st.binary(max_size=300), st.integers(0, 300))
+def test_check_batch_on_any_bytes_returns_a_fitting_batch_or_none(data: bytes, at: int) -> None:
+    position = min(at, len(data))
+    batch = check_batch(data, position, len(data))
+    if batch is not None:
+        assert position + batch.head.length <= len(data)
+        assert len(decode_batch(data, position, batch)) == batch.head.record_count
+
+
+@given(
+    base=st.integers(0, 2**63 - 2**20),
+    timestamp=st.integers(-(2**63), 2**63 - 1),
+    publisher=st.none() | st.text(max_size=40),
+    payloads=st.lists(st.binary(max_size=200), min_size=1, max_size=20),
+    damage=st.data(),
+)
+def test_any_batch_round_trips_and_any_flipped_bit_is_caught(
+    base: int, timestamp: int, publisher: str | None, payloads: list[bytes], damage: st.DataObject
+) -> None:
+    flags, principal = encode_principal(publisher)
+    data = b"".join(encode_batch(base, timestamp, flags, principal, payloads))
+    batch = check_batch(data, 0, len(data))
+    assert batch is not None
+    assert decode_batch(data, 0, batch) == [
+        Record(base + i, timestamp, publisher, payload) for i, payload in enumerate(payloads)
+    ]
+    at = damage.draw(st.integers(0, len(data) - 1), label="byte")
+    bit = damage.draw(st.integers(0, 7), label="bit")
+    damaged = bytearray(data)
+    damaged[at] ^= 1 << bit
+    assert check_batch(bytes(damaged), 0, len(damaged)) is None
+    cut = damage.draw(st.integers(0, len(data) - 1), label="cut")
+    assert check_batch(data[:cut], 0, cut) is None

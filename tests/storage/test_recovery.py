@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import os
 import struct
+import tempfile
 from collections.abc import Callable
 from pathlib import Path
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from felix_broker.storage import (
     CorruptionError,
@@ -215,3 +218,38 @@ def test_damage_after_open_is_reported_by_reads(tmp_path: Path) -> None:
         log.read(0, max_records=100, max_bytes=1 << 20)
     assert (info.value.path, info.value.position) == (paths[0], position(5))
     log.close()
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    sizes=st.lists(st.integers(0, 120), min_size=1, max_size=8),
+    at=st.integers(0, 10_000),
+    junk=st.binary(min_size=1, max_size=64),
+)
+def test_any_overwrite_of_the_active_segment_is_repaired_or_refused(
+    sizes: list[int], at: int, junk: bytes
+) -> None:
+    # Whatever the damage, opening either keeps an intact prefix of the records
+    # or refuses with a CorruptionError: it never returns altered records.
+    with tempfile.TemporaryDirectory() as folder:
+        directory = Path(folder)
+        log = Log.open(directory, CONFIG)
+        written: list[bytes] = []
+        for i, size in enumerate(sizes):
+            batch = [bytes([i, j]) * size for j in range(1 + i % 3)]
+            log.append(batch, timestamp_us=i)
+            written += batch
+        log.close()
+        active = max(directory.glob("*.log"))
+        data = bytearray(active.read_bytes())
+        where = HEADER + at % (len(data) - HEADER)
+        data[where : where + len(junk)] = junk
+        active.write_bytes(bytes(data))
+        try:
+            log = Log.open(directory, CONFIG)
+        except CorruptionError as error:
+            assert error.path == active
+            return
+        kept = [record.payload for record in log.read(0, max_records=10**6, max_bytes=1 << 40)]
+        log.close()
+        assert kept == written[: len(kept)]
