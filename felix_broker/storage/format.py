@@ -269,11 +269,12 @@ def read_batch_table(data: bytes | memoryview, position: int, head: BatchHead) -
     lengths, crcs = table[0::2], table[1::2]
     if head.table_end + sum(lengths) != head.length:
         return None
-    publisher = (
-        bytes(data[principal_at:table_at]).decode("utf-8")
-        if head.flags & FLAG_HAS_PRINCIPAL
-        else None
-    )
+    publisher = None
+    if head.flags & FLAG_HAS_PRINCIPAL:
+        try:
+            publisher = bytes(data[principal_at:table_at]).decode("utf-8")
+        except UnicodeDecodeError:
+            return None  # checksummed, yet not written by a log: a crafted file
     return Batch(head, publisher, lengths, crcs)
 
 

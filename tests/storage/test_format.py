@@ -189,3 +189,8 @@ def test_any_batch_round_trips_and_any_flipped_bit_is_caught(
     assert check_batch(bytes(damaged), 0, len(damaged)) is None
     cut = damage.draw(st.integers(0, len(data) - 1), label="cut")
     assert check_batch(data[:cut], 0, cut) is None
+
+
+def test_a_checksummed_batch_with_a_non_utf8_principal_is_not_a_batch() -> None:
+    data = b"".join(encode_batch(0, 0, 1, b"\xff\xfe", [b"x"]))
+    assert check_batch(data, 0, len(data)) is None
