@@ -22,7 +22,7 @@ For ``on_commit`` it also prints p50/p99 append-to-durable latency against the
 raw write+fsync latency, and one extra line with 16 concurrent writers of
 single records, where group commit lets one fsync cover many appends (the
 raw baseline stays one write+fsync per record). Ratios, not absolute figures,
-are what to compare across machines. A full run takes about 90 s,
+are what to compare across machines. A full run takes about 70 s,
 ``--quick`` about 15 s.
 """
 
