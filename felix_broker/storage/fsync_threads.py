@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import queue
 import threading
 from collections.abc import Callable
@@ -34,6 +35,18 @@ _Job = tuple[asyncio.AbstractEventLoop, Callable[[], None], _Done]
 _jobs: queue.SimpleQueue[_Job] = queue.SimpleQueue()
 _threads: list[threading.Thread] = []
 _start_lock = threading.Lock()
+
+
+def _forget_threads_after_fork() -> None:
+    # A forked child has none of the parent's threads (and may have copied
+    # the lock held): it starts its own on first use.
+    global _jobs, _start_lock
+    _jobs = queue.SimpleQueue()
+    _start_lock = threading.Lock()
+    _threads.clear()
+
+
+os.register_at_fork(after_in_child=_forget_threads_after_fork)
 
 
 def run_fsync(work: Callable[[], None], done: _Done) -> None:

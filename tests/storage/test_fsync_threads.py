@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import asyncio
+import os
+import signal
 import threading
+import time
 
 import pytest
 
@@ -69,3 +72,34 @@ async def test_at_most_the_bound_runs_at_once_and_the_rest_wait() -> None:
     assert await asyncio.gather(*results) == [None] * jobs
     assert peak == FSYNC_THREADS
     assert sorted(started) == list(range(jobs))
+
+
+async def test_a_forked_child_starts_its_own_threads() -> None:
+    # Make sure the parent has its threads, then fork: the child must not wait
+    # on a queue that none of its threads serve.
+    finished: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+    run_fsync(lambda: None, finished.set_result)
+    assert await finished is None
+
+    async def in_child() -> None:
+        done: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
+        run_fsync(lambda: None, done.set_result)
+        await asyncio.wait_for(done, 5)
+
+    pid = os.fork()
+    if pid == 0:  # the child: report through the exit status only
+        try:
+            asyncio.run(in_child())
+        except BaseException:
+            os._exit(1)
+        os._exit(0)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        done_pid, status = os.waitpid(pid, os.WNOHANG)
+        if done_pid:
+            assert os.waitstatus_to_exitcode(status) == 0
+            return
+        await asyncio.sleep(0.01)
+    os.kill(pid, signal.SIGKILL)
+    os.waitpid(pid, 0)
+    pytest.fail("the forked child's fsync never completed")
