@@ -18,6 +18,10 @@ after an ``os.sync()`` so that neither side pays for the other's dirty pages,
 and prints the medians (the ratio is the median of the per-round ratios):
 on a shared VM one pair of runs can differ by 2x on the disk's mood alone.
 
+After the table it prints every mode's MB/s against that one durable
+baseline, sequential write + fsync per batch: what each mode's weaker
+promise buys.
+
 For ``on_commit`` it also prints p50/p99 append-to-durable latency against the
 raw write+fsync latency, and one extra line with 16 concurrent writers of
 single records, where group commit lets one fsync cover many appends (the
@@ -232,6 +236,25 @@ def line(label: str, row: Row, latency: bool) -> str:
     return text
 
 
+def durability_table(rows: dict[tuple[FsyncMode, int, int], Row]) -> str:
+    """Every mode against one baseline, raw write + fsync per batch: what weaker promises buy."""
+    lines = [
+        "",
+        "log MB/s against raw write + fsync per batch (the on_commit rows' baseline):",
+        f"{'size x batch':<28} " + " ".join(f"{mode.value:>10}" for mode in FsyncMode),
+    ]
+    for size in SIZES:
+        for batch in BATCHES:
+            durable_raw = median_result(rows[FsyncMode.ON_COMMIT, size, batch].raw).mb_per_s
+            ratios = (
+                median_result(rows[mode, size, batch].ours).mb_per_s / durable_raw
+                for mode in FsyncMode
+            )
+            lines.append(f"{f'{size} B x {batch}':<28} " + " ".join(f"{r:>9.2f}x" for r in ratios))
+    lines.append("")
+    return "\n".join(lines)
+
+
 async def run(args: argparse.Namespace) -> None:
     seconds = args.seconds if args.seconds else (0.1 if args.quick else 0.3)
     rounds = args.rounds if args.rounds else (3 if args.quick else 5)
@@ -241,6 +264,7 @@ async def run(args: argparse.Namespace) -> None:
         f"{'mode size x batch':<28} {'log rec/s':>11} {'MB/s':>8} {'raw rec/s':>11} {'MB/s':>8}"
         f" {'ratio':>6}   {'p50 µs':>7} {'p99 µs':>7} {'raw p50':>7} {'raw p99':>7}"
     )
+    rows: dict[tuple[FsyncMode, int, int], Row] = {}
     try:
         for mode in FsyncMode:
             for size in SIZES:
@@ -253,8 +277,10 @@ async def run(args: argparse.Namespace) -> None:
                         return bench_raw(path, mode, size, batch, seconds)  # noqa: B023
 
                     row = await measure(root, rounds, ours, raw)
+                    rows[mode, size, batch] = row
                     label = f"{mode.value} {size} B x {batch}"
                     print(line(label, row, mode is FsyncMode.ON_COMMIT), flush=True)
+        print(durability_table(rows))
         for size in SIZES:
 
             async def concurrent(folder: Path) -> Result:
