@@ -190,6 +190,18 @@ class CacheService:
         """Feature bits this service answers (watches and counters need the log)."""
         return _DURABLE_FEATURES if self.durable else _MEMORY_FEATURES
 
+    def committed_offsets(self) -> dict[tuple[str, str, str, int], int]:
+        """Per log-backed cache shard: one past the last record a reader may see.
+
+        Counters live in the same log as the entries, so ``/backup/offsets``
+        names only ``records``.
+        """
+        return {
+            scope: shard.log.readable_offset
+            for scope, shard in self._shards.items()
+            if shard.log is not None
+        }
+
     # -- life cycle -----------------------------------------------------------------
 
     async def start(self) -> None:

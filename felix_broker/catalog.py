@@ -101,6 +101,10 @@ class Catalog(Protocol):
 
     def cache(self, tenant_id: str, namespace: str, name: str) -> CacheSpec | None: ...
 
+    def streams(self) -> list[StreamSpec]: ...
+
+    def caches(self) -> list[CacheSpec]: ...
+
 
 class CatalogError(ValueError):
     """A catalog entry is invalid; ``path`` names it (``catalog.tenants.t1...``)."""

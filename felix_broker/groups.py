@@ -260,6 +260,14 @@ class GroupService:
     def idle_ms(self) -> int:
         return max(self.limits.idle_ms, 2 * self._config.group_visibility_timeout_ms)
 
+    def committed_offsets(self) -> dict[tuple[str, str, str, int], int]:
+        """Per stream shard with a group log: one past the last change a reader may see.
+
+        The group log holds both cursor and dead-letter changes (one log per
+        shard), so ``/backup/offsets`` names it ``group_cursors``.
+        """
+        return {key: groups.log.readable_offset for key, groups in self._shards.items()}
+
     # -- life cycle -----------------------------------------------------------------
 
     async def start(self) -> None:

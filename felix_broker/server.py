@@ -893,26 +893,55 @@ class Broker:
         return proto.message(OffsetValue(offset=offset, request_id=request.request_id))
 
     def _backup_offsets(self) -> dict[str, object]:
-        """Every durable shard's committed offset (one past the last record a reader may
-        see); a standalone broker leads every shard it serves, at generation 0."""
+        """Every shard's committed log offsets (one past the last record a reader may see).
+
+        A standalone broker leads every shard it serves, at generation 0. Group
+        logs are read before the records' (the seed's rule), so a group offset
+        never names a record past ``records``. In-memory streams and caches are
+        listed under ``skipped`` as ``not_durable``.
+        """
+        groups = self.groups.committed_offsets() if self.groups is not None else {}
+        streams = self.store.offsets() if self.store is not None else {}
+        caches = self.cache.committed_offsets() if self.cache is not None else {}
         shards: list[dict[str, object]] = []
-        if self.store is not None:
-            # What a reader may see: what an fsync covered under on_commit, everything
-            # appended (and so acknowledged) under the other modes.
-            on_commit = self.config.durable_fsync_mode is FsyncMode.ON_COMMIT
-            for key, offsets in self.store.offsets().items():
-                shards.append(
-                    {
-                        "tenant_id": key.tenant,
-                        "namespace": key.namespace,
-                        "name": key.stream,
-                        "shard": key.shard,
-                        "kind": "stream",
-                        "generation": 0,
-                        "logs": {"records": offsets.durable if on_commit else offsets.next},
-                    }
-                )
-        return {"node_id": "", "shards": shards, "skipped": []}
+        skipped: list[dict[str, object]] = []
+
+        def shard(scope: tuple[str, str, str, int], kind: str) -> dict[str, object]:
+            tenant, namespace, name, index = scope
+            return {
+                "tenant_id": tenant,
+                "namespace": namespace,
+                "name": name,
+                "shard": index,
+                "kind": kind,
+            }
+
+        for key, offsets in streams.items():
+            scope = (key.tenant, key.namespace, key.stream, key.shard)
+            # What a reader may see: what an fsync covered under on_commit,
+            # everything appended (and so acknowledged) under the other modes.
+            records = offsets.durable if self._on_commit else offsets.next
+            logs = {"records": records}
+            if scope in groups:
+                logs["group_cursors"] = groups[scope]
+            shards.append(shard(scope, "stream") | {"generation": 0, "logs": logs})
+        for scope, records in sorted(caches.items()):
+            shards.append(shard(scope, "cache") | {"generation": 0, "logs": {"records": records}})
+        for spec in self.catalog.streams():
+            if self.store is None or not spec.durable:
+                for index in range(spec.shards):
+                    scope = (spec.tenant_id, spec.namespace, spec.name, index)
+                    skipped.append(shard(scope, "stream") | {"reason": "not_durable"})
+        if self.cache is None or not self.cache.durable:
+            for cache_spec in self.catalog.caches():
+                for index in range(cache_spec.shards):
+                    scope = (cache_spec.tenant_id, cache_spec.namespace, cache_spec.name, index)
+                    skipped.append(shard(scope, "cache") | {"reason": "not_durable"})
+        return {"node_id": "", "shards": shards, "skipped": skipped}
+
+    @property
+    def _on_commit(self) -> bool:
+        return self.config.durable_fsync_mode is FsyncMode.ON_COMMIT
 
     # -- discovery --------------------------------------------------------------------
 

@@ -111,7 +111,16 @@ async def test_http_endpoints_report_the_broker(tmp_path: Path) -> None:
         status, metrics = await asyncio.to_thread(_get, base + "/metrics")
         assert status == 200 and "felix_broker_connections 1.0" in metrics
         status, body = await asyncio.to_thread(_get, base + "/backup/offsets")
-        assert json.loads(body) == {"node_id": "", "shards": [], "skipped": []}
+        offsets = json.loads(body)
+        # Nothing written yet: the durable stream has no log, the log-backed
+        # cache's shards are open and empty, the in-memory streams are skipped.
+        assert offsets["node_id"] == ""
+        assert [(s["kind"], s["name"], s["logs"]) for s in offsets["shards"]] == [
+            ("cache", "c", {"records": 0}),
+            ("cache", "c", {"records": 0}),
+        ]
+        assert {s["reason"] for s in offsets["skipped"]} == {"not_durable"}
+        assert len(offsets["skipped"]) == 1 + 4 + 3 + 1  # orders, wide, mod, other
         client.close()
 
 
@@ -198,3 +207,15 @@ def test_start_message_names_addresses_ca_and_token(tmp_path: Path) -> None:
     finally:
         process.send_signal(signal.SIGTERM)
         assert process.wait(timeout=20) == 0
+
+
+async def test_backup_offsets_without_durable_storage_skip_everything(tmp_path: Path) -> None:
+    async with running_broker(tmp_path, durable_storage_dir="") as broker:
+        base = f"http://127.0.0.1:{broker.http_port}"
+        status, body = await asyncio.to_thread(_get, base + "/backup/offsets")
+        assert status == 200
+        offsets = json.loads(body)
+        assert offsets["shards"] == []
+        skipped = {(s["kind"], s["name"], s["shard"], s["reason"]) for s in offsets["skipped"]}
+        assert {("stream", "log", 0, "not_durable"), ("stream", "log", 1, "not_durable")} <= skipped
+        assert {("cache", "c", 0, "not_durable"), ("cache", "c", 1, "not_durable")} <= skipped

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import time
+import urllib.request
 from pathlib import Path
 from typing import Any
 
@@ -374,3 +376,28 @@ async def test_cursor_and_dead_letters_survive_a_broker_restart(tmp_path: Path) 
         assert [r.offset for r in await s.poll(5)] == [2]
         await s.call(GroupAck, offset=2)
         assert (await s.call(GroupDescribe)).committed == 4
+
+
+async def test_backup_offsets_name_the_group_log_caches_and_in_memory_shards(
+    tmp_path: Path,
+) -> None:
+    async with running_broker(tmp_path) as broker:
+        s = await session(broker)
+        await s.publish(b"a", b"b", b"c")
+        assert [r.offset for r in await s.poll(2)] == [0, 1]
+        assert isinstance(await s.call(GroupAck, offset=0), CacheOk)
+        url = f"http://127.0.0.1:{broker.http_port}/backup/offsets"
+        body = await asyncio.to_thread(lambda: urllib.request.urlopen(url, timeout=5).read())
+        status = json.loads(body)
+        assert broker.groups is not None
+        group_log = broker.groups.committed_offsets()[(TENANT, NS, "log", 0)]
+        assert group_log > 0  # the group's creation, claims and ack were logged
+        shards = {(s["kind"], s["name"], s["shard"]): s for s in status["shards"]}
+        assert shards["stream", "log", 0]["logs"] == {"records": 3, "group_cursors": group_log}
+        # The catalog's durable cache: log-backed, both shards, nothing written yet.
+        assert shards["cache", "c", 0]["logs"] == {"records": 0}
+        assert shards["cache", "c", 1]["generation"] == 0
+        skipped = {(s["kind"], s["name"], s["shard"], s["reason"]) for s in status["skipped"]}
+        assert ("stream", "orders", 0, "not_durable") in skipped
+        assert {("stream", "wide", i, "not_durable") for i in range(4)} <= skipped
+        assert not any(name == "log" for _, name, _, _ in skipped)
