@@ -32,7 +32,7 @@ from felix_broker._files import create_file_once
 
 from .api import ControlPlane, Settings
 from .http11 import HttpServer
-from .store import SqliteStore
+from .store import DEFAULT_MAX_CHANGES, SqliteStore
 
 __all__ = ["main", "parse_args", "run"]
 
@@ -57,6 +57,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--bootstrap-secret-file", type=Path)
     parser.add_argument("--token-ttl", type=int, default=900)
     parser.add_argument("--max-token-ttl", type=int, default=3600)
+    parser.add_argument(
+        "--max-changes",
+        type=int,
+        default=DEFAULT_MAX_CHANGES,
+        help="catalog change-log entries kept; a broker further behind reloads the snapshot",
+    )
     parser.add_argument("--log-level", default="INFO")
     args = parser.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
@@ -102,7 +108,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
             args.db.with_name(args.db.name + ".bootstrap-secret"),
         ),
     )
-    store = SqliteStore(args.db)
+    store = SqliteStore(args.db, max_changes=args.max_changes)
     plane = ControlPlane(store, settings)
     context = None
     if args.tls_cert is not None:

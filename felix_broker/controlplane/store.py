@@ -10,7 +10,9 @@ Everything the control plane keeps is one of four things:
 * the change log: every catalog mutation (and every change of a tenant's
   published keys) gets a sequence number, written in the same transaction as
   the mutation itself, so a broker that read a snapshot at sequence N and then
-  every change after N has exactly the current catalog.
+  every change after N has exactly the current catalog. Only the newest
+  ``max_changes`` entries are kept; asking for older ones answers ``reset``,
+  and the broker reloads the snapshot.
 
 Another database only has to implement :class:`Store`. The methods are
 synchronous and each one is a single transaction; the HTTP layer runs them in
@@ -31,6 +33,7 @@ from typing import Any, Protocol
 
 __all__ = [
     "CATALOG_KINDS",
+    "DEFAULT_MAX_CHANGES",
     "Change",
     "ChangePage",
     "ConflictError",
@@ -43,6 +46,10 @@ __all__ = [
 ]
 
 _log = logging.getLogger(__name__)
+
+# Change-log entries kept (about 200 bytes each): a broker that falls further
+# behind reloads the snapshot instead of replaying the log.
+DEFAULT_MAX_CHANGES = 10_000
 
 # Resource kinds brokers learn about through the change log.
 CATALOG_KINDS = frozenset({"namespace", "stream", "cache"})
@@ -183,7 +190,10 @@ CREATE TABLE IF NOT EXISTS changes (
 class SqliteStore:
     """:class:`Store` on one SQLite file (``":memory:"`` for tests)."""
 
-    def __init__(self, path: Path | str) -> None:
+    def __init__(self, path: Path | str, *, max_changes: int = DEFAULT_MAX_CHANGES) -> None:
+        if max_changes < 1:
+            raise ValueError(f"max_changes must be >= 1, got {max_changes}")
+        self._max_changes = max_changes
         # One connection shared by the worker threads, serialised by a lock:
         # SQLite allows one writer anyway, and every call is one short transaction.
         self._db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
@@ -204,8 +214,8 @@ class SqliteStore:
                 raise
             self._db.execute("COMMIT")
 
-    @staticmethod
     def _record(
+        self,
         db: sqlite3.Connection,
         op: str,
         kind: str,
@@ -214,10 +224,14 @@ class SqliteStore:
         name: str,
         body: dict[str, Any] | None,
     ) -> None:
-        db.execute(
+        cursor = db.execute(
             "INSERT INTO changes (op, kind, tenant, namespace, name, body) VALUES (?,?,?,?,?,?)",
             (op, kind, tenant, namespace, name, None if body is None else json.dumps(body)),
         )
+        # The log keeps the newest max_changes entries; a broker further behind
+        # gets reset=True and reloads the snapshot (see changes_since).
+        assert cursor.lastrowid is not None
+        db.execute("DELETE FROM changes WHERE seq <= ?", (cursor.lastrowid - self._max_changes,))
 
     @staticmethod
     def _tenant_known(db: sqlite3.Connection, tenant: str) -> bool:
@@ -416,6 +430,10 @@ class SqliteStore:
         with self._lock:
             head = self._head(self._db)
             if seq > head:
+                return ChangePage(seq=head, changes=[], reset=True)
+            (oldest,) = self._db.execute("SELECT MIN(seq) FROM changes").fetchone()
+            if seq < head and (oldest is None or oldest > seq + 1):
+                # Changes after seq were pruned: only a new snapshot is complete.
                 return ChangePage(seq=head, changes=[], reset=True)
             rows = self._db.execute(
                 "SELECT seq, op, kind, tenant, namespace, name, body FROM changes "

@@ -207,7 +207,10 @@ class LiveCatalog(CatalogTables):
                     timeout=self._wait + 10.0,
                 )
                 if page.get("reset"):
-                    _log.warning("control plane sequence went back; reloading the snapshot")
+                    _log.warning(
+                        "control plane no longer has the changes after %d; reloading the snapshot",
+                        self._seq,
+                    )
                     await self._load_snapshot(announce=True)
                     continue
                 for change in page.get("changes", []):

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from felix_broker.controlplane.api import ControlPlane, Settings
 from felix_broker.controlplane.http11 import HttpServer, Request, Response
-from felix_broker.controlplane.store import SqliteStore
+from felix_broker.controlplane.store import DEFAULT_MAX_CHANGES, SqliteStore
 
 SYNC_TOKEN = "sync-secret-for-tests"
 BOOTSTRAP_SECRET = "bootstrap-secret-for-tests"
@@ -87,8 +87,10 @@ class Plane:
 
 
 @asynccontextmanager
-async def control_plane(tmp: Path, **settings: Any) -> AsyncIterator[Plane]:
-    store = SqliteStore(tmp / "cp.db")
+async def control_plane(
+    tmp: Path, *, max_changes: int = DEFAULT_MAX_CHANGES, **settings: Any
+) -> AsyncIterator[Plane]:
+    store = SqliteStore(tmp / "cp.db", max_changes=max_changes)
     settings.setdefault("sync_token", SYNC_TOKEN)
     settings.setdefault("bootstrap_secret", BOOTSTRAP_SECRET)
     control = ControlPlane(store, Settings(**settings))

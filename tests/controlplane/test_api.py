@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
+import asyncio
 from pathlib import Path
 
 import pytest
 
+from felix_broker.controlplane.store import SqliteStore
+from felix_broker.controlplane.sync import CatalogChange, LiveCatalog
 from felix_broker.tokens import DevIssuer
 
 from .support import BOOTSTRAP_SECRET, SYNC_TOKEN, call, control_plane
@@ -234,3 +237,64 @@ async def test_sync_feed_needs_the_sync_token_and_reports_changes(tmp_path: Path
             "GET", f"{plane.url}/v1/catalog/changes?since={page['seq'] + 100}", token=SYNC_TOKEN
         )
         assert page["reset"] is True
+
+
+async def test_the_change_log_keeps_its_newest_entries_and_resets_older_readers(
+    tmp_path: Path,
+) -> None:
+    async with control_plane(tmp_path, max_changes=3) as plane:
+        admin = (await plane.bootstrap("acme"))["admin_token"]
+        await call("POST", plane.t("acme", "/namespaces"), token=admin, body={"name": "ns"})
+        for name in ("a", "b", "c", "d"):
+            await call(
+                "POST", plane.t("acme", "/namespaces/ns/streams"), token=admin, body={"name": name}
+            )
+        assert plane.rows()["changes"] == 3  # the bound holds
+        _, snap = await call("GET", f"{plane.url}/v1/catalog/snapshot", token=SYNC_TOKEN)
+        head = snap["seq"]
+        # The last three changes are still there for a reader just behind...
+        _, page = await call(
+            "GET", f"{plane.url}/v1/catalog/changes?since={head - 3}", token=SYNC_TOKEN
+        )
+        assert page["reset"] is False
+        assert [c["name"] for c in page["changes"]] == ["b", "c", "d"]
+        # ...one further behind is told to reload the snapshot.
+        _, page = await call(
+            "GET", f"{plane.url}/v1/catalog/changes?since={head - 4}", token=SYNC_TOKEN
+        )
+        assert page["reset"] is True and page["changes"] == []
+        assert page["seq"] == head
+
+
+def test_the_change_log_bound_must_be_positive(tmp_path: Path) -> None:
+    with pytest.raises(ValueError):
+        SqliteStore(tmp_path / "cp.db", max_changes=0)
+
+
+async def test_a_catalog_behind_the_kept_changes_reloads_the_snapshot(tmp_path: Path) -> None:
+    async with control_plane(tmp_path, max_changes=2) as plane:
+        admin = (await plane.bootstrap("acme"))["admin_token"]
+        await call("POST", plane.t("acme", "/namespaces"), token=admin, body={"name": "ns"})
+        streams = plane.t("acme", "/namespaces/ns/streams")
+        await call("POST", streams, token=admin, body={"name": "old"})
+        catalog = LiveCatalog(plane.url, sync_token=SYNC_TOKEN, poll_wait_seconds=1)
+        seen: list[CatalogChange] = []
+        catalog.add_listener(seen.append)
+        await catalog.start()
+        assert catalog.stream("acme", "ns", "old") is not None
+        # Stop following, let more changes happen than the log keeps, then follow
+        # again from the old sequence number (what a broker cut off for a while does).
+        await catalog.close()
+        await call("DELETE", f"{streams}/old", token=admin)
+        for name in ("x", "y", "z"):
+            await call("POST", streams, token=admin, body={"name": name})
+        _, snap = await call("GET", f"{plane.url}/v1/catalog/snapshot", token=SYNC_TOKEN)
+        catalog._task = asyncio.get_running_loop().create_task(catalog._follow())
+        try:
+            await catalog.wait_for_seq(snap["seq"], timeout=10)
+            assert catalog.stream("acme", "ns", "old") is None
+            assert all(catalog.stream("acme", "ns", n) is not None for n in ("x", "y", "z"))
+            # The broker learns what went away from the difference to the snapshot.
+            assert CatalogChange("delete", "stream", "acme", "ns", "old") in seen
+        finally:
+            await catalog.close()
