@@ -916,11 +916,12 @@ class Broker:
                 "kind": kind,
             }
 
+        # What a reader may see: what an fsync covered under on_commit,
+        # everything appended (and so acknowledged) under the other modes.
+        on_commit = self.config.durable_fsync_mode is FsyncMode.ON_COMMIT
         for key, offsets in streams.items():
             scope = (key.tenant, key.namespace, key.stream, key.shard)
-            # What a reader may see: what an fsync covered under on_commit,
-            # everything appended (and so acknowledged) under the other modes.
-            records = offsets.durable if self._on_commit else offsets.next
+            records = offsets.durable if on_commit else offsets.next
             logs = {"records": records}
             if scope in groups:
                 logs["group_cursors"] = groups[scope]
@@ -938,10 +939,6 @@ class Broker:
                     scope = (cache_spec.tenant_id, cache_spec.namespace, cache_spec.name, index)
                     skipped.append(shard(scope, "cache") | {"reason": "not_durable"})
         return {"node_id": "", "shards": shards, "skipped": skipped}
-
-    @property
-    def _on_commit(self) -> bool:
-        return self.config.durable_fsync_mode is FsyncMode.ON_COMMIT
 
     # -- discovery --------------------------------------------------------------------
 
