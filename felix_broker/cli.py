@@ -27,8 +27,8 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from .catalog import CacheSpec, Routing, StaticCatalog, StreamSpec
-from .config import (
+from felix_broker.catalog import CacheSpec, Routing, StaticCatalog, StreamSpec
+from felix_broker.config import (
     BrokerConfig,
     ConfigError,
     HostPort,
@@ -36,11 +36,11 @@ from .config import (
     config_from_args,
     load_config,
 )
-from .controlplane.api import ControlPlane, Settings
-from .controlplane.http11 import HttpServer
-from .controlplane.store import SqliteStore
-from .server import Broker
-from .tokens import DevIssuer
+from felix_broker.server import Broker
+from felix_broker.tokens import DevIssuer
+from felix_controlplane.api import ControlPlane, Settings
+from felix_controlplane.http11 import HttpServer
+from felix_controlplane.store import SqliteStore
 
 __all__ = ["full_rights", "main"]
 

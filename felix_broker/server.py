@@ -26,6 +26,33 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from felix_broker.cache.service import CACHE_REQUESTS, CacheCall, CacheService
+from felix_broker.catalog import Catalog, Routing, StreamSpec
+from felix_broker.config import BrokerConfig, FsyncMode
+from felix_broker.groups.service import GROUP_REQUESTS, GroupCall, GroupService
+from felix_broker.metrics import BrokerMetrics
+from felix_broker.ops_http import Health, HttpListener
+from felix_broker.permissions import Action, stream_object
+from felix_broker.session.protocol import (
+    Authenticated,
+    AuthRefusedError,
+    Dispatch,
+    End,
+    Send,
+    StreamProtocol,
+)
+from felix_broker.storage import LogConfig, LogStore
+from felix_broker.streams.delivery import SubscriptionWriter
+from felix_broker.streams.engine import (
+    Engine,
+    OverloadedError,
+    PublishRequest,
+    Shard,
+    Subscriber,
+    publisher_of,
+)
+from felix_broker.tls import TlsMaterial, prepare_tls
+from felix_broker.tokens import DevIssuer, Principal, TokenError, TokenVerifier
 from felix_transport import Connection, Server, Stream, StreamClosedError, TransportConfig, serve
 from felix_transport.events import ConnectionClosedError
 from felix_wire.binary import PublishBatchFrame
@@ -61,34 +88,6 @@ from felix_wire.messages import (
     Subscribed,
     Unsupported,
 )
-
-from .cache import CACHE_REQUESTS, CacheCall, CacheService
-from .catalog import Catalog, Routing, StreamSpec
-from .config import BrokerConfig, FsyncMode
-from .delivery import SubscriptionWriter
-from .engine import (
-    Engine,
-    OverloadedError,
-    PublishRequest,
-    Shard,
-    Subscriber,
-    publisher_of,
-)
-from .groups import GROUP_REQUESTS, GroupCall, GroupService
-from .http import Health, HttpListener
-from .metrics import BrokerMetrics
-from .permissions import Action, stream_object
-from .protocol import (
-    Authenticated,
-    AuthRefusedError,
-    Dispatch,
-    End,
-    Send,
-    StreamProtocol,
-)
-from .storage import LogConfig, LogStore
-from .tls import TlsMaterial, prepare_tls
-from .tokens import DevIssuer, Principal, TokenError, TokenVerifier
 
 __all__ = ["SERVER_FEATURES", "SERVER_FLAGS", "Broker"]
 
@@ -331,7 +330,7 @@ class Broker:
     async def _connect_control_plane(self, url: str) -> None:
         """Take the catalog and the tenants' token keys from the control plane: a
         snapshot now (start fails if it cannot be had), then changes as they come."""
-        from .controlplane.sync import LiveCatalog, TenantJwksVerifier
+        from felix_broker.catalog.live import LiveCatalog, TenantJwksVerifier
 
         config = self.config
         if config.controlplane_sync_token_file is not None:

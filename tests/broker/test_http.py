@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from felix_broker.http import Health, HttpListener
 from felix_broker.metrics import BrokerMetrics
+from felix_broker.ops_http import Health, HttpListener
 
 pytestmark = pytest.mark.timeout(20)
 

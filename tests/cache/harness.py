@@ -10,7 +10,7 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from felix_broker.cache import CacheLimits, CacheService
+from felix_broker.cache.service import CacheLimits, CacheService
 from felix_broker.catalog import CacheSpec, StaticCatalog, StreamSpec
 from felix_broker.cli import full_rights
 from felix_broker.config import load_config

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from felix_broker.cache import CacheLimits
-from felix_broker.cache_shard import CacheShard
+from felix_broker.cache.service import CacheLimits
+from felix_broker.cache.shard import CacheShard
 from felix_wire.features import Feature
 from felix_wire.messages import (
     CacheCondition,

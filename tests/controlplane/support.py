@@ -16,9 +16,9 @@ from typing import Any
 import jwt
 from cryptography.hazmat.primitives.asymmetric import ec
 
-from felix_broker.controlplane.api import ControlPlane, Settings
-from felix_broker.controlplane.http11 import HttpServer, Request, Response
-from felix_broker.controlplane.store import DEFAULT_MAX_CHANGES, SqliteStore
+from felix_controlplane.api import ControlPlane, Settings
+from felix_controlplane.http11 import HttpServer, Request, Response
+from felix_controlplane.store import DEFAULT_MAX_CHANGES, SqliteStore
 
 SYNC_TOKEN = "sync-secret-for-tests"
 BOOTSTRAP_SECRET = "bootstrap-secret-for-tests"

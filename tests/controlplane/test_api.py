@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from felix_broker.controlplane.store import SqliteStore
-from felix_broker.controlplane.sync import CatalogChange, LiveCatalog
+from felix_broker.catalog.live import CatalogChange, LiveCatalog
 from felix_broker.tokens import DevIssuer
+from felix_controlplane.store import SqliteStore
 
 from .support import BOOTSTRAP_SECRET, SYNC_TOKEN, call, control_plane
 
@@ -188,7 +188,7 @@ async def test_bootstrap_needs_the_secret(tmp_path: Path) -> None:
 
 
 async def test_admin_listener_refuses_non_loopback_peers(tmp_path: Path) -> None:
-    from felix_broker.controlplane.http11 import Request
+    from felix_controlplane.http11 import Request
 
     async with control_plane(tmp_path) as plane:
         request = Request(
@@ -205,7 +205,7 @@ async def test_admin_listener_refuses_non_loopback_peers(tmp_path: Path) -> None
 
 
 def test_cli_refuses_a_public_admin_bind() -> None:
-    from felix_broker.controlplane.cli import parse_args
+    from felix_controlplane.cli import parse_args
 
     with pytest.raises(SystemExit):
         parse_args(["--admin-bind", "0.0.0.0:8901"])

@@ -10,8 +10,8 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from felix_broker.controlplane.rbac import narrow
 from felix_broker.tokens import TokenVerifier, UnknownKeyIdError
+from felix_controlplane.rbac import narrow
 
 from .support import IDP_AUDIENCE, FakeIdp, call, control_plane, fake_idp, setup_tenant
 

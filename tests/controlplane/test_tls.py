@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from felix_broker.controlplane.cli import parse_args, run
-from felix_broker.controlplane.sync import LiveCatalog, SyncError
+from felix_broker.catalog.live import LiveCatalog, SyncError
 from felix_broker.tls import prepare_tls
+from felix_controlplane.cli import parse_args, run
 
 pytestmark = pytest.mark.timeout(30)
 

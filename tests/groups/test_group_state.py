@@ -9,7 +9,7 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from felix_broker.group_records import (
+from felix_broker.groups.records import (
     GroupChange,
     GroupDurable,
     Kind,
@@ -18,7 +18,7 @@ from felix_broker.group_records import (
     encode_change,
     snapshot_changes,
 )
-from felix_broker.group_state import (
+from felix_broker.groups.state import (
     ClaimState,
     GroupLimits,
     GroupRefusedError,

@@ -43,6 +43,31 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from felix_broker.catalog import Catalog, StreamSpec
+from felix_broker.config import BrokerConfig, FsyncMode
+from felix_broker.groups.records import (
+    GroupChange,
+    GroupDurable,
+    Kind,
+    apply_change,
+    decode_change,
+    encode_change,
+    snapshot_changes,
+)
+from felix_broker.groups.state import (
+    GroupLimits,
+    GroupRefusedError,
+    GroupState,
+    Member,
+    Offer,
+    SeekTarget,
+)
+from felix_broker.metrics import BrokerMetrics
+from felix_broker.permissions import Action, group_object
+from felix_broker.session.protocol import StreamProtocol
+from felix_broker.storage import Log, LogConfig, Retention, StorageError
+from felix_broker.storage.format import Record
+from felix_broker.streams.engine import Engine, Shard
 from felix_transport import StreamClosedError
 from felix_transport.events import ConnectionClosedError
 from felix_wire.errors import ErrorCode, RetryClass
@@ -70,25 +95,6 @@ from felix_wire.messages import (
     Message,
     StartOffset,
 )
-
-from .catalog import Catalog, StreamSpec
-from .config import BrokerConfig, FsyncMode
-from .engine import Engine, Shard
-from .group_records import (
-    GroupChange,
-    GroupDurable,
-    Kind,
-    apply_change,
-    decode_change,
-    encode_change,
-    snapshot_changes,
-)
-from .group_state import GroupLimits, GroupRefusedError, GroupState, Member, Offer, SeekTarget
-from .metrics import BrokerMetrics
-from .permissions import Action, group_object
-from .protocol import StreamProtocol
-from .storage import Log, LogConfig, Retention, StorageError
-from .storage.format import Record
 
 __all__ = ["GROUP_FEATURES", "GROUP_REQUESTS", "GroupCall", "GroupService", "GroupServiceLimits"]
 

@@ -32,8 +32,7 @@ from felix_broker.permissions import (
     InvalidPermissionError,
     PermissionSet,
 )
-
-from .model import ApiError, bad_request, check_name
+from felix_controlplane.model import ApiError, bad_request, check_name
 
 __all__ = [
     "effective_grants",

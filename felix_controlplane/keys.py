@@ -23,8 +23,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from felix_broker.tokens import ALGORITHM, LEEWAY_SECONDS
 from felix_broker.tokens import _public_jwk as public_jwk
-
-from .store import NotFoundError, Store, StoredKey
+from felix_controlplane.store import NotFoundError, Store, StoredKey
 
 __all__ = ["KeyRing"]
 

@@ -29,10 +29,9 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from felix_broker._files import create_file_once
-
-from .api import ControlPlane, Settings
-from .http11 import HttpServer
-from .store import DEFAULT_MAX_CHANGES, SqliteStore
+from felix_controlplane.api import ControlPlane, Settings
+from felix_controlplane.http11 import HttpServer
+from felix_controlplane.store import DEFAULT_MAX_CHANGES, SqliteStore
 
 __all__ = ["main", "parse_args", "run"]
 

@@ -37,11 +37,17 @@ from pathlib import Path
 
 from prometheus_client import Counter
 
-from .cache_records import CacheRecord, Kind, decode_record, encode_counter, encode_record
-from .cache_watch import Change, Watcher
-from .config import FsyncMode
-from .storage import Log, LogConfig, Retention, StorageError
-from .storage.format import batch_size
+from felix_broker.cache.records import (
+    CacheRecord,
+    Kind,
+    decode_record,
+    encode_counter,
+    encode_record,
+)
+from felix_broker.cache.watch import Change, Watcher
+from felix_broker.config import FsyncMode
+from felix_broker.storage import Log, LogConfig, Retention, StorageError
+from felix_broker.storage.format import batch_size
 
 __all__ = ["CacheLimits", "CacheShard", "Entry", "EntryTooLargeError"]
 

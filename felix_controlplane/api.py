@@ -46,13 +46,12 @@ from typing import Any
 
 from felix_broker.permissions import Action, PermissionSet
 from felix_broker.tokens import AUDIENCE, ISSUER, TokenError, TokenVerifier
-
-from . import model, rbac
-from .exchange import UpstreamVerifier, validate_identity_provider
-from .http11 import Request, Response, _BadJsonType, error
-from .keys import KeyRing
-from .model import ApiError
-from .store import ConflictError, NotFoundError, ResourceKey, Store
+from felix_controlplane import model, rbac
+from felix_controlplane.exchange import UpstreamVerifier, validate_identity_provider
+from felix_controlplane.http11 import Request, Response, _BadJsonType, error
+from felix_controlplane.keys import KeyRing
+from felix_controlplane.model import ApiError
+from felix_controlplane.store import ConflictError, NotFoundError, ResourceKey, Store
 
 __all__ = ["CONTROLPLANE_AUDIENCE", "ControlPlane", "Settings"]
 

@@ -51,6 +51,10 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from felix_broker.catalog import Catalog, StreamSpec
+from felix_broker.config import BrokerConfig, SubscriberQueuePolicy
+from felix_broker.metrics import BrokerMetrics
+from felix_broker.storage import Log, LogStore, Retention, ShardKey, StorageError
 from felix_wire.binary import (
     EventBatchLegacyFrame,
     EventBatchSharedFrame,
@@ -62,11 +66,6 @@ from felix_wire.features import Capabilities
 from felix_wire.flags import Flag
 from felix_wire.messages import EventBatch
 from felix_wire.routing import shard_for_key
-
-from .catalog import Catalog, StreamSpec
-from .config import BrokerConfig, SubscriberQueuePolicy
-from .metrics import BrokerMetrics
-from .storage import Log, LogStore, Retention, ShardKey, StorageError
 
 __all__ = [
     "Chunk",

@@ -26,7 +26,7 @@ from urllib.parse import urlparse
 
 import jwt
 
-from .model import ApiError, bad_request, check_name
+from felix_controlplane.model import ApiError, bad_request, check_name
 
 __all__ = [
     "ALLOWED_UPSTREAM_ALGORITHMS",

@@ -41,8 +41,7 @@ from urllib.parse import quote
 
 from felix_broker.catalog import CatalogTables
 from felix_broker.tokens import Principal, TokenVerifier, UnknownKeyIdError
-
-from .model import ApiError, cache_spec, stream_spec
+from felix_controlplane.model import ApiError, cache_spec, stream_spec
 
 __all__ = ["CatalogChange", "LiveCatalog", "SyncError", "TenantJwksVerifier"]
 

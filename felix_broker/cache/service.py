@@ -51,6 +51,21 @@ from typing import Any
 
 from prometheus_client import Counter
 
+from felix_broker.cache.records import Kind, decode_record
+from felix_broker.cache.shard import (
+    CacheLimits,
+    CacheShard,
+    Entry,
+    EntryTooLargeError,
+    now_ms,
+)
+from felix_broker.cache.watch import Change, Watcher
+from felix_broker.catalog import CacheSpec, Catalog
+from felix_broker.config import BrokerConfig, FsyncMode
+from felix_broker.metrics import BrokerMetrics
+from felix_broker.permissions import Action, cache_object
+from felix_broker.session.protocol import StreamProtocol
+from felix_broker.storage import OffsetOutOfRangeError, StorageError
 from felix_transport import Stream, StreamClosedError
 from felix_transport.events import ConnectionClosedError
 from felix_wire.codec import encode_frame
@@ -80,16 +95,6 @@ from felix_wire.messages import (
     VersionCondition,
 )
 from felix_wire.routing import CACHE_MODE, shard_for_key
-
-from .cache_records import Kind, decode_record
-from .cache_shard import CacheLimits, CacheShard, Entry, EntryTooLargeError, now_ms
-from .cache_watch import Change, Watcher
-from .catalog import CacheSpec, Catalog
-from .config import BrokerConfig, FsyncMode
-from .metrics import BrokerMetrics
-from .permissions import Action, cache_object
-from .protocol import StreamProtocol
-from .storage import OffsetOutOfRangeError, StorageError
 
 __all__ = ["CACHE_REQUESTS", "WATCH_ID_BASE", "CacheCall", "CacheLimits", "CacheService"]
 

@@ -15,11 +15,10 @@ from __future__ import annotations
 
 import asyncio
 
+from felix_broker.streams.engine import Chunk, Subscriber, encode_events
 from felix_transport import ConnectionClosedError, Stream, StreamClosedError
 from felix_wire.codec import encode_frame
 from felix_wire.messages import EventStreamHello, SubscriptionLagged
-
-from .engine import Chunk, Subscriber, encode_events
 
 __all__ = ["SubscriptionWriter"]
 

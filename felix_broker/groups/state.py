@@ -40,7 +40,7 @@ import heapq
 import itertools
 from dataclasses import dataclass, field
 
-from .group_records import GroupChange, GroupDurable, Kind
+from felix_broker.groups.records import GroupChange, GroupDurable, Kind
 
 __all__ = [
     "Claim",

@@ -1,0 +1,1 @@
+"""The key-value cache: the request service, shards, their stored records and watches."""

@@ -1,0 +1,1 @@
+"""Streams: the shard engine (publish queues, fanout) and a subscription's delivery."""
