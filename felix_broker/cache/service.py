@@ -208,7 +208,7 @@ class CacheService:
             return
         self._started = True
         if self.durable:
-            for spec in self._config.catalog.caches():
+            for spec in self._catalog.caches():
                 for index in range(spec.shards):
                     scope = (spec.tenant_id, spec.namespace, spec.name, index)
                     if scope not in self._shards:

@@ -258,7 +258,7 @@ class GroupService:
     async def start(self) -> None:
         """Replay every group log on disk, then start upkeep. A shard without one is
         opened on its first group request (so no stream log is opened just for this)."""
-        for spec in self._config.catalog.streams():
+        for spec in self._catalog.streams():
             if spec.durable:
                 for index in range(spec.shards):
                     if self._directory(spec, index).exists():
