@@ -23,8 +23,9 @@ worker pass.
 Subscribers. Each has a bounded queue of frames (`subscriber_queue_capacity`,
 clamped `queue_capacity` when the client asked). At the bound, `drop_new`
 (default) drops the new frame, `drop_old` drops the oldest queued frame, and
-`block` makes the tenant's worker wait for room (slowing that tenant's
-publishers). Drops are counted per subscriber and in the metrics. A slow
+`block` queues the frame all the same and makes the tenant's worker wait for
+room before its next pass (slowing that tenant's publishers; a blocked queue
+holds at most its capacity plus one pass's frames, and loses nothing). Drops are counted per subscriber and in the metrics. A slow
 subscriber never slows the publisher or other subscribers under the drop
 policies.
 
@@ -225,12 +226,19 @@ class Subscriber:
         return len(self._frames)
 
     def offer(self, frame: bytes, records: int, base: int = 0) -> bool:
-        """Queue a frame; False when it had to wait for room (policy `block`)."""
+        """Queue a frame; False when the queue is at its capacity under policy `block`.
+
+        Under `block` the frame is queued all the same (nothing is lost) and the
+        caller must `wait_for_room()` before it offers more than the rest of its
+        current flush: the queue then holds at most `capacity` frames plus one
+        flush's frames.
+        """
         if self.closed:
             return True
         if len(self._frames) >= self.capacity:
             if self.policy is SubscriberQueuePolicy.BLOCK:
                 self._room.clear()
+                self._queue(frame, records, base)
                 return False
             if self.policy is SubscriberQueuePolicy.DROP_OLD:
                 _, old_records, _ = self._frames.popleft()
@@ -239,10 +247,13 @@ class Subscriber:
             else:
                 self._drop(records)
                 return True
+        self._queue(frame, records, base)
+        return True
+
+    def _queue(self, frame: bytes, records: int, base: int) -> None:
         self._frames.append((frame, records, base))
         self._metrics.subscriber_queue_depth.inc()
         self._ready.set()
-        return True
 
     async def wait_for_room(self) -> None:
         while not self.closed and len(self._frames) >= self.capacity:
@@ -368,7 +379,8 @@ class Shard:
 
     def flush(self) -> list[Subscriber]:
         """Encode pending records once per variant and queue them; returns the
-        subscribers that are full under the `block` policy (the caller waits)."""
+        subscribers at or past their capacity under the `block` policy (their
+        frames are queued; the caller waits for their room before the next pass)."""
         for listener in self.listeners:
             listener()
         if not self._pending:
@@ -399,7 +411,7 @@ class Shard:
                         if not sub.offer(frame, count, chunk.base_offset):
                             blocked.append(sub)
         self._pending = []
-        return blocked
+        return list(dict.fromkeys(blocked))
 
 
 class _TenantPipeline:
