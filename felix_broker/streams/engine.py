@@ -25,9 +25,9 @@ clamped `queue_capacity` when the client asked). At the bound, `drop_new`
 (default) drops the new frame, `drop_old` drops the oldest queued frame, and
 `block` queues the frame all the same and makes the tenant's worker wait for
 room before its next pass (slowing that tenant's publishers; a blocked queue
-holds at most its capacity plus one pass's frames, and loses nothing). Drops are counted per subscriber and in the metrics. A slow
-subscriber never slows the publisher or other subscribers under the drop
-policies.
+holds at most its capacity plus one pass's frames, and loses nothing). Drops
+are counted per subscriber and in the metrics. A slow subscriber never slows
+the publisher or other subscribers under the drop policies.
 
 Durable streams append to their shard's log (felix_broker.storage). The worker
 waits for durability per fsync mode before it fans out and acknowledges, so disk
