@@ -377,9 +377,9 @@ class StreamService:
 
     async def stream_read(self, request: StreamRead, ctx: RequestContext) -> None:
         """A page of committed records; never waits for new ones (R1)."""
-        await ctx.write(self._stream_read(ctx, request))
+        await ctx.write(await self._stream_read(ctx, request))
 
-    def _stream_read(self, ctx: RequestContext, request: StreamRead) -> bytes:
+    async def _stream_read(self, ctx: RequestContext, request: StreamRead) -> bytes:
         proto = ctx.proto
         shard = self._durable_shard(
             ctx, request.tenant_id, request.namespace, request.stream, request.shard
@@ -406,7 +406,10 @@ class StreamService:
         max_bytes = min(request.max_bytes or READ_MAX_BYTES, READ_MAX_BYTES)
         records = []
         if request.end is None or request.end > first:
-            records = log.read(first, max_records=max_records, max_bytes=max_bytes, end=request.end)
+            # Up to 4 MiB from disk: read on a worker thread, not on the event loop.
+            records = await log.aread(
+                first, max_records=max_records, max_bytes=max_bytes, end=request.end
+            )
         page = [
             StreamRecord(
                 offset=r.offset,
