@@ -16,9 +16,10 @@ Delivery. A flush cuts the appended records into event batches of at most
 batch also starts where the publisher changes, for variants that carry it) and
 encodes each batch ONCE per delivery variant present among the shard's
 subscribers; every subscriber of a variant gets the same bytes. Batches grow
-under load because the worker flushes once per pass over everything queued, so
-`event_batch_max_delay_us` is met by construction: records wait at most one
-worker pass.
+under load because the worker flushes once per pass over what is queued; a
+pass stops taking more once `event_batch_max_delay_us` has gone by since its
+first append, so no record waits longer than that (plus one append) to be
+batched, however deep the queue (0: one publish batch per pass).
 
 Subscribers. Each has a bounded queue of frames (`subscriber_queue_capacity`,
 clamped `queue_capacity` when the client asked). At the bound, `drop_new`
@@ -417,9 +418,12 @@ class Shard:
 class _TenantPipeline:
     """One tenant's bounded publish queue and the worker that drains it."""
 
-    def __init__(self, tenant_id: str, depth: int, metrics: BrokerMetrics) -> None:
+    def __init__(
+        self, tenant_id: str, depth: int, max_delay_us: int, metrics: BrokerMetrics
+    ) -> None:
         self.tenant_id = tenant_id
         self.queue: asyncio.Queue[PublishRequest] = asyncio.Queue(maxsize=depth)
+        self._max_delay_ns = max_delay_us * 1000
         self._metrics = metrics
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"publish-{tenant_id}")
 
@@ -427,13 +431,24 @@ class _TenantPipeline:
         queue = self.queue
         while True:
             batch = [await queue.get()]
-            while not queue.empty():
-                batch.append(queue.get_nowait())
+            # A pass appends what is queued until event_batch_max_delay_us has gone by
+            # since its first append, then flushes: no record waits longer than that
+            # (plus one append) to be batched, however deep the queue.
+            started = time.monotonic_ns()
             # One time per publish batch, the leader's clock at append (facts S13).
             now = now_micros()
             touched: dict[int, Shard] = {}
             written: list[tuple[PublishRequest, int]] = []
-            for request in batch:
+            at = 0
+            while at < len(batch):
+                request = batch[at]
+                at += 1
+                if (
+                    at == len(batch)
+                    and not queue.empty()
+                    and time.monotonic_ns() - started < self._max_delay_ns
+                ):
+                    batch.append(queue.get_nowait())
                 shard = request.shard
                 try:
                     base = shard.append(request.payloads, request.publisher, now)
@@ -543,7 +558,10 @@ class Engine:
         pipeline = self._pipelines.get(tenant_id)
         if pipeline is None:
             pipeline = self._pipelines[tenant_id] = _TenantPipeline(
-                tenant_id, self.config.pub_queue_depth, self.metrics
+                tenant_id,
+                self.config.pub_queue_depth,
+                self.config.event_batch_max_delay_us,
+                self.metrics,
             )
         try:
             pipeline.queue.put_nowait(request)

@@ -11,6 +11,10 @@ after the write (A5); in-memory streams never report offsets. The answers of
 one stream are queued in order (`RequestContext.answer_in_order`, at most
 `publish_window` pending); a full queue stops the stream's reader.
 
+Publish bytes in flight are bounded per connection and identity, per
+connection and per broker (budget.py): a publish that does not fit waits, and
+its stream is not read meanwhile.
+
 Subscribing. A subscription gets a broker-opened unidirectional stream fed by
 its `SubscriptionWriter` (delivery.py) from the subscriber's bounded queue; it
 outlives the control stream that made it and ends on STOP_SENDING, when the
@@ -20,6 +24,7 @@ connection goes, or when its stream is deleted from the catalog.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 
 from felix_broker.catalog import StreamSpec
 from felix_broker.config import BrokerConfig
@@ -27,6 +32,7 @@ from felix_broker.metrics import BrokerMetrics
 from felix_broker.permissions import Action, stream_object
 from felix_broker.session.context import ConnectionState, RequestContext
 from felix_broker.session.dispatch import DispatchTable
+from felix_broker.streams.budget import ByteBudget
 from felix_broker.streams.delivery import SubscriptionWriter
 from felix_broker.streams.engine import (
     Engine,
@@ -96,6 +102,7 @@ class StreamService:
         self._engine = engine
         self._metrics = metrics
         self._durable = durable
+        self._inflight = ByteBudget(config.pub_inflight_bytes)  # the whole broker's
 
     @property
     def features(self) -> int:
@@ -204,15 +211,22 @@ class StreamService:
             return
         shard = self._engine.shard_for(spec, key)
         publish = PublishRequest(shard, payloads, publisher_of(ctx.principal.subject))
+        # Held until the worker has appended it; waiting here stops this stream's reader.
+        release = await self._hold_bytes(ctx, publish.size)
         try:
             done = await self._engine.publish(publish, acked=request_id is not None)
         except OverloadedError as exc:
+            release()
             await refuse(
                 ErrorCode.OVERLOADED,
                 str(exc),
                 ErrorDetail(reason="publish_queue_full", retry_after_ms=exc.retry_after_ms),
             )
             return
+        except BaseException:
+            release()
+            raise
+        done.add_done_callback(lambda _f: release())
         if request_id is None:
             return
         # Acknowledged when queued, unless the broker or this client asked for acks
@@ -232,6 +246,42 @@ class StreamService:
             return proto.publish_answer(rid, binary=binary, offset=offset if durable else None)
 
         await ctx.answer_in_order(done if after_write else None, answer)
+
+    async def _hold_bytes(self, ctx: RequestContext, size: int) -> Callable[[], None]:
+        """Take `size` bytes from the connection's identity budget, the connection's
+        and the broker's (budget.py), waiting until they fit; returns the release."""
+        config = self._config
+        principal = ctx.principal
+        budgets = ctx.connection.publish_bytes
+        identity = f"{principal.tenant_id}/{principal.subject}"
+        mine = budgets.get(identity)
+        if mine is None:
+            mine = budgets[identity] = ByteBudget(config.pub_conn_inflight_bytes)
+        total = budgets.get("")
+        if total is None:
+            total = budgets[""] = ByteBudget(config.effective_pub_conn_total_inflight_bytes)
+        held: list[ByteBudget] = []
+        try:
+            for budget in (mine, total, self._inflight):
+                await budget.acquire(size)
+                held.append(budget)
+        except BaseException:
+            for budget in held:
+                budget.release(size)
+            raise
+        gauge = self._metrics.publish_inflight_bytes
+        gauge.inc(size)
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                for budget in held:
+                    budget.release(size)
+                gauge.dec(size)
+
+        return release
 
     # -- subscribe -------------------------------------------------------------------
 
