@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ..conftest import REPO
+from ..support.paths import REPO
 
 sys.path.insert(0, str(REPO / "codegen"))
 from felix_codegen.load import CatalogueError, load
