@@ -14,6 +14,7 @@ Modules (one concern each):
   wire_errors - typed local decode/encode errors
   routing     - routing keys to shards
   catalogue   - read-only index of everything above
+  requirements - the protocol's requirements (spec/requirements.yaml), by id
   strategies  - hypothesis strategies (tests only)
 """
 
