@@ -242,7 +242,7 @@ class Broker:
         self.cache = CacheService(config=config, catalog=self.catalog, metrics=self.metrics)
         await self.cache.start()  # reloads cache logs, starts the TTL pass
         if config.durable_enabled:
-            # Consumer groups need durable storage (facts N4, Q1): none without it.
+            # Consumer groups need durable storage (N4, Q1): none without it.
             self.groups = GroupService(
                 config=config, catalog=self.catalog, engine=self.engine, metrics=self.metrics
             )

@@ -417,7 +417,7 @@ class _TenantPipeline:
             batch = [await queue.get()]
             while not queue.empty():
                 batch.append(queue.get_nowait())
-            # One time per publish batch, the leader's clock at append (facts S13).
+            # One time per publish batch, the leader's clock at append (S13).
             now = now_micros()
             touched: dict[int, Shard] = {}
             written: list[tuple[PublishRequest, int]] = []
