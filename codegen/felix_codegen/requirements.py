@@ -33,6 +33,7 @@ class Requirement:
     section: str
     text: str
     decision: str | None
+    open: bool
 
 
 @dataclass(frozen=True)
@@ -77,7 +78,9 @@ def load_requirements(spec_dir: Path, decision_ids: Iterable[str]) -> Requiremen
     seen: set[str] = set()
     for i, raw in enumerate(document["requirements"]):
         where = f"{FILE}: $.requirements[{i}]"
-        item = Requirement(raw["id"], raw["section"], raw["text"], raw.get("decision"))
+        item = Requirement(
+            raw["id"], raw["section"], raw["text"], raw.get("decision"), raw.get("open", False)
+        )
         if item.id in seen:
             problems.append(f"{where}: duplicate id {item.id}")
         seen.add(item.id)
