@@ -80,7 +80,7 @@ def rewrite(text: str, *, transcript: bool) -> str:
 
 
 def files(repo: Path) -> list[Path]:
-    found = []
+    found: list[Path] = []
     for root in ROOTS:
         base = repo / root
         if base.exists():
