@@ -4,11 +4,13 @@ transcripts resolves in spec/requirements.yaml (felix_wire.requirements)."""
 from __future__ import annotations
 
 import ast
+import importlib.util
 import io
 import re
 import tokenize
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import yaml
@@ -116,3 +118,49 @@ def test_decisions_named_by_requirements_exist() -> None:
     named = {r.decision for r in REQUIREMENTS.values() if r.decision is not None}
     assert named and named <= set(DECISIONS)
     assert {r.section for r in REQUIREMENTS.values()} <= set(SECTIONS)
+
+
+def _rewriter() -> Any:
+    spec = importlib.util.spec_from_file_location(
+        "cite_requirements", REPO / "tools" / "cite_requirements.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize(
+    ("before", "after"),
+    [
+        ("# shard is ignored (facts K7).", "# shard is ignored (K7)."),
+        ("needs durable storage (facts N4, Q1)", "needs durable storage (N4, Q1)"),
+        ('"""Queues (facts §5.8, Q1-Q17)."""', '"""Queues (§5.8, Q1-Q17)."""'),
+        ("the defaults of facts §12.", "the defaults of §12."),
+        ("at the broker (facts 14.7): refused", "at the broker (U7): refused"),
+        ("unspecified there (facts §14 item 15), so", "unspecified there (U15), so"),
+        ("# Where sources disagree (facts section 14)", "# Where sources disagree (§14)"),
+        ("mean not given (facts 3.3).", "mean not given (§3.3)."),
+        (
+            "The protocol facts name only stream.subscribe",
+            "The protocol facts name only stream.subscribe",
+        ),
+    ],
+)
+def test_the_rewrite_script_maps_each_citation_form(before: str, after: str) -> None:
+    rewrite = _rewriter().rewrite
+    assert rewrite(before, transcript=False) == after
+    assert rewrite(after, transcript=False) == after  # idempotent
+
+
+def test_the_rewrite_script_gives_transcript_sections_their_sign() -> None:
+    rewrite = _rewriter().rewrite
+    before = "requirement: A broker MUST do it (A3, 3.3, 5.1 unsupported fields).\n"
+    after = "requirement: A broker MUST do it (A3, §3.3, §5.1 unsupported fields).\n"
+    assert rewrite(before, transcript=True) == after
+    assert rewrite(after, transcript=True) == after
+    assert rewrite(before, transcript=False) == before  # only transcripts
+
+
+def test_the_repository_needs_no_rewrite() -> None:
+    assert _rewriter().main(["--check", "--repo", str(REPO)]) == 0
