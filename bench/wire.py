@@ -46,11 +46,12 @@ async def open_session(
     tenant: str,
     token: str,
     *,
+    host: str = "127.0.0.1",
     flags: int = OFFICIAL_FLAGS,
     features: int = OFFICIAL_FEATURES,
 ) -> tuple[Connection, WireStream]:
-    """A new connection to 127.0.0.1:`port` and one stream the broker authenticated."""
-    connection = await connect(TransportConfig.client(ca_pem), "127.0.0.1", port)
+    """A new connection to `host`:`port` and one stream the broker authenticated."""
+    connection = await connect(TransportConfig.client(ca_pem), host, port)
     stream = WireStream(await connection.open_bidi_stream())
     await stream.send(client_auth(tenant, token, client_flags=flags, client_features=features))
     answer = await stream.recv()
