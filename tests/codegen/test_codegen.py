@@ -129,6 +129,7 @@ def test_the_cli_validates_only_with_check() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "78 messages" in result.stdout
+    assert f"{len(load(SPEC).requirements.items)} requirements" in result.stdout  # type: ignore[union-attr]
 
 
 def test_nothing_imports_codegen_at_run_time() -> None:
