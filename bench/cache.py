@@ -41,12 +41,9 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from felix_transport import Connection, Stream, TransportConfig, connect
-from felix_wire.codec import decode_frame, encode_frame
-from felix_wire.frame import FrameReader
-from felix_wire.gating import client_auth
+from bench.wire import WireStream, open_session
+from felix_transport import Connection
 from felix_wire.messages import (
-    AuthOk,
     CacheGet,
     CacheOk,
     CachePut,
@@ -58,8 +55,6 @@ TENANT, NS, CACHE = "bench", "default", "c"
 KEYS = 1000
 SIZES = (0, 100, 4096)
 CONCURRENCY = (1, 32)
-OFFICIAL_FLAGS = 0x1FFF
-OFFICIAL_FEATURES = 0xFB77FFFF | (0xF << 32)
 
 Op = Callable[[int], Awaitable[None]]
 
@@ -116,7 +111,7 @@ async def _broker_main(
 class FelixClient:
     """One authenticated stream; answers are matched to requests by request_id."""
 
-    def __init__(self, connection: Connection, stream: Stream) -> None:
+    def __init__(self, connection: Connection, stream: WireStream) -> None:
         self.connection = connection
         self.stream = stream
         self.waiting: dict[int, asyncio.Future[Message]] = {}
@@ -125,39 +120,25 @@ class FelixClient:
 
     @classmethod
     async def open(cls, port: int, ca_pem: bytes, token: str) -> FelixClient:
-        connection = await connect(TransportConfig.client(ca_pem), "127.0.0.1", port)
-        stream = await connection.open_bidi_stream()
-        auth = client_auth(
-            TENANT, token, client_flags=OFFICIAL_FLAGS, client_features=OFFICIAL_FEATURES
-        )
-        await stream.write(encode_frame(auth))
-        frames = FrameReader()
-        answer = None
-        while answer is None:
-            got = frames.feed(await stream.read())
-            if got:
-                answer = decode_frame(got[0])
-        assert isinstance(answer, AuthOk), answer
+        connection, stream = await open_session(ca_pem, port, TENANT, token)
         return cls(connection, stream)
 
     async def _read(self) -> None:
-        frames = FrameReader()
         while True:
-            data = await self.stream.read()
-            if not data:
+            try:
+                message = await self.stream.recv()
+            except EOFError:
                 return
-            for frame in frames.feed(data):
-                message = decode_frame(frame)
-                assert isinstance(message, CacheOk | CacheValue), message
-                assert message.request_id is not None
-                self.waiting.pop(message.request_id).set_result(message)
+            assert isinstance(message, CacheOk | CacheValue), message
+            assert message.request_id is not None
+            self.waiting.pop(message.request_id).set_result(message)
 
     async def call(self, build: Callable[[int], Message]) -> Message:
         rid = self.next_id
         self.next_id += 1
         future: asyncio.Future[Message] = asyncio.get_running_loop().create_future()
         self.waiting[rid] = future
-        await self.stream.write(encode_frame(build(rid)))
+        await self.stream.send(build(rid))
         return await future
 
     def close(self) -> None:

@@ -33,14 +33,13 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import felix_client
+from bench.wire import WireStream, open_session
 from felix_client._session import DEFAULT_OFFER
-from felix_transport import Stream, StreamClosedError, TransportConfig, connect
+from felix_transport import StreamClosedError
 from felix_wire.binary import BinaryAckMode, PublishAckFrame, PublishBatchFrame
 from felix_wire.codec import decode_payload, encode_frame
 from felix_wire.features import Feature
-from felix_wire.frame import FrameReader
-from felix_wire.gating import client_auth
-from felix_wire.messages import AuthOk, CacheGet, CachePut, CacheValue
+from felix_wire.messages import CacheGet, CachePut, CacheValue
 
 RECORD = b"r" * 100
 Result = dict[str, float]
@@ -80,33 +79,27 @@ def start_broker(tmp: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
 class RawStream:
     """One authenticated stream driven by hand: frames in, answers by request id."""
 
-    def __init__(self, stream: Stream) -> None:
-        self.stream = stream
-        self.reader = FrameReader()
+    def __init__(self, wire: WireStream) -> None:
+        # The authenticated stream and its frame reader (which may hold a partial frame).
+        self.stream = wire.stream
+        self.reader = wire.reader
         self.waiters: dict[int, asyncio.Future[object]] = {}
         self.next_id = 1
         self.task: asyncio.Task[None] | None = None
 
     @classmethod
     async def open(cls, doc: dict[str, Any]) -> tuple[RawStream, Any]:
-        config = TransportConfig.client(Path(doc["ca_file"]).read_bytes())
         host, port = doc["addrs"][0].rsplit(":", 1)
-        connection = await connect(config, host, int(port))
-        stream = await connection.open_bidi_stream()
-        auth = client_auth(
+        connection, wire = await open_session(
+            Path(doc["ca_file"]).read_bytes(),
+            int(port),
             doc["tenant_id"],
             doc["token"],
-            client_flags=DEFAULT_OFFER.flags,
-            client_features=DEFAULT_OFFER.features,
+            host=host,
+            flags=DEFAULT_OFFER.flags,
+            features=DEFAULT_OFFER.features,
         )
-        await stream.write(encode_frame(auth))
-        raw = cls(stream)
-        answer = None
-        while answer is None:
-            frames = raw.reader.feed(await stream.read())
-            if frames:
-                answer = decode_payload(frames[0].flags, frames[0].payload)
-        assert isinstance(answer, AuthOk), answer
+        raw = cls(wire)
         raw.task = asyncio.get_running_loop().create_task(raw.read_loop())
         return raw, connection
 

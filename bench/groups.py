@@ -32,17 +32,14 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from bench.wire import WireStream, open_session
 from felix_broker.app import Broker
 from felix_broker.catalog import StaticCatalog, StreamSpec
 from felix_broker.cli import full_rights
 from felix_broker.config import load_config
-from felix_transport import TransportConfig, connect
-from felix_wire.codec import decode_frame, encode_frame
-from felix_wire.frame import FrameReader
-from felix_wire.gating import client_auth
+from felix_transport import Connection
 from felix_wire.messages import (
     AckMode,
-    AuthOk,
     GroupAck,
     GroupPoll,
     GroupRecords,
@@ -59,35 +56,31 @@ SCOPE: dict[str, Any] = {"tenant_id": TENANT, "namespace": NS, "stream": STREAM,
 
 
 class Conn:
-    """One authenticated stream on its own connection."""
+    """One authenticated stream on its own connection, with a request-id counter."""
 
-    def __init__(self, stream: Any, connection: Any) -> None:
-        self.stream = stream
+    def __init__(self, connection: Connection, stream: WireStream) -> None:
         self.connection = connection
-        self.reader = FrameReader()
-        self.pending: list[Any] = []
+        self.stream = stream
         self.rid = 0
 
     @classmethod
     async def open(cls, broker: Broker, tok: str) -> Conn:
         assert broker.ca_path is not None
-        config = TransportConfig.client(broker.ca_path.read_bytes())
-        connection = await connect(config, "127.0.0.1", broker.quic_port)
-        conn = cls(await connection.open_bidi_stream(), connection)
-        await conn.send(client_auth(TENANT, tok, client_flags=FLAGS, client_features=FEATURES))
-        assert isinstance(await conn.recv(), AuthOk)
-        return conn
+        connection, stream = await open_session(
+            broker.ca_path.read_bytes(),
+            broker.quic_port,
+            TENANT,
+            tok,
+            flags=FLAGS,
+            features=FEATURES,
+        )
+        return cls(connection, stream)
 
     async def send(self, message: Any) -> None:
-        await self.stream.write(encode_frame(message))
+        await self.stream.send(message)
 
     async def recv(self) -> Any:
-        while not self.pending:
-            data = await self.stream.read()
-            if not data:
-                raise EOFError("stream ended")
-            self.pending.extend(decode_frame(f) for f in self.reader.feed(data))
-        return self.pending.pop(0)
+        return await self.stream.recv()
 
 
 async def fill(conn: Conn, records: int) -> None:
@@ -138,18 +131,13 @@ async def subscribe_rate(broker: Broker, tok: str, seconds: float, records: int)
     await conn.send(Subscribe(**{k: SCOPE[k] for k in SCOPE}, start="earliest"))
     assert isinstance(await conn.recv(), Subscribed)
     started = time.perf_counter()
-    uni = await conn.connection.accept_stream()
-    reader = FrameReader()
+    events = WireStream(await conn.connection.accept_stream())
     got = 0
     try:
         while got < records and time.perf_counter() - started < seconds:
-            data = await asyncio.wait_for(uni.read(), seconds)
-            if not data:
-                break
-            for frame in reader.feed(data):
-                decoded = decode_frame(frame)
-                got += len(getattr(decoded, "payloads", ()) or ())
-    except TimeoutError:
+            decoded = await asyncio.wait_for(events.recv(), seconds)
+            got += len(getattr(decoded, "payloads", ()) or ())
+    except (TimeoutError, EOFError):
         pass
     elapsed = time.perf_counter() - started
     conn.connection.close()

@@ -168,7 +168,7 @@ class Broker:
             self.cache,
         ]
         if config.durable_enabled:
-            # Consumer groups need durable storage (facts N4, Q1): none without it.
+            # Consumer groups need durable storage (N4, Q1): none without it.
             self.groups = GroupService(
                 config=config, catalog=catalog, engine=self.engine, metrics=self.metrics
             )

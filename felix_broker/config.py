@@ -3,10 +3,10 @@
 Precedence, lowest to highest (a later source overrides an earlier one, knob by
 knob):
 
-1. built-in defaults (the values of facts §12, listed on :class:`BrokerConfig`);
+1. built-in defaults (the values of §12, listed on :class:`BrokerConfig`);
 2. the YAML file given with ``--config`` (top-level keys are the knob names,
    plus the ``catalog:`` section read by :mod:`felix_broker.catalog`);
-3. ``FELIX_*`` environment variables (names of facts §12 where it gives one;
+3. ``FELIX_*`` environment variables (names of §12 where it gives one;
    where a knob has an alias, e.g. ``FELIX_SUB_QUEUE_CAPACITY`` for
    ``FELIX_SUBSCRIBER_QUEUE_CAPACITY``, the canonical name wins when both are
    set); ``FELIX_*`` variables this module does not know are ignored, because
@@ -258,7 +258,7 @@ def _url_value(key: str, value: object, source: str) -> str | None:
 
 @dataclass(frozen=True, slots=True)
 class BrokerConfig:
-    """Every knob of a standalone broker, with the defaults of facts §12.
+    """Every knob of a standalone broker, with the defaults of §12.
 
     Durations are in the unit their name ends with; sizes in bytes. Each knob's
     `doc` is its entry in docs/configuration.md (generated: config_doc.py).
@@ -628,7 +628,7 @@ class BrokerConfig:
 
     @property
     def effective_group_max_visibility_ms(self) -> int:
-        """The visibility cap, never below the visibility timeout (facts §12)."""
+        """The visibility cap, never below the visibility timeout (§12)."""
         return max(self.group_max_visibility_ms, self.group_visibility_timeout_ms)
 
     def ignored_knobs(self) -> dict[str, str]:

@@ -1,4 +1,4 @@
-"""The broker's plain-HTTP listener: health, metrics and backup offsets (facts §11).
+"""The broker's plain-HTTP listener: health, metrics and backup offsets (§11).
 
 A deliberately tiny HTTP/1.1 server on asyncio streams: one request per
 connection (``Connection: close``), no request bodies, a bounded request head
@@ -15,7 +15,7 @@ is 405.
 ``/backup/offsets``        JSON from a provider; a standalone broker answers
                            ``{"node_id": "", "shards": [], "skipped": []}``
 ``/replication/halted``    JSON list; a standalone broker replicates nothing,
-                           so ``[]`` (the shape is unspecified, facts §14)
+                           so ``[]`` (the shape is unspecified, U13)
 =========================  ===================================================
 """
 

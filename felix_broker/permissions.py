@@ -19,7 +19,7 @@ action                  object kind  path
 
 The protocol facts name only ``stream.subscribe``, ``stream.manage``,
 ``group.consume``, ``group.manage`` and ``node.view:cluster:*``; the names for
-publishing and cache operations are unspecified there (facts §14 item 15), so
+publishing and cache operations are unspecified there (U15), so
 ``stream.publish``, ``cache.read``, ``cache.write`` and ``cache.manage`` are
 this project's choice.
 
@@ -27,7 +27,7 @@ Wildcards: ``*`` is allowed only as the whole object or as the last path
 segment (``t1/*``, ``t1/ns/*``), where it matches one or more trailing
 segments. Anything else (``t1/*/orders``, ``ord*``) is a malformed grant.
 
-Rules from facts §9 (Q17, X1):
+Rules from §9 (Q17, X1):
 
 * ``group.consume`` on a group is also granted by ``stream.subscribe`` on the
   group's stream; ``group.manage`` likewise by ``stream.manage``.

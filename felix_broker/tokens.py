@@ -14,7 +14,7 @@ signature, ``iss``, ``aud``, ``exp``/``nbf`` with 60 s of leeway, ``tid``
 equals the tenant the client named in ``auth``, and every ``perms`` entry is
 understood. Each failure raises its own :class:`TokenError` subclass naming
 the check; the protocol answers all of them with ``unauthenticated``, retry
-class ``fatal`` (facts §8, §9 V1).
+class ``fatal`` (§8, §9 V1).
 
 :class:`DevIssuer` is a development issuer: an Ed25519 key kept in the data
 folder (created on first use, mode 0600) that mints tokens and publishes its
@@ -80,7 +80,7 @@ class TokenError(Exception):
     """A token was refused; ``check`` names the check that failed."""
 
     check: ClassVar[str] = "token"
-    # How the protocol answers every token failure (facts §8: unauthenticated, fatal).
+    # How the protocol answers every token failure (§8: unauthenticated, fatal).
     wire_code: ClassVar[str] = "unauthenticated"
     retry_class: ClassVar[str] = "fatal"
 

@@ -136,7 +136,7 @@ class Channel:
         except BaseException:
             channel.abandon()
             raise
-        # The broker's window bounds acked publishes per stream (facts PL3); without
+        # The broker's window bounds acked publishes per stream (PL3); without
         # pipelining the client keeps its own bound.
         channel._budget.max_count = authenticated.publish_window or default_window
         logger.debug(

@@ -158,7 +158,7 @@ class EventStreamDecoder:
 
 
 class OffsetTracker:
-    """Gap detection from offsets (facts S8): the events lost between the last one
+    """Gap detection from offsets (S8): the events lost between the last one
     delivered at `prev` and one at `offset` are `offset - prev - 1 - skipped_before`."""
 
     def __init__(self, expected: int | None = None) -> None:

@@ -133,7 +133,7 @@ class _Action(enum.Enum):
 
 
 # (state, input) -> action. A broker answers auth before anything else on the
-# stream (facts T5), so an answer before auth, or an auth answer after it, is a
+# stream (T5), so an answer before auth, or an auth answer after it, is a
 # protocol violation; a CLOSED session reads nothing more.
 _TRANSITIONS: dict[tuple[SessionState, _Input], _Action] = {
     (SessionState.AWAIT_AUTH, _Input.AUTH_ANSWER): _Action.ACCEPT_AUTH,
@@ -225,7 +225,7 @@ def _detail_dict(detail: ErrorDetail | None) -> dict[str, Any] | None:
 
 def _ack_error(ack: PublishAckFrame) -> BrokerError:
     detail: dict[str, Any] = {}
-    # An empty reason and a zero wait mean "not given" (facts 3.3).
+    # An empty reason and a zero wait mean "not given" (§3.3).
     if ack.reason:
         detail["reason"] = ack.reason
     if ack.retry_after_ms:
@@ -366,7 +366,7 @@ class Session:
             )
             kind = "publish_batch"
         elif single and len(payloads) == 1:
-            # JSON publish knows none|per_message (facts 5.2).
+            # JSON publish knows none|per_message (§5.2).
             frame = encode_frame(
                 Publish(
                     tenant_id=self.tenant_id,
@@ -469,7 +469,7 @@ class Session:
     def _accept_auth(self, answer: AuthOk | Ok, out: list[SessionEvent]) -> None:
         caps = server_capabilities(answer)
         window = None
-        # A window without the feature bit reads as no window (facts PL1).
+        # A window without the feature bit reads as no window (PL1).
         if (
             isinstance(answer, AuthOk)
             and answer.publish_window

@@ -265,7 +265,7 @@ class Subscription(Feed[Event]):
             logger.info("%s: lagged, resuming from %d", self.label, terminal.resume_from)
             self._resume_at(terminal.resume_from)
         elif isinstance(terminal, ShardMoved):
-            # Resume at max(last delivered + 1, resume_from) (facts S11).
+            # Resume at max(last delivered + 1, resume_from) (S11).
             candidates = [
                 o for o in (self._tracker.next_offset, terminal.resume_from) if o is not None
             ]

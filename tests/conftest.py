@@ -1,4 +1,4 @@
-"""Shared test settings: where the shared reference material lives, hypothesis profiles."""
+"""Shared test settings: hypothesis profiles and a real broker process for client and kit tests."""
 
 from __future__ import annotations
 
@@ -6,10 +6,6 @@ import os
 from pathlib import Path
 
 from hypothesis import HealthCheck, settings
-
-REPO = Path(__file__).resolve().parent.parent
-# CI lays a copy of shared/ beside the clone; FELIX_SHARED overrides.
-SHARED = Path(os.environ.get("FELIX_SHARED", REPO.parent / "shared"))
 
 settings.register_profile(
     "default", max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow]

@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.check:
         print(
             f"catalogue ok: {len(cat.messages)} messages, {len(cat.flags)} flags, "
-            f"{len(cat.features)} features, {len(cat.error_codes)} error codes"
+            f"{len(cat.features)} features, {len(cat.error_codes)} error codes, "
+            f"{len(cat.requirements.items) if cat.requirements else 0} requirements"
         )
         return 0
     written = write(cat, args.out)

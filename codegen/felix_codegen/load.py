@@ -10,6 +10,7 @@ Validation happens in two steps so that every mistake names its place:
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import json
@@ -37,6 +38,7 @@ from .model import (
     Shape,
     TypeRef,
 )
+from .requirements import RequirementsError, load_requirements
 
 
 class CatalogueError(Exception):
@@ -109,7 +111,12 @@ def load(spec_dir: Path) -> Catalogue:
     for name in ("messages", "features"):
         digest.update(texts[name])
     digest.update(json.dumps(schema, sort_keys=True).encode())
-    return _build(docs["messages"], docs["features"], digest.hexdigest())
+    cat = _build(docs["messages"], docs["features"], digest.hexdigest())
+    try:
+        requirements = load_requirements(spec_dir, (d.id for d in cat.decisions))
+    except RequirementsError as exc:
+        raise CatalogueError(str(exc)) from exc
+    return dataclasses.replace(cat, requirements=requirements)
 
 
 def _build(m: dict[str, Any], f: dict[str, Any], spec_hash: str) -> Catalogue:

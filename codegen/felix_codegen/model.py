@@ -5,6 +5,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from .requirements import Requirements
+
 # JSON wire scalar types and their integer ranges (inclusive).
 INT_RANGES: dict[str, tuple[int, int]] = {
     "u8": (0, 2**8 - 1),
@@ -291,6 +293,7 @@ class Catalogue:
     marker: dict[str, Any]
     negotiation: dict[str, Any]
     tagged_variant_of: dict[str, tuple[str, str]] = field(default_factory=dict)
+    requirements: Requirements | None = None
 
     def flag(self, name: str) -> Flag:
         return next(f for f in self.flags if f.name == name)

@@ -36,6 +36,7 @@ MODULES = (
     "gating.py",
     "routing.py",
     "catalogue.py",
+    "requirements.py",
     "strategies.py",
 )
 

@@ -175,7 +175,7 @@ def _main_run(argv: list[str], console: Console) -> int:
 def _main_coverage(argv: list[str], console: Console) -> int:
     parser = argparse.ArgumentParser(
         prog="felix-conformance coverage",
-        description="Which messages, flag values, features and error codes have a case.",
+        description="Which messages, flags, features, error codes and requirements have a case.",
     )
     parser.add_argument("--transcripts", type=Path, metavar="DIR")
     args = parser.parse_args(argv)

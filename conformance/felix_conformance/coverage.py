@@ -1,5 +1,6 @@
 """Which catalogue entries the corpus exercises: messages, binary layouts, legal
-flag values, feature bits and error codes, each against the catalogue's total.
+flag values, feature bits and error codes, each against the catalogue's total, and
+the protocol requirements its cases cite (requirements.py).
 
 An entry counts when a case declares it under `exercises` (or, for features,
 `requires`), or when a step sends or expects it (message types, layouts, and
@@ -14,6 +15,7 @@ from dataclasses import dataclass
 from felix_wire.catalogue import BINARY_LAYOUTS, ERROR_CODES, FEATURES, LEGAL_FLAG_VALUES, MESSAGES
 
 from .model import Case, parse_int
+from .requirements import REQUIREMENT_IDS, covered_requirements
 
 __all__ = ["Coverage", "Dimension", "compute_coverage", "format_coverage"]
 
@@ -86,6 +88,7 @@ def compute_coverage(cases: Sequence[Case]) -> Coverage:
             Dimension(
                 "error codes", tuple(c.wire for c in ERROR_CODES.values()), frozenset(errors)
             ),
+            Dimension("requirements", REQUIREMENT_IDS, covered_requirements(cases)),
         )
     )
 

@@ -4,7 +4,7 @@ A transcript value is matched against a decoded field:
 
 - a literal (number, string, bool, null, list) must be equal; a mapping is
   matched key by key, and keys it does not name are ignored (decoders ignore
-  unknown fields too, facts G3);
+  unknown fields too, G3);
 - a mapping whose keys all start with `$` is a matcher:
   `$any`/`$present` (present, any value), `$absent` (not present),
   `$range: [lo, hi]` (inclusive, null = open), `$regex` (full match on a string),

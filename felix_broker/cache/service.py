@@ -14,7 +14,7 @@ event loop for long; a request waits only for the durability of its own write.
 Conditional writes. The check and the write are one synchronous step on the
 shard (no await between them), so they are atomic per key and two racing
 `absent` puts cannot both apply. Under fsync mode on_commit the key's pending
-writes are waited for first (facts K4).
+writes are waited for first (K4).
 
 Durable storage (config.durable_enabled): each shard has a log under
 `<durable_storage_dir>/@cache/<tenant>/<namespace>/<cache>/<shard>/` ("@" is
@@ -26,7 +26,7 @@ microseconds, and counters and watches are not served.
 
 TTL. An expired entry reads as absent at once. A pass every
 `CacheLimits.ttl_pass_interval` (1 s) writes deletes for expired entries, at
-most `ttl_deletes_per_pass` (1024) per shard per pass (facts K5), so watches
+most `ttl_deletes_per_pass` (1024) per shard per pass (K5), so watches
 see expiry as a change.
 
 Watches. `cache_watch_started` on the request stream, then a broker-opened
@@ -501,7 +501,7 @@ class CacheService:
                 "cache_watch: retained and from_offset exclude each other",
             )
         if request.key is not None:
-            # A key watch follows its key's shard; `shard` is ignored (facts K7).
+            # A key watch follows its key's shard; `shard` is ignored (K7).
             shard = self.shard_of_key(spec, request.key)
         else:
             if request.shard is None and spec.shards > 1:

@@ -14,7 +14,7 @@ sealed segments that now hold only superseded records. Offsets never rewind.
 
 In memory only: versions come from a counter seeded with the wall clock in
 microseconds, so a restarted broker does not reissue a version a client may
-still hold (facts K3).
+still hold (K3).
 
 Memory bound: a shard keeps at most `CacheLimits.max_shard_bytes` of entries
 (key bytes + value bytes + a fixed per-entry overhead). A put past the bound
@@ -69,9 +69,9 @@ class CacheLimits:
     max_shard_bytes: int = 256 * _MIB
     """Memory bound of one shard's entries; LRU eviction past it."""
     ttl_pass_interval: float = 1.0
-    """Seconds between TTL passes (facts K5: once per second)."""
+    """Seconds between TTL passes (K5: once per second)."""
     ttl_deletes_per_pass: int = 1024
-    """Expiry deletes one shard writes per pass at most (facts K5)."""
+    """Expiry deletes one shard writes per pass at most (K5)."""
     watch_queue_capacity: int = 1024
     """Changes a watch may have queued; one more makes it lag and end."""
     segment_bytes: int = 16 * _MIB
@@ -349,7 +349,7 @@ class CacheShard:
 
     async def settle(self, key: str) -> None:
         """Wait until what was accepted for `key` is durable, before a conditional
-        write checks it (facts K4). A no-op unless the fsync mode is on_commit."""
+        write checks it (K4). A no-op unless the fsync mode is on_commit."""
         log = self.log
         if log is None or log.config.fsync_mode is not FsyncMode.ON_COMMIT:
             return

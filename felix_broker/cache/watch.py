@@ -5,7 +5,7 @@ in offset order, at the moment it appends the change to its log. A watch holds
 at most `capacity` changes: the first change that finds the queue full is not
 queued, its offset becomes `lagged_from`, and nothing more is taken. The
 writer then sends what is queued, `cache_watch_lagged{resume_from=lagged_from}`
-and ends the event stream (facts K7), so a re-watch from there has no gap.
+and ends the event stream (K7), so a re-watch from there has no gap.
 """
 
 from __future__ import annotations

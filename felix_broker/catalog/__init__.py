@@ -57,7 +57,7 @@ MAX_SHARDS = 65536
 
 
 class Routing(StrEnum):
-    """How a stream maps routing keys onto shards (facts §10)."""
+    """How a stream maps routing keys onto shards (§10)."""
 
     MODULO = "modulo"
     JUMP_HASH = "jump_hash"

@@ -1,4 +1,4 @@
-"""The consumer-group service: queues over durable streams (facts §5.8, Q1-Q17).
+"""The consumer-group service: queues over durable streams (§5.8, Q1-Q17).
 
 Served only with durable storage and only for durable streams; a standalone
 broker leads every shard it serves, so a request naming a shard the stream

@@ -12,7 +12,7 @@ below is finished) up:
 - `claims`: handed out and standing. A claim is HELD by the connection it went
   to until its deadline, DELAYED after a nack with a delay (it keeps its
   in-flight slot and comes back at the deadline), or RESERVED by a reclaiming
-  connection (facts Q16) that has not been sent it yet.
+  connection (Q16) that has not been sent it yet.
 - `owed`: handed out before, to go out again (lapsed, nacked, redriven),
   lowest offset first, before any new record.
 - `finished`: acknowledged or dead-lettered above the position; the position
@@ -54,7 +54,7 @@ __all__ = [
 ]
 
 # (consumer name, authenticated principal): the same name under another token is
-# another member (facts Q16).
+# another member (Q16).
 Member = tuple[str, str]
 
 
@@ -200,7 +200,7 @@ class GroupState:
     # -- polls -------------------------------------------------------------------
 
     def reclaim(self, now: int, conn: int, member: Member, visibility_ms: int = 0) -> None:
-        """Reserve `member`'s claims held by older connections for `conn` (facts Q16):
+        """Reserve `member`'s claims held by older connections for `conn` (Q16):
         only on the first reclaiming poll of the newest reclaiming connection."""
         self.expire(now)
         latest = self.reclaimers.get(member)

@@ -94,7 +94,7 @@ class _Action(enum.Enum):
 # (state, input) -> action. Anything not in the table cannot happen: a CLOSED
 # stream reads nothing more.
 _TRANSITIONS: dict[tuple[State, _Input], _Action] = {
-    # Every client stream authenticates on its own, first (facts T5).
+    # Every client stream authenticates on its own, first (T5).
     (State.AWAIT_AUTH, _Input.AUTH): _Action.AUTHENTICATE,
     (State.AWAIT_AUTH, _Input.REQUEST): _Action.REFUSE_UNAUTHENTICATED,
     (State.AWAIT_AUTH, _Input.PUBLISH_FRAME): _Action.REFUSE_UNAUTHENTICATED,
@@ -161,7 +161,7 @@ class StreamProtocol:
 
     `server_flags` / `server_features` are what this broker advertises;
     `publish_only` marks a client-opened unidirectional stream, which carries
-    only auth and publishes and on which nothing is ever answered (facts T7).
+    only auth and publishes and on which nothing is ever answered (T7).
     """
 
     def __init__(
@@ -230,7 +230,7 @@ class StreamProtocol:
         elif layout == "publish_batch":
             self._binary_publish(flags, payload, out)
         else:
-            # A broker-to-client layout arriving at the broker (facts 14.7): refused
+            # A broker-to-client layout arriving at the broker (U7): refused
             # like an unknown flag - per frame, not fatal.
             self._bad_flags(out)
 
@@ -339,7 +339,7 @@ class StreamProtocol:
     # -- auth --------------------------------------------------------------------
 
     def _auth(self, auth: Auth, out: list[Output]) -> None:
-        # The client's offer is read first, so even a refusal is shaped to it (facts 8).
+        # The client's offer is read first, so even a refusal is shaped to it (§8).
         self.client = client_capabilities(auth)
         try:
             principal = self._authenticate(auth)

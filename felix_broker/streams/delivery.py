@@ -7,7 +7,7 @@ between history and live delivery shows no gap and no duplicate: frames already
 covered are skipped, a frame straddling the position is re-read from the log.
 A gap after that means the subscriber's queue dropped records: a client that
 negotiated it gets `subscription_lagged` (resume_from = the position) and the
-stream ends (facts S10); others see the gap in the offsets. On an in-memory
+stream ends (S10); others see the gap in the offsets. On an in-memory
 shard there are no offsets, and frames are written as they come.
 
 History is read off the event loop (`Log.aread`), and every loop over it stops

@@ -435,7 +435,7 @@ class _TenantPipeline:
             # since its first append, then flushes: no record waits longer than that
             # (plus one append) to be batched, however deep the queue.
             started = time.monotonic_ns()
-            # One time per publish batch, the leader's clock at append (facts S13).
+            # One time per publish batch, the leader's clock at append (S13).
             now = now_micros()
             touched: dict[int, Shard] = {}
             written: list[tuple[PublishRequest, int]] = []

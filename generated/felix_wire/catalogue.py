@@ -1,9 +1,9 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: ad4f3f9eac04c52c03e8b1f8567e4a605199603785c99722ba3acb5dec42b739
+# spec sha256: 3ca34e9fbd1261b10b40385faf30a046f9459a9b6e1d1ab504a1ac168f01e3f1
 """Read-only index of the catalogue: every name the generated layer knows.
 
-Tests count these against the facts; tools (the conformance kit, docs) read them
-to learn what exists without parsing the YAML.
+Tests count these against tests/vectors/protocol-tables.yaml; tools (the conformance
+kit, docs) read them to learn what exists without parsing the YAML.
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ __all__ = [
     "COUNTS",
 ]
 
-SPEC_SHA256 = "ad4f3f9eac04c52c03e8b1f8567e4a605199603785c99722ba3acb5dec42b739"
+SPEC_SHA256 = "3ca34e9fbd1261b10b40385faf30a046f9459a9b6e1d1ab504a1ac168f01e3f1"
 
 
 class Decision(NamedTuple):

@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: ad4f3f9eac04c52c03e8b1f8567e4a605199603785c99722ba3acb5dec42b739
+# spec sha256: 3ca34e9fbd1261b10b40385faf30a046f9459a9b6e1d1ab504a1ac168f01e3f1
 """Feature bits: which requests and messages exist between two peers.
 
 A feature bit says a request or message EXISTS; a frame flag says how a payload
@@ -347,7 +347,7 @@ FEATURE_INFO: Mapping[str, FeatureInfo] = MappingProxyType(
             False,
             False,
             None,
-            "whether brokers also advertise it is unspecified (facts 14.5); we do not",
+            "whether brokers also advertise it is unspecified (U5); we do not",
         ),
         "FEATURE_GROUP_SKIPPED": FeatureInfo(
             "FEATURE_GROUP_SKIPPED",

@@ -24,7 +24,8 @@ from felix_wire.messages import (
     Unsupported,
 )
 
-from .harness import OFFICIAL_FEATURES, TENANT, Feature, Flag, WireClient, running_broker, token
+from ..support.wire import OFFICIAL_FEATURES, TENANT, Feature, Flag, WireClient, token
+from .harness import running_broker
 
 pytestmark = pytest.mark.timeout(30)
 

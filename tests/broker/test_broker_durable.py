@@ -37,7 +37,18 @@ from felix_wire.messages import (
     SubscriptionLagged,
 )
 
-from .harness import NS, OFFICIAL_FEATURES, TENANT, Feature, Flag, WireClient, running_broker
+from ..support.wire import (
+    NS,
+    OFFICIAL_FEATURES,
+    TENANT,
+    BrokerProcess,
+    Feature,
+    Flag,
+    WireClient,
+    WireStream,
+    token,
+)
+from .harness import running_broker
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -404,32 +415,18 @@ def _free_udp_port() -> int:
         return int(s.getsockname()[1])
 
 
-async def _client(data: Path, port: int) -> tuple[object, str]:
-    from felix_broker.cli import full_rights
-    from felix_broker.tokens import DevIssuer
-    from felix_transport import TransportConfig, connect
-
-    issuer = DevIssuer.load_or_create(data)
-    token = issuer.mint(TENANT, subject="crash", perms=full_rights(TENANT))
-    ca = (data / "tls" / "ca.pem").read_bytes()
-    connection = await connect(TransportConfig.client(ca), "127.0.0.1", port)
-    return connection, token
+async def _client(data: Path, port: int) -> WireStream:
+    """An authenticated stream to the broker process on `port` keeping its files in `data`."""
+    broker = BrokerProcess(port, data)
+    client = await WireClient.connect(broker)
+    stream, _ = await client.authed(flags=0x1FFF, features=0, tok=token(broker, subject="crash"))
+    return stream
 
 
 async def _publish_until_killed(
     data: Path, port: int, process: subprocess.Popen[bytes], round_: int, after: float
 ) -> list[tuple[int, bytes]]:
-    from felix_wire.codec import encode_frame
-    from felix_wire.gating import client_auth
-
-    from .harness import WireStream
-
-    connection, token = await _client(data, port)
-    stream = WireStream(await connection.open_bidi_stream())  # type: ignore[attr-defined]
-    await stream.send(
-        encode_frame(client_auth(TENANT, token, client_flags=0x1FFF, client_features=0))
-    )
-    await stream.recv()
+    stream = await _client(data, port)
     acked: list[tuple[int, bytes]] = []
     loop = asyncio.get_running_loop()
     loop.call_later(after, lambda: os.kill(process.pid, signal.SIGKILL))
@@ -475,17 +472,7 @@ async def _read_all(
     assert process.stdout is not None
     process.stdout.readline()
     try:
-        from felix_wire.codec import encode_frame
-        from felix_wire.gating import client_auth
-
-        from .harness import WireStream
-
-        connection, token = await _client(data, port)
-        stream = WireStream(await connection.open_bidi_stream())  # type: ignore[attr-defined]
-        await stream.send(
-            encode_frame(client_auth(TENANT, token, client_flags=0x1FFF, client_features=0))
-        )
-        await stream.recv()
+        stream = await _client(data, port)
         records: list[tuple[int, bytes]] = []
         position = 0
         while True:

@@ -28,7 +28,8 @@ from felix_wire.messages import (
 )
 
 from ..conftest import start_fixture_broker, stop_fixture_broker
-from .harness import NS, TENANT, WireClient, running_broker
+from ..support.wire import NS, TENANT, WireClient
+from .harness import running_broker
 
 pytestmark = pytest.mark.timeout(40)
 

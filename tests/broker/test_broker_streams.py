@@ -35,7 +35,8 @@ from felix_wire.messages import (
 )
 from felix_wire.routing import shard_for_key
 
-from .harness import NS, TENANT, Feature, Flag, WireClient, running_broker, token
+from ..support.wire import NS, TENANT, Feature, Flag, WireClient, token
+from .harness import running_broker
 
 pytestmark = pytest.mark.timeout(40)
 

@@ -28,7 +28,8 @@ from felix_wire.messages import (
     SubscribeCursorError,
 )
 
-from .harness import CACHE, MULTI, NS, TENANT, CacheClient, Frames, cache_broker
+from ..support.wire import NS, TENANT, WireClient, WireStream
+from .harness import CACHE, MULTI, cache_broker
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -56,8 +57,10 @@ def shard_of(broker: Broker) -> CacheShard:
     return broker.cache.shard(spec, 0)
 
 
-async def start_watch(client: CacheClient, request: CacheWatch) -> tuple[CacheWatchStarted, Frames]:
-    s = await client.stream()
+async def start_watch(
+    client: WireClient, request: CacheWatch
+) -> tuple[CacheWatchStarted, WireStream]:
+    s = await client.session()
     await s.send(request)
     started = await s.recv()
     assert isinstance(started, CacheWatchStarted), started
@@ -65,7 +68,7 @@ async def start_watch(client: CacheClient, request: CacheWatch) -> tuple[CacheWa
     return started, await client.event_stream(started.subscription_id)
 
 
-async def events(frames: Frames, count: int) -> list[CacheEvent]:
+async def events(frames: WireStream, count: int) -> list[CacheEvent]:
     got = []
     for _ in range(count):
         event = await frames.recv()
@@ -76,8 +79,8 @@ async def events(frames: Frames, count: int) -> list[CacheEvent]:
 
 async def test_counters(tmp_path: Path) -> None:
     async with cache_broker(tmp_path) as broker:
-        client = await CacheClient.connect(broker)
-        s = await client.stream()
+        client = await WireClient.connect(broker)
+        s = await client.session()
 
         def add(key: str, delta: int, rid: int) -> CounterAdd:
             return CounterAdd(
@@ -109,9 +112,9 @@ async def test_counters(tmp_path: Path) -> None:
         overflow = await s.recv()
         assert isinstance(overflow, Error) and overflow.code == "invalid_request"
         # Concurrent adds from many streams all count.
-        streams = [await client.stream() for _ in range(8)]
+        streams = [await client.session() for _ in range(8)]
 
-        async def bump(st: Frames) -> None:
+        async def bump(st: WireStream) -> None:
             for i in range(8):  # eight in flight per stream
                 await st.send(add("many", 1, 100 + i))
             for _ in range(8):
@@ -125,8 +128,8 @@ async def test_counters(tmp_path: Path) -> None:
 
 async def test_key_watch_live_changes_and_deletes(tmp_path: Path) -> None:
     async with cache_broker(tmp_path) as broker:
-        client = await CacheClient.connect(broker)
-        s = await client.stream()
+        client = await WireClient.connect(broker)
+        s = await client.session()
         await s.send(put("k", b"before", 1))
         assert await s.recv() == CacheOk(request_id=1)
         started, ev = await start_watch(client, watch(key="k"))
@@ -162,8 +165,8 @@ async def test_key_watch_live_changes_and_deletes(tmp_path: Path) -> None:
 
 async def test_prefix_watch_retained_then_live(tmp_path: Path) -> None:
     async with cache_broker(tmp_path) as broker:
-        client = await CacheClient.connect(broker)
-        s = await client.stream()
+        client = await WireClient.connect(broker)
+        s = await client.session()
         for rid, key in enumerate(["room/a", "room/b", "hall/x"]):
             await s.send(put(key, key.encode(), rid))
             assert await s.recv() == CacheOk(request_id=rid)
@@ -188,8 +191,8 @@ async def test_prefix_watch_retained_then_live(tmp_path: Path) -> None:
 
 async def test_watch_refusals(tmp_path: Path) -> None:
     async with cache_broker(tmp_path) as broker:
-        client = await CacheClient.connect(broker)
-        s = await client.stream()
+        client = await WireClient.connect(broker)
+        s = await client.session()
         for bad in (
             watch(),
             watch(key="k", prefix="p"),
@@ -215,8 +218,8 @@ async def test_watch_from_offset_replays_then_goes_live_without_gap_or_duplicate
     tmp_path: Path,
 ) -> None:
     async with cache_broker(tmp_path) as broker:
-        client = await CacheClient.connect(broker)
-        s = await client.stream()
+        client = await WireClient.connect(broker)
+        s = await client.session()
         start = shard_of(broker).tail
         for i in range(50):
             await s.send(put(f"p/{i % 5}", str(i).encode(), i))
@@ -225,7 +228,7 @@ async def test_watch_from_offset_replays_then_goes_live_without_gap_or_duplicate
         writer_done = asyncio.Event()
 
         async def keep_writing() -> None:
-            w = await client.stream()
+            w = await client.session()
             for i in range(50, 150):
                 await w.send(put(f"p/{i % 5}", str(i).encode(), i))
                 assert isinstance(await w.recv(), CacheOk)
@@ -245,9 +248,9 @@ async def test_watch_from_offset_replays_then_goes_live_without_gap_or_duplicate
 async def test_ttl_expiry_reaches_a_watcher_as_a_delete(tmp_path: Path) -> None:
     limits = CacheLimits(ttl_pass_interval=0.1)
     async with cache_broker(tmp_path, limits=limits) as broker:
-        client = await CacheClient.connect(broker)
+        client = await WireClient.connect(broker)
         _started, ev = await start_watch(client, watch(key="session"))
-        s = await client.stream()
+        s = await client.session()
         await s.send(put("session", b"token", 1, ttl_ms=300))
         assert await s.recv() == CacheOk(request_id=1)
         (stored,) = await events(ev, 1)
@@ -260,7 +263,7 @@ async def test_ttl_expiry_reaches_a_watcher_as_a_delete(tmp_path: Path) -> None:
 async def test_lagging_watch_gets_lagged_and_its_stream_ends(tmp_path: Path) -> None:
     limits = CacheLimits(watch_queue_capacity=4)
     async with cache_broker(tmp_path, limits=limits) as broker:
-        client = await CacheClient.connect(broker)
+        client = await WireClient.connect(broker)
         started, ev = await start_watch(client, watch(key="hot"))
         shard = shard_of(broker)
         # Ten changes in one synchronous step: the queue (4) overflows before the
@@ -281,7 +284,7 @@ async def test_lagging_watch_gets_lagged_and_its_stream_ends(tmp_path: Path) -> 
 
 async def test_stop_sending_ends_the_watch(tmp_path: Path) -> None:
     async with cache_broker(tmp_path) as broker:
-        client = await CacheClient.connect(broker)
+        client = await WireClient.connect(broker)
         _started, ev = await start_watch(client, watch(key="k"))
         shard = shard_of(broker)
         assert len(shard._key_watchers.get("k", ())) == 1
@@ -297,8 +300,8 @@ async def test_stop_sending_ends_the_watch(tmp_path: Path) -> None:
 
 async def test_values_versions_counters_survive_restart_and_watch_resumes(tmp_path: Path) -> None:
     async with cache_broker(tmp_path) as broker:
-        client = await CacheClient.connect(broker)
-        s = await client.stream()
+        client = await WireClient.connect(broker)
+        s = await client.session()
         await s.send(put("a", b"1", 1))
         await s.send(put("b", b"2", 2, ttl_ms=3_600_000))
         await s.send(
@@ -319,8 +322,8 @@ async def test_values_versions_counters_survive_restart_and_watch_resumes(tmp_pa
         assert shard.entries["b"].version == versions["b"]
         assert shard.entries["b"].expires_at_ms > 0
         assert shard.counter("n") == 7
-        client = await CacheClient.connect(broker)
-        s = await client.stream()
+        client = await WireClient.connect(broker)
+        s = await client.session()
         await s.send(CacheGet(tenant_id=TENANT, namespace=NS, cache=CACHE, key="a", request_id=1))
         got = await s.recv()
         assert isinstance(got, CacheValue) and got.value == b"after"
@@ -341,11 +344,11 @@ async def test_compaction_under_load_keeps_every_live_key_version_and_counter(
     limits = CacheLimits(segment_bytes=16 * 1024, compact_min_bytes=64 * 1024, compact_ratio=2.0)
     rng = random.Random(5)
     async with cache_broker(tmp_path, limits=limits) as broker:
-        client = await CacheClient.connect(broker)
+        client = await WireClient.connect(broker)
         shard = shard_of(broker)
         assert shard.log is not None
         expected: dict[str, bytes] = {}
-        streams = [await client.stream() for _ in range(4)]
+        streams = [await client.session() for _ in range(4)]
         first_start = shard.log.start_offset
         tails = []
 
@@ -359,7 +362,7 @@ async def test_compaction_under_load_keeps_every_live_key_version_and_counter(
                 expected[key] = data
                 tails.append(shard.log.next_offset if shard.log else 0)
 
-        adds = await client.stream()
+        adds = await client.session()
         for i in range(20):
             await adds.send(
                 CounterAdd(

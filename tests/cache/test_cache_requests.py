@@ -28,15 +28,8 @@ from felix_wire.messages import (
     VersionCondition,
 )
 
-from .harness import (
-    CACHE,
-    MULTI,
-    NS,
-    TENANT,
-    WITHOUT_CONDITIONAL,
-    CacheClient,
-    cache_broker,
-)
+from ..support.wire import NS, TENANT, WireClient
+from .harness import CACHE, MULTI, WITHOUT_CONDITIONAL, cache_broker
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -74,8 +67,8 @@ def value(key: str, data: bytes | None, rid: int, version: int | None = None) ->
 @pytest.mark.parametrize("durable", [False, True])
 async def test_put_get_delete_answers(tmp_path: Path, durable: bool) -> None:
     async with cache_broker(tmp_path, durable=durable) as broker:
-        client = await CacheClient.connect(broker)
-        s = await client.stream()
+        client = await WireClient.connect(broker)
+        s = await client.session()
         await s.send(put("k", b"v1", 1))
         assert await s.recv() == CacheOk(request_id=1)
         await s.send(get("k", 2))
@@ -104,8 +97,8 @@ async def test_put_get_delete_answers(tmp_path: Path, durable: bool) -> None:
 
 async def test_version_only_to_conditional_offerers(tmp_path: Path) -> None:
     async with cache_broker(tmp_path, durable=False) as broker:
-        client = await CacheClient.connect(broker)
-        plain = await client.stream(features=WITHOUT_CONDITIONAL)
+        client = await WireClient.connect(broker)
+        plain = await client.session(features=WITHOUT_CONDITIONAL)
         await plain.send(put("k", b"v", 1))
         assert await plain.recv() == CacheOk(request_id=1)
         await plain.send(get("k", 2))
@@ -121,8 +114,8 @@ async def test_features_in_memory_and_durable(tmp_path: Path) -> None:
     )
     always = int(Feature.FEATURE_CACHE_DELETE | Feature.FEATURE_CACHE_CONDITIONAL)
     async with cache_broker(tmp_path / "m", durable=False) as broker:
-        client = await CacheClient.connect(broker)
-        s = await client.stream()
+        client = await WireClient.connect(broker)
+        s = await client.session()
         assert client.server_features & always == always
         assert not client.server_features & watch_bits
         # Not advertised, so answered like any request this broker does not serve.
@@ -135,8 +128,8 @@ async def test_features_in_memory_and_durable(tmp_path: Path) -> None:
         assert await s.recv() == Unsupported(request_type="cache_watch")
         client.close()
     async with cache_broker(tmp_path / "d", durable=True) as broker:
-        client = await CacheClient.connect(broker)
-        await client.stream()
+        client = await WireClient.connect(broker)
+        await client.session()
         assert client.server_features & (always | watch_bits) == always | watch_bits
         client.close()
 
@@ -144,8 +137,8 @@ async def test_features_in_memory_and_durable(tmp_path: Path) -> None:
 @pytest.mark.parametrize("durable", [False, True])
 async def test_conditional_writes(tmp_path: Path, durable: bool) -> None:
     async with cache_broker(tmp_path, durable=durable) as broker:
-        client = await CacheClient.connect(broker)
-        s = await client.stream()
+        client = await WireClient.connect(broker)
+        s = await client.session()
 
         def put_if(rid: int, data: bytes, condition: CacheCondition) -> CachePutIf:
             return CachePutIf(
@@ -204,8 +197,8 @@ async def test_conditional_writes(tmp_path: Path, durable: bool) -> None:
 @pytest.mark.parametrize("durable", [False, True])
 async def test_racing_absent_puts_exactly_one_wins(tmp_path: Path, durable: bool) -> None:
     async with cache_broker(tmp_path, durable=durable) as broker:
-        clients = [await CacheClient.connect(broker) for _ in range(4)]
-        streams = [await c.stream() for c in clients for _ in range(4)]
+        clients = [await WireClient.connect(broker) for _ in range(4)]
+        streams = [await c.session() for c in clients for _ in range(4)]
 
         async def contend(i: int) -> CacheConditionResult:
             s = streams[i % len(streams)]
@@ -242,8 +235,8 @@ async def test_racing_absent_puts_exactly_one_wins(tmp_path: Path, durable: bool
 async def test_many_in_flight_answered_by_request_id_without_head_of_line(tmp_path: Path) -> None:
     async with cache_broker(tmp_path, durable=True) as broker:
         assert broker.cache is not None
-        client = await CacheClient.connect(broker)
-        s = await client.stream()
+        client = await WireClient.connect(broker)
+        s = await client.session()
         # Make one key's writes slow to become durable: the 31 requests behind it
         # on the same stream must not wait for it.
         spec = broker.config.catalog.cache(TENANT, NS, CACHE)
@@ -280,8 +273,8 @@ async def test_ttl_reads_absent_at_once_and_the_pass_deletes(tmp_path: Path) -> 
     limits = CacheLimits(ttl_pass_interval=0.1)
     async with cache_broker(tmp_path, durable=False, limits=limits) as broker:
         assert broker.cache is not None
-        client = await CacheClient.connect(broker)
-        s = await client.stream()
+        client = await WireClient.connect(broker)
+        s = await client.session()
         await s.send(put("short", b"v", 1, ttl_ms=200))
         await s.send(put("long", b"v", 2, ttl_ms=60_000))
         await s.send(put("forever", b"v", 3))
@@ -331,8 +324,8 @@ async def test_memory_bound_evicts_least_recently_used(tmp_path: Path, durable: 
     limits = CacheLimits(max_shard_bytes=10 * (1000 + 64 + 3))
     async with cache_broker(tmp_path, durable=durable, limits=limits) as broker:
         assert broker.cache is not None
-        client = await CacheClient.connect(broker)
-        s = await client.stream()
+        client = await WireClient.connect(broker)
+        s = await client.session()
         for i in range(10):
             await s.send(put(f"k{i}", bytes(1000), i))
             assert await s.recv() == CacheOk(request_id=i)
@@ -355,8 +348,8 @@ async def test_memory_bound_evicts_least_recently_used(tmp_path: Path, durable: 
 
 async def test_permissions_and_unknown_cache(tmp_path: Path) -> None:
     async with cache_broker(tmp_path, durable=True) as broker:
-        client = await CacheClient.connect(broker)
-        reader = await client.stream(perms=[f"cache.read:cache:{TENANT}/*"])
+        client = await WireClient.connect(broker)
+        reader = await client.session(perms=[f"cache.read:cache:{TENANT}/*"])
         await reader.send(get("k", 1))
         assert await reader.recv() == value("k", None, 1)
         await reader.send(put("k", b"v", 2))
@@ -368,13 +361,13 @@ async def test_permissions_and_unknown_cache(tmp_path: Path) -> None:
         await reader.send(add)
         refused = await reader.recv()
         assert isinstance(refused, Error) and refused.code == "forbidden"
-        writer = await client.stream(perms=[f"cache.write:cache:{TENANT}/*"])
+        writer = await client.session(perms=[f"cache.write:cache:{TENANT}/*"])
         await writer.send(put("k", b"v", 4))
         assert await writer.recv() == CacheOk(request_id=4)
         await writer.send(CacheWatch(tenant_id=TENANT, namespace=NS, cache=CACHE, key="k"))
         refused = await writer.recv()
         assert isinstance(refused, Error) and refused.code == "forbidden"
-        s = await client.stream()
+        s = await client.session()
         await s.send(get("k", 5, cache="nope"))
         missing = await s.recv()
         assert isinstance(missing, Error) and missing.code == "not_found"
@@ -389,8 +382,8 @@ async def test_keys_route_to_shards_by_cache_mode(tmp_path: Path) -> None:
 
     async with cache_broker(tmp_path, durable=True) as broker:
         assert broker.cache is not None
-        client = await CacheClient.connect(broker)
-        s = await client.stream()
+        client = await WireClient.connect(broker)
+        s = await client.session()
         keys = [f"user-{i}" for i in range(40)]
         for rid, key in enumerate(keys):
             await s.send(put(key, key.encode(), rid, cache=MULTI))

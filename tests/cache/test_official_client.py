@@ -17,7 +17,8 @@ import pytest
 from felix_broker.app import Broker
 from felix_broker.cache.service import CacheLimits
 
-from .harness import CACHE, NS, TENANT, cache_broker, token
+from ..support.wire import NS, TENANT, token
+from .harness import CACHE, cache_broker
 
 felix = pytest.importorskip("felix")
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from ..conftest import REPO
+from ..support.paths import REPO
 
 sys.path.insert(0, str(REPO / "codegen"))
 from felix_codegen.load import CatalogueError, load
@@ -111,7 +111,11 @@ def test_generated_files_carry_the_header_and_no_timestamp() -> None:
         if name.endswith(".py"):
             first_line = text.splitlines()[0]
             assert first_line.startswith("# Generated from spec/") and "DO NOT EDIT" in first_line
-            assert cat.spec_hash in text.splitlines()[1]
+            # The requirements table carries its own file's digest (rewording one
+            # requirement regenerates that module only); every other module the catalogue's.
+            assert cat.requirements is not None
+            digest = cat.requirements.digest if name == "requirements.py" else cat.spec_hash
+            assert digest in text.splitlines()[1]
 
 
 def test_the_cli_validates_only_with_check() -> None:
@@ -125,6 +129,7 @@ def test_the_cli_validates_only_with_check() -> None:
     )
     assert result.returncode == 0, result.stderr
     assert "78 messages" in result.stdout
+    assert f"{len(load(SPEC).requirements.items)} requirements" in result.stdout  # type: ignore[union-attr]
 
 
 def test_nothing_imports_codegen_at_run_time() -> None:
@@ -143,3 +148,39 @@ def test_nothing_imports_codegen_at_run_time() -> None:
         if "felix_codegen" in path.read_text()
     ]
     assert offenders == []
+
+
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            lambda d: d["requirements"][3].update(txt="typo"),
+            "requirements.yaml: $.requirements[3]: Additional properties",
+        ),
+        (
+            lambda d: d["requirements"][0].update(id="t1"),
+            "requirements.yaml: $.requirements[0].id",
+        ),
+        (
+            lambda d: d["requirements"][1].update(id=d["requirements"][0]["id"]),
+            "requirements.yaml: $.requirements[1]: duplicate id",
+        ),
+        (
+            lambda d: d["requirements"][2].update(section="15.9"),
+            "requirements.yaml: $.requirements[2]: unknown section 15.9",
+        ),
+        (
+            lambda d: d["requirements"][2].update(decision="no-such-decision"),
+            "requirements.yaml: $.requirements[2]: unknown decision no-such-decision",
+        ),
+        (
+            lambda d: d["requirements"][4].update(text="two lines\nof text."),
+            "requirements.yaml: $.requirements[4].text",
+        ),
+    ],
+)
+def test_a_bad_requirement_fails_with_its_path(spec_copy: Path, change, expected: str) -> None:  # type: ignore[no-untyped-def]
+    _edit(spec_copy, "requirements", change)
+    with pytest.raises(CatalogueError) as info:
+        load(spec_copy)
+    assert expected in str(info.value)

@@ -43,7 +43,7 @@ from felix_wire.messages import (
     Subscribed,
 )
 
-from ..broker.harness import WireClient
+from ..support.wire import WireClient
 from .support import SYNC_TOKEN, FakeIdp, Plane, call, control_plane, fake_idp, setup_tenant
 
 pytestmark = pytest.mark.timeout(60)

@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from ..broker.harness import NS, TENANT, running_broker, token
+from ..broker.harness import running_broker
+from ..support.wire import NS, TENANT, token
 
 felix = pytest.importorskip("felix", reason="the official felix-client package")
 

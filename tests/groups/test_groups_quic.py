@@ -13,7 +13,6 @@ import pytest
 
 from felix_wire.features import Feature
 from felix_wire.messages import (
-    AckMode,
     AuthOk,
     CacheOk,
     Error,
@@ -34,74 +33,23 @@ from felix_wire.messages import (
     GroupRecords,
     GroupRedrive,
     GroupSeek,
-    Publish,
-    PublishOk,
     StartOffset,
 )
 
-from ..broker.harness import (
-    NS,
-    OFFICIAL_FEATURES,
-    TENANT,
-    WireClient,
-    WireStream,
-    running_broker,
-    token,
-)
+from ..broker.harness import running_broker
+from ..support.wire import NS, OFFICIAL_FEATURES, TENANT, WireClient, token
+from .session import GroupSession
 
 pytestmark = pytest.mark.timeout(60)
 
 SCOPE: dict[str, Any] = {"tenant_id": TENANT, "namespace": NS, "stream": "log", "shard": 0}
 
 
-class Session:
-    """One authenticated control stream and a request-id counter."""
-
-    def __init__(self, stream: WireStream) -> None:
-        self.stream = stream
-        self.rid = 0
-
-    def next_id(self) -> int:
-        self.rid += 1
-        return self.rid
-
-    async def call(self, cls: Any, timeout: float = 5.0, **fields: Any) -> Any:
-        rid = self.next_id()
-        fields.setdefault("group", "g")
-        message = cls(**{**SCOPE, **fields, "request_id": rid})
-        await self.stream.send(message)
-        return await self.stream.recv(timeout=timeout)
-
-    async def poll(self, n: int = 10, wait_ms: int = 0, **kw: Any) -> list[Any]:
-        answer = await self.call(GroupPoll, max_records=n, wait_ms=wait_ms, **kw)
-        assert isinstance(answer, GroupRecords), answer
-        return list(answer.records)
-
-    async def publish(self, *payloads: bytes) -> list[int]:
-        offsets = []
-        for payload in payloads:
-            rid = self.next_id()
-            await self.stream.send(
-                Publish(
-                    tenant_id=TENANT,
-                    namespace=NS,
-                    stream="log",
-                    payload=payload,
-                    ack=AckMode.PER_MESSAGE,
-                    request_id=rid,
-                )
-            )
-            answer = await self.stream.recv()
-            assert isinstance(answer, PublishOk), answer
-            offsets.append(answer.offset)
-        return offsets
-
-
-async def session(broker: Any, **auth: Any) -> Session:
+async def session(broker: Any, **auth: Any) -> GroupSession:
     client = await WireClient.connect(broker)
     stream, answer = await client.authed(**auth)
     assert isinstance(answer, AuthOk), answer
-    return Session(stream)
+    return GroupSession(stream, {**SCOPE, "group": "g"})
 
 
 def stale(answer: Any, retry: str = "retry") -> bool:

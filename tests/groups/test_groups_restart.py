@@ -13,13 +13,7 @@ from typing import Any
 
 import pytest
 
-from felix_broker.cli import full_rights
-from felix_broker.tokens import DevIssuer
-from felix_transport import TransportConfig, connect
-from felix_wire.gating import client_auth
 from felix_wire.messages import (
-    AckMode,
-    AuthOk,
     CacheOk,
     GroupAck,
     GroupDeadLetter,
@@ -27,11 +21,10 @@ from felix_wire.messages import (
     GroupDescribe,
     GroupPoll,
     GroupRecords,
-    Publish,
-    PublishOk,
 )
 
-from ..broker.harness import NS, OFFICIAL_FEATURES, OFFICIAL_FLAGS, TENANT, WireStream
+from ..support.wire import NS, TENANT, BrokerProcess, WireClient, token
+from .session import GroupSession
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -88,46 +81,15 @@ def _start(tmp: Path, port: int) -> subprocess.Popen[bytes]:
     return process
 
 
-class _Session:
-    def __init__(self, stream: WireStream) -> None:
-        self.stream = stream
-        self.rid = 0
-
-    async def call(self, message_type: Any, **fields: Any) -> Any:
-        self.rid += 1
-        await self.stream.send(message_type(**{**SCOPE, **fields, "request_id": self.rid}))
-        return await self.stream.recv()
-
-
-async def _session(tmp: Path, port: int) -> _Session:
-    data = tmp / "data"
-    issuer = DevIssuer.load_or_create(data)
-    tok = issuer.mint(TENANT, subject="crash", perms=full_rights(TENANT))
-    ca = (data / "tls" / "ca.pem").read_bytes()
-    connection = await connect(TransportConfig.client(ca), "127.0.0.1", port)
-    stream = WireStream(await connection.open_bidi_stream())
-    await stream.send(
-        client_auth(TENANT, tok, client_flags=OFFICIAL_FLAGS, client_features=OFFICIAL_FEATURES)
-    )
-    assert isinstance(await stream.recv(), AuthOk)
-    return _Session(stream)
+async def _session(tmp: Path, port: int) -> GroupSession:
+    broker = BrokerProcess(port, tmp / "data")
+    client = await WireClient.connect(broker)
+    return GroupSession(await client.session(tok=token(broker, subject="crash")), SCOPE)
 
 
 async def _before_crash(tmp: Path, port: int) -> set[int]:
     s = await _session(tmp, port)
-    for i in range(40):
-        s.rid += 1
-        await s.stream.send(
-            Publish(
-                tenant_id=TENANT,
-                namespace=NS,
-                stream="jobs",
-                payload=f"job-{i}".encode(),
-                ack=AckMode.PER_MESSAGE,
-                request_id=s.rid,
-            )
-        )
-        assert isinstance(await s.stream.recv(), PublishOk)
+    await s.publish(*(f"job-{i}".encode() for i in range(40)))
     answer = await s.call(GroupPoll, max_records=30)
     assert isinstance(answer, GroupRecords) and len(answer.records) == 30
     acked: set[int] = set()

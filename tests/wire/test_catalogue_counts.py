@@ -1,14 +1,17 @@
-"""Everything the facts file names is in the generated tables, with the same numbers.
+"""Everything the protocol's tables name is in the generated tables, with the same numbers.
 
-The facts file (shared/reference/protocol-facts.md) is parsed here, so a message,
-flag, feature or error code missing from the catalogue fails a test by name.
+`tests/vectors/protocol-tables.yaml` is a record of those tables (messages and their
+direction, frame flags, feature bits, error codes, retry classes) kept apart from
+`spec/`, so a message, flag, feature or error code missing from the catalogue, or
+carrying another number, fails a test by name.
 """
 
 from __future__ import annotations
 
-import re
+from typing import Any
 
 import pytest
+import yaml
 
 from felix_wire.catalogue import COUNTS, DECISIONS
 from felix_wire.errors import ERROR_CODE_BY_NAME, ErrorCode, RetryClass
@@ -22,43 +25,23 @@ from felix_wire.features import (
 from felix_wire.flags import FLAG_INFO, KNOWN_FLAGS, ORIGINAL_V1_FLAGS, Flag
 from felix_wire.messages import BROKER_TO_CLIENT, CLIENT_TO_BROKER, MESSAGE_CLASSES
 
-from ..conftest import SHARED
+from ..support.paths import VECTORS
 
-FACTS = (SHARED / "reference" / "protocol-facts.md").read_text()
-
-
-def _section(title: str) -> str:
-    start = FACTS.index(title)
-    end = FACTS.index("\n## ", start + 1)
-    return FACTS[start:end]
+TABLES: dict[str, Any] = yaml.safe_load((VECTORS / "protocol-tables.yaml").read_text())
 
 
-def _rows(text: str) -> list[list[str]]:
-    return [
-        [c.strip().replace("\\|", "|") for c in re.split(r"(?<!\\)\|", line.strip().strip("|"))]
-        for line in text.splitlines()
-        if line.startswith("| `")
-    ]
-
-
-def test_every_message_of_the_facts_index() -> None:
-    index = FACTS[FACTS.index("### 5.0 Index") : FACTS.index("Request-id rules")]
-    facts = {row[0].strip("`"): row[1] for row in _rows(index)}
+def test_every_message_of_the_index() -> None:
+    facts: dict[str, str] = TABLES["messages"]
     assert len(facts) == 78
     assert set(facts) == set(MESSAGE_CLASSES)
     for name, direction in facts.items():
-        expected = CLIENT_TO_BROKER if direction.startswith("C") else BROKER_TO_CLIENT
+        expected = CLIENT_TO_BROKER if direction == "client_to_broker" else BROKER_TO_CLIENT
         assert name in expected, name
     assert (COUNTS["client_to_broker"], COUNTS["broker_to_client"]) == (38, 40)
 
 
 def test_every_flag_bit() -> None:
-    rows = _rows(_section("### 2.1 Frame flag bits"))
-    facts = {
-        row[1].strip("`"): int(row[0].strip("`"), 16)
-        for row in rows
-        if re.fullmatch(r"`0x[0-9A-F]{4}`", row[0])
-    }
+    facts: dict[str, int] = TABLES["flags"]
     assert len(facts) == 15
     assert {f.name: int(f) for f in Flag} == facts
     assert KNOWN_FLAGS == 0x7FFF
@@ -67,16 +50,9 @@ def test_every_flag_bit() -> None:
 
 
 def test_every_feature_bit() -> None:
-    rows = _rows(_section("### 6.3 Feature bits"))
-    facts: dict[str, int] = {}
-    for row in rows:
-        name = row[1].strip("`")
-        bit = row[0].strip("`")
-        hi = re.match(r"_hi (0x[0-9a-fA-F]+)", bit)
-        if hi:
-            facts[name] = int(hi.group(1), 16) << 32
-        elif bit.startswith("0x"):
-            facts[name] = int(bit.replace("_", ""), 16)
+    facts = {
+        name: bit << 32 if word == "hi" else bit for name, (word, bit) in TABLES["features"].items()
+    }
     facts.pop("FEATURE_EXTENDED")
     assert len(facts) == 32  # 31 low-word features + FEATURE_INSPECT
     for name, value in facts.items():
@@ -92,13 +68,7 @@ def test_every_feature_bit() -> None:
 
 
 def test_every_error_code_and_retry_class() -> None:
-    section = _section("## 8. Error codes")
-    retry_names = {r.wire for r in RetryClass}
-    codes = {
-        row[0].strip("`"): (int(row[1]), row[2])
-        for row in _rows(section)
-        if row[1].strip().isdigit() and row[2] in retry_names
-    }
+    codes: dict[str, list[Any]] = TABLES["error_codes"]
     assert len(codes) == 15
     for name, (number, default) in codes.items():
         code = ERROR_CODE_BY_NAME[name]
@@ -106,9 +76,7 @@ def test_every_error_code_and_retry_class() -> None:
         assert code.default_retry.wire == default
     # Known to the official client beyond the protocol document's table.
     assert (ErrorCode.REVOKED, ErrorCode.STALE_WIDTH) == (16, 17)
-    classes = {
-        row[0].strip("`"): int(row[1]) for row in _rows(section) if row[0].strip("`") in retry_names
-    }
+    classes: dict[str, int] = TABLES["retry_classes"]
     assert classes == {r.wire: int(r) for r in RetryClass}
     assert len(classes) == 5
 

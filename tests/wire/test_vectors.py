@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import base64
+import hashlib
 import json
 from pathlib import Path
 from typing import Any
@@ -15,9 +16,8 @@ from felix_wire.binary import PublishAckFrame, PublishBatchFrame
 from felix_wire.frame import HEADER_SIZE, decode_header
 from felix_wire.messages import decode_message
 
-from ..conftest import SHARED
+from ..support.paths import UPSTREAM_VECTORS as VECTORS
 
-VECTORS = SHARED / "vectors" / "upstream"
 VECTOR_FILES = sorted(VECTORS.glob("*.json"))
 
 
@@ -28,6 +28,18 @@ def _load(path: Path) -> dict[str, Any]:
 
 def test_all_seventeen_vectors_are_present() -> None:
     assert len(VECTOR_FILES) == 17, [p.name for p in VECTOR_FILES]
+
+
+def test_vendored_vectors_are_the_upstream_bytes() -> None:
+    """Every vendored file is pinned by SHA256SUMS, and nothing unpinned sits beside them."""
+    sums = {}
+    for line in (VECTORS / "SHA256SUMS").read_text().splitlines():
+        digest, name = line.split()
+        sums[name] = digest
+    data = {p.name for p in VECTORS.iterdir() if p.suffix in (".hex", ".json")}
+    assert data == set(sums)
+    for name, digest in sums.items():
+        assert hashlib.sha256((VECTORS / name).read_bytes()).hexdigest() == digest, name
 
 
 @pytest.mark.parametrize("path", VECTOR_FILES, ids=lambda p: p.stem)

@@ -1,4 +1,10 @@
-"""The worked frames of the facts file (section 3.5), built from fields, compared to the bytes."""
+"""Worked frames A-H, built from fields, compared to their bytes.
+
+The hex strings were computed once, field by field, from the layouts of the protocol
+document (the same encoder reproduced every upstream binary vector); they cover the
+binary layouts the upstream vectors do not (failed and owner-naming acks, shared and
+legacy event batches with every modifier).
+"""
 
 from __future__ import annotations
 

@@ -1,0 +1,1 @@
+"""What the tests share: where the repository's test data lives and one raw wire client."""
