@@ -9,7 +9,8 @@ from felix_transport import ConnectionClosedError, StreamClosedError
 from felix_wire.codec import encode_frame
 from felix_wire.messages import AckMode, AuthOk, Publish, PublishOk
 
-from .harness import NS, TENANT, WireClient, running_broker
+from ..support.wire import NS, TENANT, WireClient
+from .harness import running_broker
 
 
 async def test_every_appended_publish_is_answered_before_the_close(tmp_path: Path) -> None:

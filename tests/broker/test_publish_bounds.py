@@ -19,7 +19,8 @@ from felix_wire.codec import encode_frame
 from felix_wire.features import Capabilities
 from felix_wire.messages import AckMode, AuthOk, Publish, PublishOk
 
-from .harness import NS, TENANT, WireClient, running_broker
+from ..support.wire import NS, TENANT, WireClient
+from .harness import running_broker
 
 SPEC = StreamSpec("t1", "default", "orders", shards=1)
 

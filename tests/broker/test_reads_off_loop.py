@@ -22,7 +22,8 @@ from felix_wire.messages import (
     Subscribed,
 )
 
-from .harness import NS, TENANT, WireClient, running_broker
+from ..support.wire import NS, TENANT, WireClient
+from .harness import running_broker
 
 
 @pytest.fixture

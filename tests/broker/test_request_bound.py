@@ -8,7 +8,8 @@ from pathlib import Path
 
 from felix_wire.messages import AuthOk, CacheGet, CacheValue, GroupPoll, GroupRecords
 
-from .harness import NS, TENANT, WireClient, running_broker
+from ..support.wire import NS, TENANT, WireClient
+from .harness import running_broker
 
 POLL = {"tenant_id": TENANT, "namespace": NS, "stream": "log", "shard": 0, "group": "g"}
 

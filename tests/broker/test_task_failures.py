@@ -11,7 +11,8 @@ import pytest
 
 from felix_wire.messages import AuthOk
 
-from .harness import WireClient, running_broker
+from ..support.wire import WireClient
+from .harness import running_broker
 
 
 async def test_a_failed_task_is_logged_once_and_counted(

@@ -1,0 +1,155 @@
+"""The broker's view of the fleet: who leads which shard, at which generation.
+
+Sans-IO: the etcd watcher (fleet membership and assignments) feeds it changes;
+placement at the dispatch seam and discovery read it. A `RoutingSnapshot` is
+immutable; `RoutingTable.apply` returns a new one, so readers never see a
+half-applied change and the swap is one assignment.
+
+Rules kept here (docs/architecture.md, "The fleet"):
+
+- A shard's generation is the etcd `mod_revision` of its assignment key: chosen
+  by the store, strictly increasing, never reused.
+- Assignment changes apply by generation: a change at or below the generation
+  held for that shard is dropped (a late or duplicated watch event changes
+  nothing).
+- A broker serves a shard only when the snapshot names it leader and the
+  assignment is `active`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field, replace
+from types import MappingProxyType
+
+__all__ = [
+    "AssignmentState",
+    "Member",
+    "Route",
+    "RoutingSnapshot",
+    "ShardId",
+    "ShardKind",
+]
+
+
+class ShardKind(enum.Enum):
+    STREAM = "stream"
+    CACHE = "cache"
+
+
+class AssignmentState(enum.Enum):
+    """Where a shard's assignment stands (the `state` of an assignment record)."""
+
+    ACTIVE = "active"  # the leader serves it
+    UNAVAILABLE = "unavailable"  # nobody serves it; `reason` says why
+    DRAINING = "draining"  # the leader is handing it over (a planned move)
+    MOVING = "moving"  # fenced for a move: writes are held, nobody serves it
+
+
+@dataclass(frozen=True, slots=True)
+class ShardId:
+    """One shard of one stream or cache."""
+
+    kind: ShardKind
+    tenant: str
+    namespace: str
+    name: str
+    shard: int
+
+    def __lt__(self, other: object) -> bool:  # enums do not order; compare by value
+        if not isinstance(other, ShardId):
+            return NotImplemented
+        return self._key() < other._key()
+
+    def _key(self) -> tuple[str, str, str, str, int]:
+        return (self.kind.value, self.tenant, self.namespace, self.name, self.shard)
+
+
+@dataclass(frozen=True, slots=True)
+class Member:
+    """A live broker: its registration record."""
+
+    node_id: str
+    client_addr: str  # host:port clients use; "" when the broker has none to give
+    peer_addr: str  # host:port of its broker-to-broker listener
+    features: frozenset[str] = frozenset()
+
+
+@dataclass(frozen=True, slots=True)
+class Route:
+    """One shard's assignment as this broker holds it."""
+
+    generation: int
+    state: AssignmentState
+    leader: str | None = None  # node id
+    replicas: tuple[str, ...] = ()
+    reason: str | None = None  # a shard_unavailable reason when not served
+    successor: str | None = None  # during a move: the node taking over
+
+
+@dataclass(frozen=True, slots=True)
+class RoutingSnapshot:
+    """An immutable view: members and routes, plus the node this broker is."""
+
+    node_id: str
+    members: Mapping[str, Member] = field(default_factory=lambda: MappingProxyType({}))
+    routes: Mapping[ShardId, Route] = field(default_factory=lambda: MappingProxyType({}))
+
+    def route(self, shard: ShardId) -> Route | None:
+        return self.routes.get(shard)
+
+    def leads(self, shard: ShardId) -> bool:
+        """Whether this broker serves `shard` now."""
+        route = self.routes.get(shard)
+        return (
+            route is not None
+            and route.leader == self.node_id
+            and route.state is AssignmentState.ACTIVE
+        )
+
+    def leader_of(self, shard: ShardId) -> Member | None:
+        """The live member that leads `shard`, whatever the assignment's state."""
+        route = self.routes.get(shard)
+        if route is None or route.leader is None:
+            return None
+        return self.members.get(route.leader)
+
+    def routable_members(self) -> list[Member]:
+        """Live members with a client address, in node-id order (what `topology` lists)."""
+        return [m for _, m in sorted(self.members.items()) if m.client_addr]
+
+    def with_member(self, member: Member) -> RoutingSnapshot:
+        members = dict(self.members)
+        members[member.node_id] = member
+        return replace(self, members=MappingProxyType(members))
+
+    def without_member(self, node_id: str) -> RoutingSnapshot:
+        if node_id not in self.members:
+            return self
+        members = {k: v for k, v in self.members.items() if k != node_id}
+        return replace(self, members=MappingProxyType(members))
+
+    def with_routes(self, changes: Iterable[tuple[ShardId, Route]]) -> RoutingSnapshot:
+        """Apply assignment changes by generation; a change at or below the generation
+        held for its shard is dropped. Returns `self` when nothing changed."""
+        routes: dict[ShardId, Route] | None = None
+        for shard, route in changes:
+            held = (routes if routes is not None else self.routes).get(shard)
+            if held is not None and route.generation <= held.generation:
+                continue
+            if routes is None:
+                routes = dict(self.routes)
+            routes[shard] = route
+        if routes is None:
+            return self
+        return replace(self, routes=MappingProxyType(routes))
+
+    def without_route(self, shard: ShardId, generation: int) -> RoutingSnapshot:
+        """A deleted assignment key (its deletion's revision is `generation`): dropped
+        only if it is newer than what is held."""
+        held = self.routes.get(shard)
+        if held is None or generation <= held.generation:
+            return self
+        routes = {k: v for k, v in self.routes.items() if k != shard}
+        return replace(self, routes=MappingProxyType(routes))
