@@ -32,7 +32,6 @@ from felix_broker.config import BrokerConfig, FsyncMode
 from felix_broker.groups.service import GROUP_REQUESTS, GroupCall, GroupService
 from felix_broker.metrics import BrokerMetrics
 from felix_broker.ops_http import Health, HttpListener
-from felix_broker.permissions import Action, stream_object
 from felix_broker.session.protocol import (
     Authenticated,
     AuthRefusedError,
@@ -52,7 +51,8 @@ from felix_broker.streams.engine import (
     publisher_of,
 )
 from felix_broker.tls import TlsMaterial, prepare_tls
-from felix_broker.tokens import DevIssuer, Principal, TokenError, TokenVerifier
+from felix_common.permissions import Action, stream_object
+from felix_common.tokens import DevIssuer, Principal, TokenError, TokenVerifier
 from felix_transport import Connection, Server, Stream, StreamClosedError, TransportConfig, serve
 from felix_transport.events import ConnectionClosedError
 from felix_wire.binary import PublishBatchFrame

@@ -406,7 +406,7 @@ def _free_udp_port() -> int:
 
 async def _client(data: Path, port: int) -> tuple[object, str]:
     from felix_broker.cli import full_rights
-    from felix_broker.tokens import DevIssuer
+    from felix_common.tokens import DevIssuer
     from felix_transport import TransportConfig, connect
 
     issuer = DevIssuer.load_or_create(data)

@@ -158,7 +158,7 @@ async def test_bad_request_line(listener: HttpListener) -> None:
 
 
 async def test_request_too_large(listener: HttpListener) -> None:
-    raw = b"GET /live HTTP/1.1\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n"
+    raw = b"GET /live HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n"
     assert (await _request(listener.port, raw))[0] == 431
 
 

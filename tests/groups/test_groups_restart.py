@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from felix_broker.cli import full_rights
-from felix_broker.tokens import DevIssuer
+from felix_common.tokens import DevIssuer
 from felix_transport import TransportConfig, connect
 from felix_wire.gating import client_auth
 from felix_wire.messages import (
