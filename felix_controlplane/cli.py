@@ -29,7 +29,7 @@ from felix_controlplane.api import ControlPlane, Settings
 from felix_controlplane.http import HttpServer
 from felix_controlplane.store import DEFAULT_MAX_CHANGES, SqliteStore
 
-__all__ = ["main", "parse_args", "run"]
+__all__ = ["build_parser", "main", "parse_args", "run"]
 
 _log = logging.getLogger(__name__)
 
@@ -59,7 +59,8 @@ a first token without an identity provider:
   then POST /v1/tenants/t1/tokens with the admin token (see the README)."""
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: every option with its help and its default."""
     parser = argparse.ArgumentParser(
         prog="felix-controlplane",
         description=_DESCRIPTION,
@@ -70,6 +71,7 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         "--db",
         type=Path,
         default=Path("felix-controlplane.db"),
+        metavar="PATH",
         help="the SQLite database (created mode 0600; it holds the tenants' private "
         "signing keys) (default: %(default)s)",
     )
@@ -148,6 +150,11 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         choices=["DEBUG", "INFO", "WARNING", "ERROR"],
         help="logging level (default: %(default)s)",
     )
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together")

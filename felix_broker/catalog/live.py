@@ -155,7 +155,11 @@ class LiveCatalog(CatalogTables):
 
     async def start(self) -> None:
         """Load the snapshot (raises :class:`SyncError` if unreachable), then follow changes."""
-        await self._load_snapshot(announce=False)
+        try:
+            await self._load_snapshot(announce=False)
+        except BaseException:
+            await self._http.close()
+            raise
         self._task = asyncio.get_running_loop().create_task(self._follow(), name="catalog-sync")
 
     async def close(self) -> None:
