@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import secrets
@@ -25,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 import aiohttp
+from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from felix_broker.catalog import CacheSpec, Routing, StaticCatalog, StreamSpec
@@ -37,7 +39,9 @@ from felix_broker.config import (
     load_config,
 )
 from felix_broker.server import Broker
+from felix_common import safejson
 from felix_common.files import replace_file
+from felix_common.http import HttpServer
 from felix_common.tokens import DevIssuer
 
 __all__ = ["full_rights", "main"]
@@ -224,10 +228,9 @@ async def _fixture(out: Path, ca_file: Path, *, control_plane: bool) -> int:
         assert broker.issuer is not None
         mint = _dev_minter(broker.issuer)
     forger = _dev_minter(DevIssuer(Ed25519PrivateKey.generate()))
-    control = await asyncio.start_server(
-        lambda r, w: _token_endpoint(r, w, mint, forger), "127.0.0.1", 0
-    )
-    control_port = control.sockets[0].getsockname()[1]
+    control = HttpServer(functools.partial(_token_endpoint, mint=mint, forger=forger))
+    await control.start("127.0.0.1", 0)
+    control_port = control.port
     tenant = FIXTURE_TENANT
     document: dict[str, Any] = {
         "addrs": [f"127.0.0.1:{broker.quic_port}"],
@@ -253,8 +256,7 @@ async def _fixture(out: Path, ca_file: Path, *, control_plane: bool) -> int:
         await stop.wait()
         await broker.stop()
     finally:
-        control.close()
-        await control.wait_closed()
+        await control.close()
         if plane is not None:
             await plane.close()
     return 0
@@ -394,46 +396,23 @@ def _with_catalog(config: BrokerConfig, catalog: StaticCatalog) -> BrokerConfig:
 
 
 async def _token_endpoint(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, mint: Minter, forger: Minter
-) -> None:
+    request: web.BaseRequest, *, mint: Minter, forger: Minter
+) -> web.StreamResponse:
     """POST /tokens {"ttl_secs": N, "forged": bool} -> {"token": "..."} (tests mint tokens here)."""
-    status, body = 404, {"error": "not found"}
+    if (request.method, request.path) != ("POST", "/tokens"):
+        return web.json_response({"error": "not found"}, status=404)
     try:
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
-        lines = head.decode("latin-1").split("\r\n")
-        method, path, _ = lines[0].split(" ", 2)
-        length = 0
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            if name.strip().lower() == "content-length":
-                length = min(int(value.strip()), 65536)
-        raw = await asyncio.wait_for(reader.readexactly(length), 5) if length else b"{}"
-        if method == "POST" and path == "/tokens":
-            request = json.loads(raw or b"{}")
-            ttl = int(request.get("ttl_secs", 3600))
-            perms = request.get("perms", full_rights(FIXTURE_TENANT))
-            signer = forger if request.get("forged") else mint
-            token = await signer(FIXTURE_TENANT, str(request.get("subject", "fixture")), perms, ttl)
-            status, body = 200, {"token": token}
-    except (
-        ValueError,
-        _ControlPlaneError,
-        asyncio.IncompleteReadError,
-        asyncio.LimitOverrunError,
-        TimeoutError,
-    ) as exc:
-        status, body = 400, {"error": str(exc)}
-    payload = json.dumps(body).encode()
-    reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}[status]
-    writer.write(
-        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
-        + payload
-    )
-    try:
-        await writer.drain()
-    finally:
-        writer.close()
+        raw = await request.content.read(65536) if request.can_read_body else b""
+        body = safejson.loads(raw or b"{}")
+        if not isinstance(body, dict):
+            raise ValueError("expected a JSON object")
+        ttl = int(body.get("ttl_secs", 3600))
+        perms = body.get("perms", full_rights(FIXTURE_TENANT))
+        signer = forger if body.get("forged") else mint
+        token = await signer(FIXTURE_TENANT, str(body.get("subject", "fixture")), perms, ttl)
+    except (ValueError, TypeError, _ControlPlaneError) as exc:
+        return web.json_response({"error": str(exc)}, status=400)
+    return web.json_response({"token": token})
 
 
 if __name__ == "__main__":
