@@ -30,11 +30,12 @@ import ssl
 from collections.abc import Awaitable, Callable
 from typing import Any
 
+import aiohttp
 from aiohttp import web
 from aiohttp.http_exceptions import HttpProcessingError
 from aiohttp.web_protocol import RequestHandler
 
-__all__ = ["Handler", "HttpServer"]
+__all__ = ["BodyTooLarge", "Handler", "HttpServer", "read_bounded"]
 
 _log = logging.getLogger(__name__)
 
@@ -43,6 +44,21 @@ Handler = Callable[[web.BaseRequest], Awaitable[web.StreamResponse]]
 
 _PARSER_LIMIT = 64 * 1024  # aiohttp's own per-line limit; max_head_bytes is checked below it
 _REASONS = {408: "Request Timeout"}
+
+
+class BodyTooLarge(ValueError):
+    """An HTTP answer (or request) body over the reader's limit."""
+
+
+async def read_bounded(content: aiohttp.StreamReader, limit: int) -> bytes:
+    """All of a body, refusing it with :class:`BodyTooLarge` past ``limit`` bytes
+    (read in chunks, so at most ``limit`` plus one chunk is ever held)."""
+    body = bytearray()
+    async for chunk in content.iter_chunked(1 << 16):
+        body += chunk
+        if len(body) > limit:
+            raise BodyTooLarge(f"a body larger than {limit} bytes")
+    return bytes(body)
 
 
 class _Connection(RequestHandler):

@@ -163,6 +163,10 @@ class ControlPlane:
             ("GET", re.compile(r"^/v1/tenants$"), self._list_tenants),
         ]
 
+    async def close(self) -> None:
+        """End the outbound HTTP session (identity providers' JWKS); the store is the caller's."""
+        await self.upstream.close()
+
     # -- dispatch -------------------------------------------------------------------
 
     async def handle(self, request: Request) -> Response:
@@ -412,11 +416,11 @@ class ControlPlane:
 
     # -- token exchange ---------------------------------------------------------------
 
-    def _upstream_identity(self, tenant: str, upstream: str) -> UpstreamIdentity:
+    def _providers(self, tenant: str) -> list[dict[str, Any]]:
         if not self.store.tenant_exists(tenant):
             raise ApiError(404, "not_found", f"tenant {tenant!r} does not exist")
-        providers = self.store.list_resources(tenant, "idp", "", "", 1000)
-        return self.upstream.verify(upstream, providers)
+        providers: list[dict[str, Any]] = self.store.list_resources(tenant, "idp", "", "", 1000)
+        return providers
 
     def _exchange_sync(
         self, tenant: str, identity: UpstreamIdentity, body: dict[str, Any]
@@ -467,7 +471,7 @@ class ControlPlane:
         if upstream is None:
             raise ApiError(401, "unauthenticated", "an upstream OIDC token is required")
         # Who is asking comes first: a stranger's body is never parsed.
-        identity = await self._run(self._upstream_identity, g["0"], upstream)
+        identity = await self.upstream.verify(upstream, await self._run(self._providers, g["0"]))
         raw = _body(request)
         body = {} if raw is None else raw
         if not isinstance(body, dict) or set(body) - {

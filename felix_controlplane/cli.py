@@ -236,6 +236,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     finally:
         await public.close()
         await admin.close()
+        await plane.close()
         store.close()
 
 

@@ -40,6 +40,7 @@ import aiohttp
 from felix_broker.catalog import CatalogTables
 from felix_common import feed
 from felix_common.catalog import is_name
+from felix_common.http import BodyTooLarge, read_bounded
 from felix_common.tokens import Principal, TokenVerifier, UnknownKeyIdError
 
 __all__ = ["CatalogChange", "LiveCatalog", "SyncError", "TenantJwksVerifier"]
@@ -99,13 +100,8 @@ class _ControlPlaneClient:
                     raise _NotFound(f"{url}: 404")
                 if response.status != 200:
                     raise SyncError(f"{url}: HTTP {response.status}")
-                body = bytearray()
-                async for chunk in response.content.iter_chunked(1 << 16):
-                    body += chunk
-                    if len(body) > _MAX_BODY:
-                        raise SyncError(f"{url}: answer larger than {_MAX_BODY} bytes")
-                return bytes(body)
-        except (aiohttp.ClientError, TimeoutError, OSError) as exc:
+                return await read_bounded(response.content, _MAX_BODY)
+        except (aiohttp.ClientError, TimeoutError, OSError, BodyTooLarge) as exc:
             raise SyncError(f"{url}: {exc or type(exc).__name__}") from None
 
     async def close(self) -> None:

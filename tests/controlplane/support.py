@@ -108,6 +108,7 @@ async def control_plane(
     finally:
         await public.close()
         await admin.close()
+        await control.close()
         store.close()
 
 
