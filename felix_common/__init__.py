@@ -8,7 +8,9 @@
                        the name alphabet and the limits
 ``feed``               the catalog sync feed between them: the JSON of a stream or
                        cache definition and the snapshot and change pages
-``http``               the one HTTP server stack (aiohttp) both listen with
+``http``               the one HTTP server stack (aiohttp) both listen with, and a
+                       bounded body reader for their aiohttp clients
+``safejson``           JSON from strangers, nesting depth bounded before decoding
 ``files``              secret files created once, replaced atomically, mode-checked
 =====================  ==============================================================
 
