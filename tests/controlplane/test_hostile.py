@@ -150,3 +150,50 @@ async def test_a_slow_request_head_is_answered_408(tmp_path: Path) -> None:
     finally:
         await server.close()
     assert status == 408 and json.loads(raw)["error"] == "bad_request"
+
+
+async def test_garbage_on_the_socket_never_stops_the_listener(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    async with control_plane(tmp_path) as plane:
+        port = int(plane.url.rsplit(":", 1)[1])
+        loop = asyncio.get_running_loop()
+
+        async def send(raw: bytes) -> None:
+            reader, writer = await asyncio.open_connection("127.0.0.1", port)
+            try:
+                writer.write(raw)
+                writer.write_eof()
+                async with asyncio.timeout(10):
+                    data = await reader.read()
+            finally:
+                writer.close()
+            # An answer (400, 404, 413, 431, ...) or a closed connection; never a 5xx.
+            assert not data.startswith(b"HTTP/1.1 5"), data[:200]
+
+        heads = st.one_of(
+            st.binary(max_size=300),
+            st.builds(
+                lambda m, p, h: f"{m} {p} HTTP/1.1\r\nHost: x\r\n{h}\r\n".encode(errors="replace"),
+                st.sampled_from(["GET", "POST", "PUT", "DELETE", "PATCH", "X"]),
+                st.sampled_from(["/", "/v1/tenants/acme", "/v1/catalog/changes?since=x", "//"]),
+                st.text(max_size=80),
+            ),
+        )
+
+        @settings(
+            max_examples=60,
+            deadline=None,
+            suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow],
+        )
+        @given(raw=heads)
+        def one(raw: bytes) -> None:
+            asyncio.run_coroutine_threadsafe(send(raw), loop).result(timeout=30)
+
+        await asyncio.to_thread(one)
+        status, body = await call("GET", f"{plane.url}/v1/tenants/acme/.well-known/jwks.json")
+        assert status == 404 and body["error"] == "not_found"  # still serving
+    _no_traceback(caplog)
