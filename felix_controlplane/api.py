@@ -20,7 +20,8 @@ Public listener (all paths under ``/v1``):
 =========================================================  ==========================
 
 Admin calls carry a Felix token with ``aud`` felix-controlplane, verified with
-the broker's own :class:`TokenVerifier` against the tenant's JWKS.
+the same :class:`felix_common.tokens.TokenVerifier` brokers use, against the
+tenant's JWKS.
 
 Admin listener (loopback only, bootstrap secret as bearer):
 ``POST /v1/bootstrap`` creates a tenant with its first signing key, an

@@ -7,8 +7,8 @@ in the tenant's JWKS until every token it could have signed has expired
 off a token that was valid when it was issued. Revocation withdraws a key from
 the JWKS at once: tokens it signed stop verifying as soon as brokers refetch.
 
-The key id is the RFC 7638 thumbprint, computed by the broker's own
-``felix_common.tokens`` helper so both sides name keys identically.
+The key id is the RFC 7638 thumbprint, computed by the shared
+``felix_common.tokens.public_jwk`` so broker and control plane name keys identically.
 """
 
 from __future__ import annotations
