@@ -27,10 +27,10 @@ drift: codegen
 
 lint: setup
 	$(PY) -m ruff check .
-	$(PY) -m ruff format --check codegen felix_broker felix_controlplane felix_transport felix_client conformance tests bench tools
+	$(PY) -m ruff format --check codegen felix_common felix_broker felix_controlplane felix_transport felix_client conformance tests bench tools
 
 types: setup
-	$(PY) -m mypy codegen/felix_codegen felix_broker felix_controlplane felix_transport felix_client conformance/felix_conformance bench tools
+	$(PY) -m mypy codegen/felix_codegen felix_common felix_broker felix_controlplane felix_transport felix_client conformance/felix_conformance bench tools
 
 layering: setup
 	$(VENV)/bin/lint-imports

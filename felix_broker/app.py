@@ -31,7 +31,7 @@ from felix_broker.storage import LogConfig, LogStore
 from felix_broker.streams.engine import Engine
 from felix_broker.streams.service import STREAM_FEATURES, StreamService
 from felix_broker.tls import TlsMaterial, prepare_tls
-from felix_broker.tokens import DevIssuer, Principal, TokenError, TokenVerifier
+from felix_common.tokens import DevIssuer, Principal, TokenError, TokenVerifier
 from felix_transport import Server, TransportConfig, serve
 from felix_wire.errors import ErrorCode
 from felix_wire.features import Feature

@@ -33,7 +33,7 @@ from typing import TYPE_CHECKING, Any
 from felix_broker.metrics import BrokerMetrics
 from felix_broker.session.protocol import StreamProtocol
 from felix_broker.streams.budget import ByteBudget
-from felix_broker.tokens import Principal
+from felix_common.tokens import Principal
 from felix_transport import Connection, Stream, StreamClosedError
 
 if TYPE_CHECKING:

@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from felix_broker.tokens import Principal
+from felix_common.tokens import Principal
 from felix_wire import encode_frame
 from felix_wire.binary import AckStatus, PublishAckFrame, PublishBatchFrame, decode_publish_batch
 from felix_wire.errors import ErrorCode, RetryClass

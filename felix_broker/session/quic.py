@@ -30,7 +30,7 @@ from felix_broker.session.protocol import (
     Send,
     StreamProtocol,
 )
-from felix_broker.tokens import Principal
+from felix_common.tokens import Principal
 from felix_transport import Connection, Stream, StreamClosedError
 from felix_transport.events import ConnectionClosedError
 from felix_wire.features import Feature

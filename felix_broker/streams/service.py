@@ -29,7 +29,6 @@ from collections.abc import Callable
 from felix_broker.catalog import StreamSpec
 from felix_broker.config import BrokerConfig
 from felix_broker.metrics import BrokerMetrics
-from felix_broker.permissions import Action, stream_object
 from felix_broker.session.context import ConnectionState, RequestContext
 from felix_broker.session.dispatch import DispatchTable
 from felix_broker.streams.budget import ByteBudget
@@ -42,6 +41,7 @@ from felix_broker.streams.engine import (
     Subscriber,
     publisher_of,
 )
+from felix_common.permissions import Action, stream_object
 from felix_transport import Stream, StreamClosedError
 from felix_transport.events import ConnectionClosedError
 from felix_wire.binary import PublishBatchFrame
