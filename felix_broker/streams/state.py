@@ -15,8 +15,8 @@ at or below it is reflected, none after (None before the first commit).
 
 Retention that removes commit records removes the state they wrote
 (:meth:`StateView.trim`): a key whose latest write lies below the log's new
-start reads as never written, exactly as a rebuild from the retained log
-would answer. Memory holds every live key of every entity of the shard; it is
+start reads as never written, and ``as_of`` is None once no retained commit
+is left, exactly as a rebuild from the retained log would answer. Memory holds every live key of every entity of the shard; it is
 bounded by what the shard's retention keeps, as the log is.
 """
 
@@ -78,3 +78,6 @@ class StateView:
         stale = [name for name, (_, version) in self._values.items() if version < start_offset]
         for name in stale:
             del self._values[name]
+        if self._as_of is not None and self._as_of < start_offset:
+            # No retained commit is reflected any more: answer as a rebuild would.
+            self._as_of = None
