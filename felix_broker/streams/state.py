@@ -16,8 +16,9 @@ at or below it is reflected, none after (None before the first commit).
 Retention that removes commit records removes the state they wrote
 (:meth:`StateView.trim`): a key whose latest write lies below the log's new
 start reads as never written, and ``as_of`` is None once no retained commit
-is left, exactly as a rebuild from the retained log would answer. Memory holds every live key of every entity of the shard; it is
-bounded by what the shard's retention keeps, as the log is.
+is left, exactly as a rebuild from the retained log would answer. Memory
+holds every live key of every entity of the shard; it is bounded by what the
+shard's retention keeps, as the log is.
 """
 
 from __future__ import annotations
