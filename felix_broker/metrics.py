@@ -5,7 +5,8 @@ process-global one, so several brokers can run in one process (tests do) and
 each ``/metrics`` shows only its own broker. Label sets are kept small and
 bounded: ``tenant`` appears only where the protocol names it
 (``felix_tenant_publish_queue_full_total``), ``reason`` only takes the fixed
-names of token checks.
+names of token checks or of ``publish_refused`` reasons, ``type`` and
+``outcome`` only message types and error codes of the catalogue.
 """
 
 from __future__ import annotations
@@ -76,6 +77,30 @@ class BrokerMetrics:
             "felix_broker_auth_failures",
             "Refused auth attempts, by the check that failed.",
             ["reason"],
+            registry=r,
+        )
+
+        self.producer_duplicates = Counter(
+            "felix_broker_producer_duplicates",
+            "Idempotent batches answered with their original offset; nothing appended.",
+            registry=r,
+        )
+        self.producer_refusals = Counter(
+            "felix_broker_producer_refusals",
+            "Idempotent batches refused, by publish_refused reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.conditional_refusals = Counter(
+            "felix_broker_conditional_refusals",
+            "Conditional writes (publish_if, commit with expected_offset) refused offset_mismatch.",
+            ["type"],
+            registry=r,
+        )
+        self.commits = Counter(
+            "felix_broker_commits",
+            "Atomic commits answered, by outcome (ok, offset_mismatch or the error code).",
+            ["outcome"],
             registry=r,
         )
 

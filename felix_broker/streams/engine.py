@@ -55,6 +55,9 @@ from felix_broker.catalog import Catalog, StreamSpec
 from felix_broker.config import BrokerConfig, SubscriberQueuePolicy
 from felix_broker.metrics import BrokerMetrics
 from felix_broker.storage import Log, LogStore, Retention, ShardKey, StorageError
+from felix_broker.storage.format import BatchExtension
+from felix_broker.streams.guards import AppendGuard, AppendRefusedError, ShardMarks
+from felix_broker.streams.producers import Append, Duplicate
 from felix_wire.binary import (
     EventBatchLegacyFrame,
     EventBatchSharedFrame,
@@ -185,6 +188,9 @@ class PublishRequest:
     done: asyncio.Future[int] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+    guard: AppendGuard | None = None
+    """Checked where the offsets are assigned (idempotent, conditional, commit); a
+    refusal resolves ``done`` with :class:`AppendRefusedError`, nothing appended."""
 
     @property
     def size(self) -> int:
@@ -300,6 +306,9 @@ class Shard:
         self.index = index
         self.log = log
         self.next_offset = log.next_offset if log is not None else 0
+        # Idempotent producers and commit state, replayed from the log's marks
+        # before the shard serves anything (in memory only for in-memory streams).
+        self.marks = ShardMarks.rebuild(log)
         self.subscribers: list[Subscriber] = []
         # Called on each flush, once appended records are durable (per fsync mode) and
         # so readable: consumer groups wake their long polls here.
@@ -313,13 +322,26 @@ class Shard:
     def durable(self) -> bool:
         return self.log is not None
 
-    def append(self, payloads: list[bytes], publisher: str | None, timestamp_us: int) -> int:
+    @property
+    def start_offset(self) -> int:
+        """The oldest offset retained (0 for in-memory streams, which keep none)."""
+        return self.log.start_offset if self.log is not None else 0
+
+    def append(
+        self,
+        payloads: list[bytes],
+        publisher: str | None,
+        timestamp_us: int,
+        extension: BatchExtension | None = None,
+    ) -> int:
         """Append one publish batch; returns its base offset. A durable stream stores the
         publisher only when record_publishers is on (and reports what it stored); an
         in-memory stream reports the publishing connection's principal."""
         if self.log is not None:
             stored = publisher if self._record_publishers else None
-            base = self.log.append(payloads, timestamp_us=timestamp_us, publisher=stored)
+            base = self.log.append(
+                payloads, timestamp_us=timestamp_us, publisher=stored, extension=extension
+            )
             self.next_offset = base + len(payloads)
             # Kept even with no subscriber yet: one may register before the flush, and
             # its writer then skips or keeps these by offset.
@@ -423,8 +445,24 @@ class _TenantPipeline:
             written: list[tuple[PublishRequest, int]] = []
             for request in batch:
                 shard = request.shard
+                guard = request.guard
+                extension = None
+                if guard is not None:
+                    # Checked here, in the same synchronous step as the append:
+                    # nothing else can take the offset in between.
+                    admission = guard.admit(shard.next_offset, shard.start_offset)
+                    if isinstance(admission, Duplicate):
+                        # Answered like a write, once what it duplicates is durable.
+                        touched[id(shard)] = shard
+                        written.append((request, admission.offset))
+                        continue
+                    if not isinstance(admission, Append):
+                        if not request.done.done():
+                            request.done.set_exception(AppendRefusedError(admission))
+                        continue
+                    extension = guard.extension(shard.durable)
                 try:
-                    base = shard.append(request.payloads, request.publisher, now)
+                    base = shard.append(request.payloads, request.publisher, now, extension)
                 except (StorageError, ValueError) as exc:
                     _log.error(
                         "append to %s shard %d failed: %s", shard.spec.name, shard.index, exc
@@ -432,6 +470,8 @@ class _TenantPipeline:
                     if not request.done.done():
                         request.done.set_exception(exc)
                     continue
+                if guard is not None:
+                    guard.appended(base)
                 touched[id(shard)] = shard
                 written.append((request, base))
                 self._metrics.publishes.inc(len(request.payloads))
@@ -461,6 +501,8 @@ class _TenantPipeline:
                 if id(request.shard) in failed:
                     request.done.set_exception(StorageError("the shard's log failed"))
                 else:
+                    if request.guard is not None:
+                        request.guard.durable(base)
                     request.done.set_result(base)
             for _ in batch:
                 queue.task_done()
