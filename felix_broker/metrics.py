@@ -80,6 +80,12 @@ class BrokerMetrics:
             registry=r,
         )
 
+        self.task_failures = Counter(
+            "felix_broker_task_failures",
+            "Broker tasks that ended with an unexpected exception, by what started them.",
+            ["type"],
+            registry=r,
+        )
         self.producer_duplicates = Counter(
             "felix_broker_producer_duplicates",
             "Idempotent batches answered with their original offset; nothing appended.",
