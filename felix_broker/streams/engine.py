@@ -217,6 +217,10 @@ class Subscriber:
         self.dropped = 0
         self.delivered = 0
         self.closed = False
+        self.created = time.monotonic()  # for the subscription's age (inspection)
+        # One past the last offset taken from the queue (durable streams; None until
+        # the first live batch is taken).
+        self.position: int | None = None
         self._metrics = metrics
         # (frame, records, base offset of its first record); offsets exist on durable
         # streams only, where the writer uses them to join replay and live delivery.
@@ -269,6 +273,8 @@ class Subscriber:
             await self._ready.wait()
         frames = list(self._frames)
         records = sum(r for _, r, _ in frames)
+        _, last_records, last_base = frames[-1]
+        self.position = last_base + last_records
         self._metrics.subscriber_queue_depth.dec(len(frames))
         self._frames.clear()
         self.delivered += records

@@ -152,12 +152,15 @@ class ProducerGuard:
         self.sequence = sequence
         self.digest = digest
         self.reused_refusal = reused_refusal
+        self.admission: Admission | None = None
+        """What :meth:`admit` decided (a duplicate, for the metrics), once it ran."""
 
     def admit(self, tail: int, start: int) -> Admission:
         self._marks.follow(start)
-        return self._marks.producers.check(
+        self.admission = self._marks.producers.check(
             self.producer_id, self.sequence, self.digest, reused_refusal=self.reused_refusal
         )
+        return self.admission
 
     def extension(self, durable: bool) -> BatchExtension | None:
         if not durable:

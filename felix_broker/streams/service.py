@@ -20,6 +20,7 @@ connection goes, or when its stream is deleted from the catalog.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Awaitable, Callable
 
 from felix_broker.catalog import StreamSpec
 from felix_broker.config import BrokerConfig
@@ -36,6 +37,7 @@ from felix_broker.streams.engine import (
     Subscriber,
     publisher_of,
 )
+from felix_broker.streams.width import StreamWidths
 from felix_transport import Stream, StreamClosedError
 from felix_transport.events import ConnectionClosedError
 from felix_wire.binary import PublishBatchFrame
@@ -96,6 +98,13 @@ class StreamService:
         self._engine = engine
         self._metrics = metrics
         self._durable = durable
+        # Set by the composition root when guarded writes are served (guarded.py):
+        # binary idempotent frames (0x0100) go there, and keyed batches routed by a
+        # width other than the stream's (publish_width) are refused stale_width.
+        self.idempotent_frames: (
+            Callable[[PublishBatchFrame, RequestContext], Awaitable[None]] | None
+        ) = None
+        self.widths: StreamWidths | None = None
 
     @property
     def features(self) -> int:
@@ -113,6 +122,9 @@ class StreamService:
     # -- publish ---------------------------------------------------------------------
 
     async def publish_binary(self, frame: PublishBatchFrame, ctx: RequestContext) -> None:
+        if frame.producer_id is not None and self.idempotent_frames is not None:
+            await self.idempotent_frames(frame, ctx)
+            return
         acked = frame.request_id is not None
         await self._publish(
             ctx,
@@ -202,6 +214,17 @@ class StreamService:
         if not payloads:
             await refuse(ErrorCode.INVALID_REQUEST, "a publish batch needs at least one payload")
             return
+        if self.widths is not None:
+            announced = self.widths.stale(
+                ctx.io, tenant_id, namespace, stream, keyed=key is not None, actual=spec.shards
+            )
+            if announced is not None:
+                await refuse(
+                    ErrorCode.STALE_WIDTH,
+                    f"stale width: the batch was routed by {announced} shard(s); "
+                    f"stream {stream} has {spec.shards}",
+                )
+                return
         shard = self._engine.shard_for(spec, key)
         publish = PublishRequest(shard, payloads, publisher_of(ctx.principal.subject))
         try:

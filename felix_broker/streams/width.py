@@ -16,9 +16,10 @@ client that never sends ``publish_width``).
 
 from __future__ import annotations
 
+import weakref
 from collections import OrderedDict
 
-__all__ = ["MAX_ANNOUNCED", "AnnouncedWidths"]
+__all__ = ["MAX_ANNOUNCED", "AnnouncedWidths", "StreamWidths"]
 
 MAX_ANNOUNCED = 256
 
@@ -53,3 +54,32 @@ class AnnouncedWidths:
         if announced is None or announced == actual:
             return None
         return announced
+
+
+class StreamWidths:
+    """The announcements of every live QUIC stream, keyed by the stream object.
+
+    Held weakly: a stream's announcements go with the stream.
+    """
+
+    def __init__(self) -> None:
+        self._streams: weakref.WeakKeyDictionary[object, AnnouncedWidths] = (
+            weakref.WeakKeyDictionary()
+        )
+
+    def announce(
+        self, stream: object, tenant_id: str, namespace: str, name: str, shards: int
+    ) -> None:
+        widths = self._streams.get(stream)
+        if widths is None:
+            widths = self._streams[stream] = AnnouncedWidths()
+        widths.announce(tenant_id, namespace, name, shards)
+
+    def stale(
+        self, stream: object, tenant_id: str, namespace: str, name: str, *, keyed: bool, actual: int
+    ) -> int | None:
+        """The announced width when a batch on ``stream`` must be refused ``stale_width``."""
+        widths = self._streams.get(stream)
+        if widths is None:
+            return None
+        return widths.stale(tenant_id, namespace, name, keyed=keyed, actual=actual)
