@@ -166,7 +166,7 @@ class Broker:
         )
         await self.cache.start()  # reloads cache logs, starts the TTL pass
         guarded = GuardedWriteService(
-            engine=self.engine, metrics=self.metrics, widths=StreamWidths()
+            engine=self.engine, metrics=self.metrics, widths=StreamWidths(self.metrics)
         )
         self.streams.idempotent_frames = guarded.publish_frame
         self.streams.widths = guarded.widths

@@ -103,6 +103,16 @@ class BrokerMetrics:
             ["type"],
             registry=r,
         )
+        self.publish_widths = Counter(
+            "felix_broker_publish_widths",
+            "publish_width announcements received (never answered).",
+            registry=r,
+        )
+        self.stale_width_refusals = Counter(
+            "felix_broker_stale_width_refusals",
+            "Keyed batches refused stale_width: routed by a width the stream does not have.",
+            registry=r,
+        )
         self.commits = Counter(
             "felix_broker_commits",
             "Atomic commits answered, by outcome (ok, offset_mismatch or the error code).",

@@ -19,6 +19,8 @@ from __future__ import annotations
 import weakref
 from collections import OrderedDict
 
+from felix_broker.metrics import BrokerMetrics
+
 __all__ = ["MAX_ANNOUNCED", "AnnouncedWidths", "StreamWidths"]
 
 MAX_ANNOUNCED = 256
@@ -62,7 +64,8 @@ class StreamWidths:
     Held weakly: a stream's announcements go with the stream.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, metrics: BrokerMetrics | None = None) -> None:
+        self._metrics = metrics
         self._streams: weakref.WeakKeyDictionary[object, AnnouncedWidths] = (
             weakref.WeakKeyDictionary()
         )
@@ -74,6 +77,8 @@ class StreamWidths:
         if widths is None:
             widths = self._streams[stream] = AnnouncedWidths()
         widths.announce(tenant_id, namespace, name, shards)
+        if self._metrics is not None:
+            self._metrics.publish_widths.inc()
 
     def stale(
         self, stream: object, tenant_id: str, namespace: str, name: str, *, keyed: bool, actual: int
@@ -82,4 +87,7 @@ class StreamWidths:
         widths = self._streams.get(stream)
         if widths is None:
             return None
-        return widths.stale(tenant_id, namespace, name, keyed=keyed, actual=actual)
+        announced = widths.stale(tenant_id, namespace, name, keyed=keyed, actual=actual)
+        if announced is not None and self._metrics is not None:
+            self._metrics.stale_width_refusals.inc()
+        return announced

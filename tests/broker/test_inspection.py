@@ -11,7 +11,6 @@ from felix_broker.cli import full_rights
 from felix_wire.messages import (
     Error,
     ShardInspect,
-    ShardInspectInfo,
     ShardKind,
     Subscribe,
     Subscribed,
