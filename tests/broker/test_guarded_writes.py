@@ -66,7 +66,7 @@ async def read_all(stream: WireStream, name: str = "log", shard: int = 0) -> lis
 
 
 async def opened(client: WireClient, **kw: Any) -> WireStream:
-    stream, answer = await client.authed(**kw)
+    stream, _answer = await client.authed(**kw)
     return stream
 
 
