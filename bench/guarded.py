@@ -61,6 +61,8 @@ FLAGS = 0x1FFF
 FEATURES = 0xFB77FFFF
 SCOPE: dict[str, Any] = {"tenant_id": TENANT, "namespace": NS, "stream": STREAM}
 PAYLOAD = b"x" * 100
+# Per window, the kinds measured; the first is the baseline of its window.
+KINDS = ((1, ("plain", "idempotent", "publish_if", "commit")), (32, ("plain", "idempotent")))
 
 
 class Conn:
@@ -195,10 +197,7 @@ async def run(args: argparse.Namespace) -> None:
 
             tok = broker.issuer.mint(TENANT, subject="bench", perms=full_rights(TENANT))
             print(f"100 B records, one per request; {seconds:.1f} s per run; median of {repeats}")
-            for window, kinds in (
-                (1, ("plain", "idempotent", "publish_if", "commit")),
-                (32, ("plain", "idempotent")),
-            ):
+            for window, kinds in KINDS:
                 baseline = 0.0
                 for kind in kinds:
                     value = await measure(broker, tok, kind, window, seconds, repeats, tail)
