@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from felix_broker.cache.service import CacheLimits, CacheService
 from felix_broker.catalog import Catalog
-from felix_broker.config import BrokerConfig, FsyncMode
+from felix_broker.config import BrokerConfig, FsyncMode, warn_ignored_knobs
 from felix_broker.discovery.service import DISCOVERY_FEATURES, DiscoveryService
 from felix_broker.groups.service import GroupService
 from felix_broker.inspection.service import InspectionService
@@ -103,6 +103,7 @@ class Broker:
 
     async def start(self) -> None:
         config = self.config
+        warn_ignored_knobs(config)
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.tls = prepare_tls(
             data_dir=config.data_dir,
@@ -166,7 +167,10 @@ class Broker:
         )
         await self.cache.start()  # reloads cache logs, starts the TTL pass
         guarded = GuardedWriteService(
-            engine=self.engine, metrics=self.metrics, widths=StreamWidths(self.metrics)
+            engine=self.engine,
+            metrics=self.metrics,
+            widths=StreamWidths(self.metrics),
+            hold_bytes=self.streams.hold_publish_bytes,
         )
         self.streams.idempotent_frames = guarded.publish_frame
         self.streams.widths = guarded.widths

@@ -625,7 +625,7 @@ class CacheService:
         offset = start
         while offset < end and not watcher.closed:
             try:
-                records = log.read(
+                records = await log.aread(
                     offset, max_records=_REPLAY_RECORDS, max_bytes=_REPLAY_BYTES, end=end
                 )
             except OffsetOutOfRangeError:

@@ -32,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 
 from felix_broker.metrics import BrokerMetrics
 from felix_broker.session.protocol import StreamProtocol
+from felix_broker.streams.budget import ByteBudget
 from felix_broker.tokens import Principal
 from felix_transport import Connection, Stream, StreamClosedError
 
@@ -112,6 +113,9 @@ class ConnectionState:
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     streams: set[StreamIO] = field(default_factory=set)
     subscriptions: dict[Subscriber, str] = field(default_factory=dict)  # -> identity
+    # Publish bytes in flight on this connection: per identity, and "" for all of them
+    # (streams/budget.py).
+    publish_bytes: dict[str, ByteBudget] = field(default_factory=dict)
 
     def spawn(self, coro: Coroutine[Any, Any, None], kind: str) -> asyncio.Task[None]:
         """Run `coro` until it ends or the connection goes; `kind` names it in logs."""

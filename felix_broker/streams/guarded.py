@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import secrets
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 
 from felix_broker.catalog import StreamSpec
@@ -86,6 +87,8 @@ GUARDED_FLAGS = int(Flag.BINARY_PUBLISH_IDEMPOTENT)
 
 _MAX_STATE_KEY_BYTES = 0xFFFF
 
+HoldBytes = Callable[[RequestContext, int], Awaitable[Callable[[], None]]]
+
 
 @dataclass(frozen=True, slots=True)
 class _Refused:
@@ -98,10 +101,20 @@ class _Refused:
 class GuardedWriteService:
     """Idempotent, conditional and atomic writes over the engine's publish worker."""
 
-    def __init__(self, *, engine: Engine, metrics: BrokerMetrics, widths: StreamWidths) -> None:
+    def __init__(
+        self,
+        *,
+        engine: Engine,
+        metrics: BrokerMetrics,
+        widths: StreamWidths,
+        hold_bytes: HoldBytes,
+    ) -> None:
         self._engine = engine
         self._metrics = metrics
         self.widths = widths
+        # The publish byte budgets of the stream service: a guarded write holds its
+        # payload bytes until the worker has taken it, like any publish.
+        self._hold_bytes = hold_bytes
 
     @property
     def features(self) -> int:
@@ -151,13 +164,20 @@ class GuardedWriteService:
         )
 
     async def _queue(
-        self, request: PublishRequest
+        self, ctx: RequestContext, request: PublishRequest
     ) -> asyncio.Future[int] | tuple[ErrorCode, str, ErrorDetail]:
+        release = await self._hold_bytes(ctx, request.size)
         try:
-            return await self._engine.publish(request, acked=True)
+            done = await self._engine.publish(request, acked=True)
         except OverloadedError as exc:
+            release()
             detail = ErrorDetail(reason="publish_queue_full", retry_after_ms=exc.retry_after_ms)
             return ErrorCode.OVERLOADED, str(exc), detail
+        except BaseException:
+            release()
+            raise
+        done.add_done_callback(lambda _f: release())
+        return done
 
     # -- idempotent producers ----------------------------------------------------------
 
@@ -239,7 +259,7 @@ class GuardedWriteService:
             reused_refusal=ctx.negotiated(Feature.FEATURE_SEQUENCE_REUSED),
         )
         publish = PublishRequest(shard, payloads, publisher_of(ctx.principal.subject), guard=guard)
-        queued = await self._queue(publish)
+        queued = await self._queue(ctx, publish)
         if isinstance(queued, tuple):
             await refuse(*queued)
             return
@@ -312,7 +332,7 @@ class GuardedWriteService:
     ) -> int | _Refused:
         """The offset a guarded write landed at, or the frame that refuses it."""
         proto = ctx.proto
-        queued = await self._queue(publish)
+        queued = await self._queue(ctx, publish)
         if isinstance(queued, tuple):
             code, text, detail = queued
             return _Refused(code.wire, proto.error(code, text, detail=detail))
