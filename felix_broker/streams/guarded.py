@@ -232,12 +232,16 @@ class GuardedWriteService:
         sequence: int,
     ) -> None:
         proto = ctx.proto
+        # A publish-only unidirectional stream is never answered (T7): its idempotent
+        # frames are still deduplicated, and their outcome is known only by resending.
+        answered = not proto.publish_only
 
         async def refuse(code: ErrorCode, text: str, detail: ErrorDetail | None = None) -> None:
-            answer = proto.publish_answer(
-                request_id, binary=False, error=(code, text), detail=detail
-            )
-            await ctx.answer_in_order(None, lambda _r: answer)
+            if answered:
+                answer = proto.publish_answer(
+                    request_id, binary=False, error=(code, text), detail=detail
+                )
+                await ctx.answer_in_order(None, lambda _r: answer)
 
         spec = self._admit(ctx, tenant_id, namespace, stream, Action.STREAM_PUBLISH)
         if not isinstance(spec, StreamSpec):
@@ -262,6 +266,8 @@ class GuardedWriteService:
         queued = await self._queue(ctx, publish)
         if isinstance(queued, tuple):
             await refuse(*queued)
+            return
+        if not answered:
             return
         durable = shard.durable
         metrics = self._metrics

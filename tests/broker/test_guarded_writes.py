@@ -368,3 +368,37 @@ async def test_publish_width_and_stale_width(tmp_path: Path) -> None:
         answer = await other.recv()
         assert isinstance(answer, PublishAckFrame) and answer.status is AckStatus.OK
         client.close()
+
+
+async def test_idempotent_frames_on_a_publish_only_stream_land_once_unanswered(
+    tmp_path: Path,
+) -> None:
+    from felix_wire.codec import encode_frame
+    from felix_wire.gating import client_auth
+
+    from .harness import token
+
+    async with running_broker(tmp_path) as broker:
+        client = await WireClient.connect(broker)
+        uni = await client.connection.open_uni_stream()
+        await uni.write(
+            encode_frame(client_auth(TENANT, token(broker), client_flags=0x1FFF, client_features=0))
+        )
+        frame = PublishBatchFrame(
+            request_id=1,
+            ack_mode=BinaryAckMode.PER_BATCH,
+            producer_id=5,
+            sequence=0,
+            tenant_id=TENANT,
+            namespace=NS,
+            stream="log",
+            payloads=[b"once"],
+        )
+        for _ in range(3):
+            await uni.write(encode_frame(frame))
+        stream = await opened(client)
+        # The resend on the control stream finds the uni stream's batch: a duplicate.
+        await stream.send(idem(0, b"once", rid=2, producer=5))
+        assert await stream.recv(timeout=10) == PublishOk(request_id=2, offset=0)
+        assert await read_all(stream) == [b"once"]
+        client.close()
