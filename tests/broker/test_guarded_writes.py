@@ -402,3 +402,25 @@ async def test_idempotent_frames_on_a_publish_only_stream_land_once_unanswered(
         assert await stream.recv(timeout=10) == PublishOk(request_id=2, offset=0)
         assert await read_all(stream) == [b"once"]
         client.close()
+
+
+async def test_subscribers_see_a_commits_event_at_its_offset(tmp_path: Path) -> None:
+    from felix_wire.binary import EventBatchSharedFrame
+    from felix_wire.routing import shard_for_key
+
+    from .test_broker_streams import subscribe
+
+    async with running_broker(tmp_path) as broker:
+        client = await WireClient.connect(broker)
+        shard = shard_for_key(b"e-sub", 2, "modulo")  # "log" has two shards, modulo routing
+        _, events = await subscribe(client, "log", shard=shard)
+        stream = await opened(client)
+        await stream.send(
+            commit(b"the event", StateChangePut(key="k", value=b"v"), rid=1, entity=b"e-sub")
+        )
+        done = await stream.recv()
+        assert isinstance(done, CommitOk)
+        frame = await events.recv(timeout=10)  # type: ignore[attr-defined]
+        assert isinstance(frame, EventBatchSharedFrame)
+        assert (frame.base_offset, frame.payloads) == (done.offset, [b"the event"])
+        client.close()
