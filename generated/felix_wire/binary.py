@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: ad4f3f9eac04c52c03e8b1f8567e4a605199603785c99722ba3acb5dec42b739
+# spec sha256: 7096f06b56b7b9a1b9c64d4462f5e408d34dd1dd4360f91c9cf2f97ccdb20dc8
 """Binary payload layouts: straight-line encoders and decoders per layout.
 
 Each layout is a Struct whose optional groups are present exactly when their

@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: ad4f3f9eac04c52c03e8b1f8567e4a605199603785c99722ba3acb5dec42b739
+# spec sha256: 7096f06b56b7b9a1b9c64d4462f5e408d34dd1dd4360f91c9cf2f97ccdb20dc8
 """Read-only index of the catalogue: every name the generated layer knows.
 
 Tests count these against the facts; tools (the conformance kit, docs) read them
@@ -30,7 +30,7 @@ __all__ = [
     "COUNTS",
 ]
 
-SPEC_SHA256 = "ad4f3f9eac04c52c03e8b1f8567e4a605199603785c99722ba3acb5dec42b739"
+SPEC_SHA256 = "7096f06b56b7b9a1b9c64d4462f5e408d34dd1dd4360f91c9cf2f97ccdb20dc8"
 
 
 class Decision(NamedTuple):
@@ -122,6 +122,21 @@ DECISIONS: Mapping[str, Decision] = MappingProxyType(
             "accepted on decode; unpadded input, a wrong alphabet or wrong padding is refused; encoders always write canonical base64",
             "the reference decoder is strict; msgspec's decoder accepts these bits, and refusing them would cost a second pass over every byte field for no interoperability gain since every encoder writes canonical base64",
         ),
+        "sequence-reused-unoffered": Decision(
+            "a remembered sequence with other payloads, from a client that did not offer FEATURE_SEQUENCE_REUSED",
+            "publish_ok with the original batch's offset; nothing is written",
+            "the later-dated upstream answer table (cluster facts A.14); the protocol facts only restrict sequence_reused to offerers",
+        ),
+        "state-read-not-ready": Decision(
+            "state_get before the state view is rebuilt",
+            "a standalone broker rebuilds a shard's state view from its log before the shard serves anything, so no read is ever not ready; a shard whose log failed answers error storage with retry class retry",
+            "cluster facts A.16 describe the refusal for a view rebuilt after a promotion or catch-up, which a standalone broker never has",
+        ),
+        "subscriptions-list-dropping": Decision(
+            "subscriptions_list filter dropping",
+            "true keeps the subscribers that have dropped records (dropped > 0)",
+            "the facts name the filter without its meaning",
+        ),
         "pending-feature-words": Decision(
             "extended bits 0x2 and 0x8 offered by the official client",
             "catalogued as unnamed bits that we neither advertise nor gate anything on",
@@ -150,6 +165,6 @@ COUNTS: Mapping[str, int] = MappingProxyType(
         "error_codes": 17,
         "retry_classes": 5,
         "shapes": 25,
-        "decisions": 18,
+        "decisions": 21,
     }
 )
