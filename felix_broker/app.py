@@ -158,6 +158,7 @@ class Broker:
         """Every capability service, its shards recovered, its handlers in the table."""
         config, catalog, table = self.config, self.catalog, self.table
         self.engine = Engine(catalog, config, self.metrics, self.store)
+        await self.engine.recover()  # producer tables and state views, before /ready
         self.streams = StreamService(
             config=config, engine=self.engine, metrics=self.metrics, durable=self.store is not None
         )

@@ -318,15 +318,21 @@ class Shard:
     subscribers and the records appended since the last flush."""
 
     def __init__(
-        self, spec: StreamSpec, index: int, config: BrokerConfig, log: Log | None = None
+        self,
+        spec: StreamSpec,
+        index: int,
+        config: BrokerConfig,
+        log: Log | None = None,
+        marks: ShardMarks | None = None,
     ) -> None:
         self.spec = spec
         self.index = index
         self.log = log
         self.next_offset = log.next_offset if log is not None else 0
         # Idempotent producers and commit state, replayed from the log's marks
-        # before the shard serves anything (in memory only for in-memory streams).
-        self.marks = ShardMarks.rebuild(log)
+        # before the shard serves anything (in memory only for in-memory streams);
+        # `Engine.recover` passes them in, rebuilt off the event loop.
+        self.marks = marks if marks is not None else ShardMarks.rebuild(log)
         self.subscribers: list[Subscriber] = []
         # Called on each flush, once appended records are durable (per fsync mode) and
         # so readable: consumer groups wake their long polls here.
@@ -563,6 +569,27 @@ class Engine:
 
     def stream(self, tenant_id: str, namespace: str, stream: str) -> StreamSpec | None:
         return self.catalog.stream(tenant_id, namespace, stream)
+
+    async def recover(self) -> int:
+        """Build the shard of every stream log the store recovered, replaying each one's
+        producer marks and commits on a worker thread (one pass over the retained
+        batch heads), so that neither the first request nor the event loop pays for
+        it. Call once, before serving; returns how many shards were built."""
+        if self.store is None:
+            return 0
+        built = 0
+        for key in self.store.offsets():
+            spec = self.catalog.stream(key.tenant, key.namespace, key.stream)
+            if spec is None or not spec.durable or key.shard >= spec.shards:
+                continue  # a log the catalog no longer names: left alone
+            index = (key.tenant, key.namespace, key.stream, key.shard)
+            if index in self._shards:
+                continue
+            log = self.store.open_log(key, retention=self.retention_for(spec))
+            marks = await asyncio.to_thread(ShardMarks.rebuild, log)
+            self._shards[index] = Shard(spec, key.shard, self.config, log, marks)
+            built += 1
+        return built
 
     def shard(self, spec: StreamSpec, index: int) -> Shard:
         key = (spec.tenant_id, spec.namespace, spec.name, index)

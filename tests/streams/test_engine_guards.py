@@ -113,3 +113,19 @@ async def test_in_memory_producers_are_forgotten_on_restart(tmp_path: Path) -> N
     assert info.value.admission == Refusal(RefusalReason.UNKNOWN_PRODUCER)
     engine.close()
     await store.aclose()
+
+
+async def test_recover_builds_recovered_shards_with_their_marks_before_serving(
+    tmp_path: Path,
+) -> None:
+    engine, store = await _engine(tmp_path)
+    await _publish(engine, SPEC, [b"a"], _producer(engine, SPEC, 0, [b"a"]))
+    engine.close()
+    await store.aclose()
+    engine, store = await _engine(tmp_path)
+    assert await engine.recover() == 1
+    assert await engine.recover() == 0  # already built
+    shard = engine.shard(SPEC, 0)
+    assert shard.marks.producers.next_sequence(42) == 1
+    engine.close()
+    await store.aclose()
