@@ -424,3 +424,37 @@ async def test_subscribers_see_a_commits_event_at_its_offset(tmp_path: Path) -> 
         assert isinstance(frame, EventBatchSharedFrame)
         assert (frame.base_offset, frame.payloads) == (done.offset, [b"the event"])
         client.close()
+
+
+async def test_metrics_count_duplicates_refusals_and_commits(tmp_path: Path) -> None:
+    async with running_broker(tmp_path) as broker:
+        registry = broker.metrics.registry
+        client = await WireClient.connect(broker)
+        stream = await opened(client)
+        for rid, sequence in ((1, 0), (2, 0), (3, 5)):
+            await stream.send(idem(sequence, b"m", rid=rid))
+            await stream.recv()
+        await stream.send(commit(b"e", rid=4))
+        await stream.recv()
+        await stream.send(commit(b"e", rid=5, expected_offset=0))
+        await stream.recv()
+        await stream.send(pif(0, b"x", rid=6))
+        await stream.recv()
+        client.close()
+        assert registry.get_sample_value("felix_broker_producer_duplicates_total") == 1
+        assert (
+            registry.get_sample_value(
+                "felix_broker_producer_refusals_total", {"reason": "sequence_gap"}
+            )
+            == 1
+        )
+        assert registry.get_sample_value("felix_broker_commits_total", {"outcome": "ok"}) == 1
+        assert (
+            registry.get_sample_value("felix_broker_commits_total", {"outcome": "offset_mismatch"})
+            == 1
+        )
+        for kind in ("commit", "publish_if"):
+            assert (
+                registry.get_sample_value("felix_broker_conditional_refusals_total", {"type": kind})
+                == 1
+            )
