@@ -380,7 +380,8 @@ class StreamService:
             Flag.EVENT_BATCH_OFFSETS, Feature.FEATURE_SUBSCRIPTION_LAGGED
         )
         ctx.spawn(
-            self._deliver(state, sub, uni, start if shard.durable else None, lagged), "deliver"
+            self._deliver(state, sub, uni, start if shard.durable else None, lagged),
+            "subscription_delivery",
         )
 
     async def _deliver(
