@@ -132,8 +132,11 @@ class Broker:
             )
             # /ready stays 503 until every log has recovered (a corrupt log stops here).
             await self.store.recover_all()
-            self.store.start()
         await self._build_services()
+        if self.store is not None:
+            # After the engine replayed every log's marks on worker threads: no
+            # retention pass may delete a segment while one is being read.
+            self.store.start()
         transport = TransportConfig.server(
             self.tls.chain_pem(),
             self.tls.key_pem(),
