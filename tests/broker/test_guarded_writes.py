@@ -458,3 +458,20 @@ async def test_metrics_count_duplicates_refusals_and_commits(tmp_path: Path) -> 
                 registry.get_sample_value("felix_broker_conditional_refusals_total", {"type": kind})
                 == 1
             )
+
+
+async def test_a_malformed_idempotent_frame_is_answered_in_json(tmp_path: Path) -> None:
+    import struct
+
+    from felix_wire.frame import encode_header
+    from felix_wire.messages import PublishError
+
+    async with running_broker(tmp_path) as broker:
+        client = await WireClient.connect(broker)
+        stream = await opened(client)
+        body = struct.pack(">QBQQ", 41, 2, 7, 0)  # the prefixes, then no body at all
+        await stream.send(encode_header(0x0109, len(body)) + body)
+        answer = await stream.recv()
+        assert isinstance(answer, PublishError), answer
+        assert (answer.request_id, answer.code) == (41, "invalid_request")
+        client.close()
