@@ -10,7 +10,9 @@ views.py.
 
 from __future__ import annotations
 
+import itertools
 import time
+import weakref
 from collections.abc import Callable, Iterable
 
 from felix_broker.catalog import Catalog
@@ -52,6 +54,10 @@ class InspectionService:
         connections: Callable[[], Iterable[ConnectionState]],
     ) -> None:
         self._catalog = catalog
+        # A number per client connection, given the first time a listing shows it and
+        # kept for the connection's life (held weakly: it goes with the connection).
+        self._numbers: weakref.WeakKeyDictionary[object, int] = weakref.WeakKeyDictionary()
+        self._next_number = itertools.count(1)
         self._store = store
         self._connections = connections
 
@@ -124,8 +130,10 @@ class InspectionService:
 
     def _entries(self) -> Iterable[InspectedSubscription]:
         now = time.monotonic()
-        # `connection` is omitted: connections carry no stable number here.
         for state in self._connections():
+            number = self._numbers.get(state.connection)
+            if number is None:
+                number = self._numbers[state.connection] = next(self._next_number)
             address = state.connection.peer_address
             peer = f"{address[0]}:{address[1]}" if address is not None else None
             for sub, identity in list(state.subscriptions.items()):
@@ -139,6 +147,7 @@ class InspectionService:
                     shard=shard.index,
                     subscriber_id=sub.subscription_id,
                     subscription_id=sub.subscription_id,
+                    connection=number,
                     peer=peer,
                     principal=subject,
                     policy=sub.policy.value,

@@ -104,6 +104,7 @@ async def test_subscriptions_are_listed_filtered_and_paged(tmp_path: Path) -> No
         entry = listed.subscriptions[0]
         assert entry.principal == "tester" and entry.policy == "drop_new"
         assert entry.peer is not None and entry.peer.startswith("127.0.0.1:")
+        assert {s.connection for s in listed.subscriptions} == {1}  # one client connection
         await stream.send(
             SubscriptionsList(
                 filter=SubscriptionFilter(stream="wide", shard=0), limit=1, request_id=2
