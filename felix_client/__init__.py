@@ -16,10 +16,11 @@ from felix_wire.features import Feature
 from felix_wire.messages import AckMode, ShardKind
 
 from ._events import CacheChange
-from .cache import Cache, CacheEntry, CacheWatchFeed, ConditionResult
+from .cache import Cache, CacheEntry, CacheWatchFeed, ConditionResult, ShardedCacheWatch
 from .client import Client, ClientConfig, ReadPage, StreamRecord, connect
 from .errors import (
     BrokerError,
+    BrokerUnreachableError,
     ClientError,
     ClientTimeoutError,
     ConnectionLostError,
@@ -35,10 +36,12 @@ from .errors import (
     NotLeaderError,
     NotSupportedByBrokerError,
     OverloadedError,
+    PayloadTooLargeError,
     ProtocolViolationError,
     QuorumTimeoutError,
     RetryClass,
     RevokedError,
+    ShardLostError,
     ShardUnavailableError,
     StaleClaimError,
     StaleWidthError,
@@ -48,11 +51,12 @@ from .errors import (
     UnknownCodeError,
 )
 from .retry import retry, should_retry
-from .subscription import Event, Start, Subscription
+from .subscription import Event, ShardedFeed, Start, StartVector, StreamSubscription, Subscription
 
 __all__ = [
     "AckMode",
     "BrokerError",
+    "BrokerUnreachableError",
     "Cache",
     "CacheChange",
     "CacheEntry",
@@ -77,18 +81,24 @@ __all__ = [
     "NotLeaderError",
     "NotSupportedByBrokerError",
     "OverloadedError",
+    "PayloadTooLargeError",
     "ProtocolViolationError",
     "QuorumTimeoutError",
     "ReadPage",
     "RetryClass",
     "RevokedError",
     "ShardKind",
+    "ShardLostError",
     "ShardUnavailableError",
+    "ShardedCacheWatch",
+    "ShardedFeed",
     "StaleClaimError",
     "StaleWidthError",
     "Start",
+    "StartVector",
     "StorageError",
     "StreamRecord",
+    "StreamSubscription",
     "Subscription",
     "UnacknowledgedError",
     "UnauthenticatedError",

@@ -23,9 +23,10 @@ from typing import Any
 
 import jwt
 
-from .client import Client, connect
-from .errors import BrokerError, ClientError
-from .subscription import Start
+from .cache import CacheWatchFeed, ShardedCacheWatch
+from .client import Client, ClientConfig, connect, parse_addr
+from .errors import BrokerError, ClientError, ShardLostError
+from .subscription import Start, StreamSubscription, Subscription
 
 __all__ = ["main"]
 
@@ -41,6 +42,22 @@ def _env(name: str) -> str | None:
     return value if value else None
 
 
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be more than 0 seconds, not {text}")
+    return value
+
+
+def _count(text: str) -> int:
+    if not text.isdigit() or int(text) < 1:
+        raise argparse.ArgumentTypeError(f"must be a whole number >= 1, not {text!r}")
+    return int(text)
+
+
 def _common() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     group = common.add_argument_group("connection (flags override FELIX_* variables)")
@@ -52,6 +69,12 @@ def _common() -> argparse.ArgumentParser:
     group.add_argument("--namespace", help="namespace (FELIX_NAMESPACE; default: default)")
     group.add_argument("--server-name", default="localhost", help="TLS server name")
     group.add_argument("--offer-alpn", action="store_true", help="offer ALPN felix/1")
+    group.add_argument(
+        "--connect-timeout",
+        type=_seconds,
+        default=ClientConfig.connect_timeout,
+        help=f"seconds to wait for the broker to answer (default {ClientConfig.connect_timeout})",
+    )
     common.add_argument("--json", action="store_true", help="one JSON object per line")
     return common
 
@@ -71,16 +94,16 @@ def _parser() -> argparse.ArgumentParser:
     subscribe = commands.add_parser("subscribe", parents=[common], help="print events")
     subscribe.add_argument("stream")
     subscribe.add_argument("--from", dest="start", default="latest", help="latest|earliest|N")
-    subscribe.add_argument("--shard", type=int, default=0)
-    subscribe.add_argument("--count", type=int, help="stop after N events")
-    subscribe.add_argument("--timeout", type=float, help="stop after S seconds without events")
+    subscribe.add_argument("--shard", type=int, help="one shard only (default: every shard)")
+    subscribe.add_argument("--count", type=_count, help="stop after N events")
+    subscribe.add_argument("--timeout", type=_seconds, help="stop after S seconds without events")
 
     read = commands.add_parser("read", parents=[common], help="read a range of a stream")
     read.add_argument("stream")
     read.add_argument("--from", dest="start", type=int, required=True, help="first offset")
     read.add_argument("--to", dest="end", type=int, help="end offset (exclusive)")
-    read.add_argument("--shard", type=int, default=0)
-    read.add_argument("--max-records", type=int, help="records per page")
+    read.add_argument("--shard", type=int, help="one shard only (default: every shard)")
+    read.add_argument("--max-records", type=_count, help="records per page")
 
     cache = commands.add_parser("cache", help="cache operations")
     ops = cache.add_subparsers(dest="op", required=True)
@@ -91,7 +114,7 @@ def _parser() -> argparse.ArgumentParser:
     put.add_argument("cache")
     put.add_argument("key")
     put.add_argument("value")
-    put.add_argument("--ttl", type=float, help="seconds until it expires")
+    put.add_argument("--ttl", type=_seconds, help="seconds until it expires")
     delete = ops.add_parser("delete", parents=[common], help="remove a key")
     delete.add_argument("cache")
     delete.add_argument("key")
@@ -102,8 +125,8 @@ def _parser() -> argparse.ArgumentParser:
     target.add_argument("--prefix")
     watch.add_argument("--shard", type=int)
     watch.add_argument("--retained", action="store_true", help="current values first")
-    watch.add_argument("--count", type=int, help="stop after N changes")
-    watch.add_argument("--timeout", type=float, help="stop after S seconds without changes")
+    watch.add_argument("--count", type=_count, help="stop after N changes")
+    watch.add_argument("--timeout", type=_seconds, help="stop after S seconds without changes")
 
     token = commands.add_parser("token", parents=[common], help="print a token's claims")
     del token
@@ -147,10 +170,17 @@ async def _connect(args: argparse.Namespace) -> Client:
     addrs = args.addr or [a.strip() for a in (_env("FELIX_ADDR") or "").split(",") if a.strip()]
     if not addrs:
         raise UsageError("no broker address: give --addr or FELIX_ADDR")
+    for addr in addrs:
+        try:
+            parse_addr(addr)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
     tenant = args.tenant or _env("FELIX_TENANT")
     if not tenant:
         raise UsageError("no tenant: give --tenant or FELIX_TENANT")
     ca_file = args.ca_file or _env("FELIX_CA_FILE")
+    if ca_file is not None and not Path(ca_file).is_file():
+        raise UsageError(f"no CA certificate at {ca_file}")
     return await connect(
         addrs,
         tenant_id=tenant,
@@ -159,6 +189,7 @@ async def _connect(args: argparse.Namespace) -> Client:
         server_name=args.server_name,
         ca_file=ca_file,
         offer_alpn=args.offer_alpn,
+        config=ClientConfig(connect_timeout=args.connect_timeout),
     )
 
 
@@ -198,14 +229,21 @@ def _published(count: int, offset: int | None) -> str:
 
 async def _subscribe(client: Client, args: argparse.Namespace) -> None:
     seen = 0
-    async with client.subscribe(args.stream, start=_start(args.start), shard=args.shard) as sub:
+    start = _start(args.start)
+    sub: Subscription | StreamSubscription = (
+        client.subscribe(args.stream, start=start)
+        if args.shard is None
+        else client.subscribe(args.stream, start=start, shard=args.shard)
+    )
+    async with sub:
         while args.count is None or seen < args.count:
             try:
                 event = await sub.next(timeout=args.timeout)
-            except StopAsyncIteration:
+            except (StopAsyncIteration, TimeoutError):
                 return
-            except TimeoutError:
-                return
+            except ShardLostError as lost:
+                print(f"felix: {lost}", file=sys.stderr, flush=True)
+                continue
             seen += 1
             record = {
                 "offset": event.offset,
@@ -228,11 +266,12 @@ async def _read(client: Client, args: argparse.Namespace) -> None:
         for r in page.records:
             record = {
                 "offset": r.offset,
+                "shard": r.shard,
                 "timestamp_micros": r.timestamp_micros,
                 "publisher": r.publisher,
                 **_payload_fields(r.payload),
             }
-            _emit(args, record, f"[{args.shard}:{r.offset}] {_text(r.payload)}")
+            _emit(args, record, f"[{r.shard}:{r.offset}] {_text(r.payload)}")
 
 
 async def _cache(client: Client, args: argparse.Namespace) -> None:
@@ -256,8 +295,13 @@ async def _cache(client: Client, args: argparse.Namespace) -> None:
 
 
 async def _watch(client: Client, args: argparse.Namespace) -> None:
-    feed = client.cache(args.cache).watch(
-        key=args.key, prefix=args.prefix, shard=args.shard, retained=args.retained
+    cache = client.cache(args.cache)
+    feed: CacheWatchFeed | ShardedCacheWatch = (
+        cache.watch(key=args.key, retained=args.retained)
+        if args.key is not None
+        else cache.watch(prefix=args.prefix, retained=args.retained)
+        if args.shard is None
+        else cache.watch(prefix=args.prefix, shard=args.shard, retained=args.retained)
     )
     seen = 0
     async with feed:
@@ -266,6 +310,9 @@ async def _watch(client: Client, args: argparse.Namespace) -> None:
                 change = await feed.next(timeout=args.timeout)
             except (StopAsyncIteration, TimeoutError):
                 return
+            except ShardLostError as lost:
+                print(f"felix: {lost}", file=sys.stderr, flush=True)
+                continue
             seen += 1
             fields = _payload_fields(change.value) if change.value is not None else {"value": None}
             record = {"key": change.key, "offset": change.offset, **fields}
@@ -282,7 +329,7 @@ def _token_command(args: argparse.Namespace) -> None:
     except jwt.PyJWTError as exc:
         raise UsageError(f"not a token: {exc}") from None
     if args.json:
-        print(json.dumps({"header": header, "claims": claims}, indent=2, sort_keys=True))
+        print(json.dumps({"header": header, "claims": claims}, sort_keys=True))
         return
     for name, value in sorted(header.items()):
         print(f"header.{name}: {value}")
@@ -311,7 +358,7 @@ async def _run(args: argparse.Namespace) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = _parser().parse_args(argv)
+    args = _parser().parse_args(argv)  # usage errors: one line and status 2 (argparse)
     try:
         if args.command == "token":
             _token_command(args)
@@ -320,6 +367,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     except UsageError as exc:
         print(f"felix: {exc}", file=sys.stderr)
         return 2
+    except BrokenPipeError:
+        # The reader went away (`felix subscribe | head -1`): say so once, and keep
+        # the interpreter's final flush from failing again.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+        print("felix: output closed by the reader", file=sys.stderr)
+        return 1
     except (BrokerError, ClientError, OSError) as exc:
         print(f"felix: {type(exc).__name__}: {exc}", file=sys.stderr)
         return 1
