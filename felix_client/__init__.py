@@ -50,6 +50,7 @@ from .errors import (
     UnauthenticatedError,
     UnknownCodeError,
 )
+from .groups import ClaimedRecord, Consumer, ConsumerRecord, Group, GroupState, SeekResult
 from .retry import retry, should_retry
 from .subscription import Event, ShardedFeed, Start, StartVector, StreamSubscription, Subscription
 
@@ -61,18 +62,23 @@ __all__ = [
     "CacheChange",
     "CacheEntry",
     "CacheWatchFeed",
+    "ClaimedRecord",
     "Client",
     "ClientConfig",
     "ClientError",
     "ClientTimeoutError",
     "ConditionResult",
     "ConnectionLostError",
+    "Consumer",
+    "ConsumerRecord",
     "CursorError",
     "DrainingError",
     "ErrorCode",
     "Event",
     "Feature",
     "ForbiddenError",
+    "Group",
+    "GroupState",
     "InternalError",
     "InvalidRequestError",
     "LeadershipLostError",
@@ -87,6 +93,7 @@ __all__ = [
     "ReadPage",
     "RetryClass",
     "RevokedError",
+    "SeekResult",
     "ShardKind",
     "ShardLostError",
     "ShardUnavailableError",

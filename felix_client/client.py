@@ -30,6 +30,7 @@ from felix_wire.messages import (
     AckMode,
     CacheShards,
     CacheShardsView,
+    GroupPoll,
     Message,
     OffsetForTime,
     OffsetValue,
@@ -53,7 +54,13 @@ from ._order import Lanes
 from ._pool import Dialer, EventHandoff, Link, Pool
 from ._session import DEFAULT_OFFER, Offer, check_supported, message_type
 from .cache import Cache
-from .errors import CursorError, PayloadTooLargeError, ProtocolViolationError
+from .errors import (
+    ClientTimeoutError,
+    CursorError,
+    PayloadTooLargeError,
+    ProtocolViolationError,
+)
+from .groups import Consumer, Group
 from .subscription import (
     Event,
     Feed,
@@ -278,6 +285,9 @@ class Client:
         self._turn = 0
         self._shards: dict[tuple[str, str], tuple[int, RoutingMode]] = {}
         self._lanes = Lanes()
+        # Streams that carry one request at a time (group calls), idle ones kept.
+        self._exclusive_slots = asyncio.Semaphore(config.exclusive_streams)
+        self._exclusive_idle: list[Channel] = []
         self._closed = False
 
     async def _start(self) -> None:
@@ -343,6 +353,43 @@ class Client:
         self._require(build(0))
         channel = await self._request_channel(hint)
         answer = await channel.call(build, timeout or self.config.request_timeout)
+        if not isinstance(answer, answer_type):
+            raise ProtocolViolationError(
+                f"{message_type(build(0))} answered with {type(answer).__name__}"
+            )
+        return answer
+
+    async def _exclusive_call(
+        self,
+        build: Callable[[int], Message],
+        answer_type: type[M],
+        *,
+        timeout: float | None = None,
+    ) -> M:
+        """One request on a stream of its own while it is in flight (for requests
+        the broker answers out of order, refusing with an `error` that names no
+        request). Idle streams are reused; one whose request was given up on is
+        retired, since its late answer would meet the next request."""
+        self._require(build(0))
+        async with self._exclusive_slots:
+            channel = None
+            while self._exclusive_idle and channel is None:
+                candidate = self._exclusive_idle.pop()
+                channel = None if candidate.closed else candidate
+            if channel is None:
+                link = await self._requests.link(self._next_turn())
+                channel = await self._dialer.channel(
+                    link.connection, f"{link.label}/x{self._next_turn()}"
+                )
+            try:
+                answer = await channel.call(build, timeout or self.config.request_timeout)
+            except BaseException as exc:
+                if isinstance(exc, ClientTimeoutError | asyncio.CancelledError):
+                    channel.abandon()
+                elif not channel.closed:
+                    self._exclusive_idle.append(channel)
+                raise
+            self._exclusive_idle.append(channel)
         if not isinstance(answer, answer_type):
             raise ProtocolViolationError(
                 f"{message_type(build(0))} answered with {type(answer).__name__}"
@@ -730,3 +777,48 @@ class Client:
     def cache(self, name: str, *, namespace: str | None = None) -> Cache:
         """A handle on one cache: get, put, delete, conditional writes, watches, counters."""
         return Cache(self, name, self._ns(namespace))
+
+    # -- consumer groups ---------------------------------------------------------------
+
+    def group(self, stream: str, name: str, *, namespace: str | None = None) -> Group:
+        """A handle on consumer group `name` of `stream`: poll, ack, nack, extend,
+        dead letters, seek, describe, delete (each call names its shard)."""
+        return Group(self, stream, name, self._ns(namespace))
+
+    def consumer(
+        self,
+        stream: str,
+        *,
+        group: str,
+        consumer: str | None = None,
+        max_in_flight: int = 256,
+        batch: int = 64,
+        wait: float = 1.0,
+        visibility: float | None = 30.0,
+        shards: Sequence[int] | None = None,
+        namespace: str | None = None,
+    ) -> Consumer:
+        """A consumer of every shard of `stream` (or of `shards`) for `group`:
+        `async with client.consumer("jobs", group="fulfilment") as consumer:
+        async for record in consumer: ...; await record.ack()`. See `Consumer`."""
+        self._require(
+            GroupPoll(
+                tenant_id=self.tenant_id,
+                namespace=self._ns(namespace),
+                stream=stream,
+                shard=0,
+                group=group,
+                max_records=1,
+                request_id=0,
+            )
+        )
+        return Consumer(
+            self,
+            self.group(stream, group, namespace=namespace),
+            consumer=consumer,
+            max_in_flight=max_in_flight,
+            batch=batch,
+            wait=wait,
+            visibility=visibility,
+            shards=None if shards is None else list(shards),
+        )
