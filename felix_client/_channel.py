@@ -326,6 +326,8 @@ class Channel:
         self._error = error
         if not self._auth.done():
             self._auth.set_exception(error)
+            # Retrieved here: an opener that gave up (cancelled) no longer waits.
+            self._auth.exception()
         lost = ConnectionLostError(f"{self.label}: stream ended before the answer ({error})")
         for future in self._waiters.values():
             if not future.done():

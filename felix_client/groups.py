@@ -431,6 +431,8 @@ class Consumer:
         self._in_work: dict[tuple[int, int], ConsumerRecord] = {}
         self._ready: asyncio.Queue[ConsumerRecord | BaseException] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
+        self._polls: dict[int, asyncio.Task[None]] = {}
+        self._in_poll: set[int] = set()  # shards with a poll on the wire
         self._started = False
         self._closed = False
         self.delivered = 0
@@ -449,7 +451,9 @@ class Consumer:
         loop = asyncio.get_running_loop()
         label = f"felix-consumer-{self.group.stream}/{self.group.name}"
         for shard in self.shards:
-            self._tasks.append(loop.create_task(self._poll_loop(shard), name=f"{label}/{shard}"))
+            task = loop.create_task(self._poll_loop(shard), name=f"{label}/{shard}")
+            self._polls[shard] = task
+            self._tasks.append(task)
         if self.visibility is not None:
             self._tasks.append(loop.create_task(self._extend_loop(), name=f"{label}/extend"))
         return self
@@ -466,12 +470,23 @@ class Consumer:
         await self.aclose()
 
     async def aclose(self) -> None:
-        """Stop polling and hand back every record claimed and not settled."""
+        """Stop polling and hand back every record claimed and not settled.
+
+        A poll already on the wire is let finish (within `wait` plus the request
+        timeout) rather than cancelled: its answer may claim records, and a claim
+        whose answer was dropped would keep them from everyone until it lapses."""
         if self._closed:
             return
         self._closed = True
+        finishing = [self._polls[s] for s in self._in_poll if s in self._polls]
         for task in self._tasks:
-            task.cancel()
+            if task not in finishing:
+                task.cancel()
+        if finishing:
+            limit = self.wait + self._client.config.request_timeout
+            _done, late = await asyncio.wait(finishing, timeout=limit)
+            for task in late:
+                task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
         unsettled = [r for r in self._in_work.values() if not r._settled]
         self._in_work.clear()
@@ -540,8 +555,12 @@ class Consumer:
         reclaim = self.member is not None
         failures = 0
         loop = asyncio.get_running_loop()
-        while True:
+        while not self._closed:
             want = await self._places.take(self.batch)
+            if self._closed:
+                self._places.release(want)
+                return
+            self._in_poll.add(shard)
             try:
                 records = await self.group.poll(
                     shard,
@@ -561,11 +580,11 @@ class Consumer:
                     return
                 failures += 1
                 pause = random.uniform(0, min(2.0, 0.05 * 2**failures))
-                logger.info(
-                    "consumer shard %d: poll failed (%s); again in %.2f s", shard, exc, pause
-                )
+                logger.info("consumer %d: poll failed (%s); again in %.2f s", shard, exc, pause)
                 await asyncio.sleep(pause)
                 continue
+            finally:
+                self._in_poll.discard(shard)
             failures = 0
             reclaim = False
             if len(records) < want:
