@@ -12,6 +12,7 @@ Errors: every broker refusal is the generated `BrokerError` subclass for its
 wire code (re-exported here); local errors derive from `ClientError`.
 """
 
+from felix_transport import __version__
 from felix_wire.features import Feature
 from felix_wire.messages import AckMode, ShardKind
 
@@ -110,6 +111,7 @@ __all__ = [
     "UnacknowledgedError",
     "UnauthenticatedError",
     "UnknownCodeError",
+    "__version__",
     "connect",
     "retry",
     "should_retry",

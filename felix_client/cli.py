@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import dataclasses
 import json
 import os
 import sys
@@ -23,9 +24,12 @@ from typing import Any
 
 import jwt
 
+from felix_transport import __version__
+
 from .cache import CacheWatchFeed, ShardedCacheWatch
 from .client import Client, ClientConfig, connect, parse_addr
 from .errors import BrokerError, ClientError, ShardLostError
+from .groups import ClaimedRecord, ConsumerRecord, Group
 from .subscription import Start, StreamSubscription, Subscription
 
 __all__ = ["main"]
@@ -82,6 +86,7 @@ def _common() -> argparse.ArgumentParser:
 def _parser() -> argparse.ArgumentParser:
     common = _common()
     parser = argparse.ArgumentParser(prog="felix", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     commands = parser.add_subparsers(dest="command", required=True)
 
     publish = commands.add_parser("publish", parents=[common], help="publish records")
@@ -128,9 +133,70 @@ def _parser() -> argparse.ArgumentParser:
     watch.add_argument("--count", type=_count, help="stop after N changes")
     watch.add_argument("--timeout", type=_seconds, help="stop after S seconds without changes")
 
+    counter = commands.add_parser("counter", help="counters of a cache")
+    counter_ops = counter.add_subparsers(dest="op", required=True)
+    add = counter_ops.add_parser("add", parents=[common], help="add to a counter, print the sum")
+    add.add_argument("cache")
+    add.add_argument("key")
+    add.add_argument("delta", type=int, help="may be negative (write -5 as -- -5 or =-5)")
+    counter_get = counter_ops.add_parser("get", parents=[common], help="print a counter")
+    counter_get.add_argument("cache")
+    counter_get.add_argument("key")
+
+    _group_commands(commands, common)
+
+    consume = commands.add_parser(
+        "consume", parents=[common], help="print a group's records and ack each one"
+    )
+    consume.add_argument("stream")
+    consume.add_argument("--group", required=True, help="the consumer group")
+    consume.add_argument("--consumer", help="this member's name (reclaims its claims on start)")
+    consume.add_argument("--count", type=_count, help="stop after N records")
+    consume.add_argument("--timeout", type=_seconds, help="stop after S seconds without records")
+    consume.add_argument("--max-in-flight", type=_count, default=64, help="default 64")
+
     token = commands.add_parser("token", parents=[common], help="print a token's claims")
     del token
     return parser
+
+
+def _group_commands(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    common: argparse.ArgumentParser,
+) -> None:
+    group = commands.add_parser("group", help="consumer-group operations")
+    ops = group.add_subparsers(dest="op", required=True)
+
+    def op(name: str, text: str, *, shard: str) -> argparse.ArgumentParser:
+        """`shard`: "one" (required: offsets are per shard) or "all" (default every shard)."""
+        parser = ops.add_parser(name, parents=[common], help=text)
+        parser.add_argument("stream")
+        parser.add_argument("group")
+        if shard == "one":
+            parser.add_argument("--shard", type=int, required=True, help="the records' shard")
+        else:
+            parser.add_argument("--shard", type=int, help="one shard only (default: every shard)")
+        return parser
+
+    poll = op("poll", "claim records and print them (they stay claimed)", shard="all")
+    poll.add_argument("--max-records", type=_count, default=10, help="per shard (default 10)")
+    poll.add_argument("--wait", type=float, default=0.0, help="long-poll seconds (default 0)")
+    poll.add_argument("--consumer", help="member name")
+    poll.add_argument("--visibility", type=_seconds, help="seconds the claims stand")
+    for name, text in (("ack", "finish claimed records"), ("nack", "hand claimed records back")):
+        settle = op(name, text, shard="one")
+        settle.add_argument("offsets", type=int, nargs="+", metavar="OFFSET")
+        if name == "nack":
+            settle.add_argument("--delay", type=float, help="owed again after S seconds")
+            settle.add_argument("--attempts", type=int, default=0, help="the delivery handed back")
+    op("info", "the group's cursor, tail and counts", shard="all")
+    op("dead-letters", "list dead-lettered offsets", shard="all")
+    for name, text in (("redrive", "put dead letters back"), ("discard", "drop dead letters")):
+        op(name, text, shard="one").add_argument("offsets", type=int, nargs="+", metavar="OFFSET")
+    seek = op("seek", "move the group's cursor", shard="all")
+    seek.add_argument("--to", dest="start", required=True, help="earliest|latest|OFFSET")
+    seek.add_argument("--if-new", action="store_true", help="only where the group has no cursor")
+    op("delete", "remove the group's state", shard="all")
 
 
 # -- output --------------------------------------------------------------------------
@@ -343,11 +409,149 @@ def _token_command(args: argparse.Namespace) -> None:
             print(f"{name}: {value}")
 
 
+async def _counter(client: Client, args: argparse.Namespace) -> None:
+    cache = client.cache(args.cache)
+    if args.op == "add":
+        value: int | None = await cache.counter_add(args.key, args.delta)
+    else:
+        value = await cache.counter_get(args.key)
+    shown = "(none)" if value is None else str(value)
+    _emit(args, {"key": args.key, "value": value}, f"{args.key}: {shown}")
+
+
+async def _shards(client: Client, args: argparse.Namespace) -> list[int]:
+    if args.shard is not None:
+        return [args.shard]
+    return list(range(max(1, await client.stream_shards(args.stream))))
+
+
+def _claimed(args: argparse.Namespace, record: ClaimedRecord | ConsumerRecord) -> None:
+    claimed = record.record if isinstance(record, ConsumerRecord) else record
+    fields = {
+        "shard": claimed.shard,
+        "offset": claimed.offset,
+        "attempts": claimed.attempts,
+        "timestamp_micros": claimed.timestamp_micros,
+        "publisher": claimed.publisher,
+        **_payload_fields(claimed.payload),
+    }
+    line = f"[{claimed.shard}:{claimed.offset}] {_text(claimed.payload)}"
+    _emit(args, fields, line + (f" (attempt {claimed.attempts})" if claimed.attempts > 1 else ""))
+
+
+async def _group(client: Client, args: argparse.Namespace) -> None:
+    group = client.group(args.stream, args.group)
+    await _GROUP_OPS[args.op](client, group, args)
+
+
+async def _group_poll(client: Client, group: Group, args: argparse.Namespace) -> None:
+    async def one(shard: int) -> list[ClaimedRecord]:
+        return await group.poll(
+            shard,
+            max_records=args.max_records,
+            wait=args.wait,
+            consumer=args.consumer,
+            visibility=args.visibility,
+        )
+
+    for records in await asyncio.gather(*(one(s) for s in await _shards(client, args))):
+        for record in records:
+            _claimed(args, record)
+
+
+async def _group_settle(client: Client, group: Group, args: argparse.Namespace) -> None:
+    for offset in args.offsets:
+        if args.op == "ack":
+            await group.ack(args.shard, offset)
+        elif args.op == "nack":
+            await group.nack(args.shard, offset, delay=args.delay, attempts=args.attempts)
+        elif args.op == "redrive":
+            await group.redrive(args.shard, offset)
+        else:
+            await group.discard(args.shard, offset)
+        done = {"ack": "acked", "nack": "nacked", "redrive": "redriven", "discard": "discarded"}
+        record = {"shard": args.shard, "offset": offset, args.op: True}
+        _emit(args, record, f"[{args.shard}:{offset}] {done[args.op]}")
+
+
+async def _group_info(client: Client, group: Group, args: argparse.Namespace) -> None:
+    for shard in await _shards(client, args):
+        state = await group.describe(shard)
+        record = {"shard": shard, **dataclasses.asdict(state)}
+        committed = "none" if state.committed is None else str(state.committed)
+        _emit(
+            args,
+            record,
+            f"shard {shard}: committed {committed}, tail {state.tail}, in flight "
+            f"{state.in_flight}, owed {state.owed}, dead letters {state.dead_letters}",
+        )
+
+
+async def _group_dead_letters(client: Client, group: Group, args: argparse.Namespace) -> None:
+    for shard in await _shards(client, args):
+        offsets = await group.dead_letters(shard)
+        shown = ", ".join(map(str, offsets)) or "none"
+        _emit(args, {"shard": shard, "offsets": offsets}, f"shard {shard}: {shown}")
+
+
+async def _group_seek(client: Client, group: Group, args: argparse.Namespace) -> None:
+    start = _start(args.start)
+    for shard in await _shards(client, args):
+        result = await group.seek(shard, start, if_new=args.if_new)
+        record = {"shard": shard, "offset": result.offset, "moved": result.moved}
+        verb = "moved to" if result.moved else "stays at"
+        _emit(args, record, f"shard {shard}: {verb} {result.offset}")
+
+
+async def _group_delete(client: Client, group: Group, args: argparse.Namespace) -> None:
+    for shard in await _shards(client, args):
+        existed = await group.delete(shard)
+        what = "deleted" if existed else "had no state"
+        _emit(args, {"shard": shard, "existed": existed}, f"shard {shard}: {what}")
+
+
+_GROUP_OPS: dict[str, Callable[[Client, Group, argparse.Namespace], Awaitable[None]]] = {
+    "poll": _group_poll,
+    "ack": _group_settle,
+    "nack": _group_settle,
+    "redrive": _group_settle,
+    "discard": _group_settle,
+    "info": _group_info,
+    "dead-letters": _group_dead_letters,
+    "seek": _group_seek,
+    "delete": _group_delete,
+}
+
+
+async def _consume(client: Client, args: argparse.Namespace) -> None:
+    seen = 0
+    consumer = client.consumer(
+        args.stream,
+        group=args.group,
+        consumer=args.consumer,
+        # Never claim more than --count: what is claimed and not shown is handed back.
+        max_in_flight=min(args.max_in_flight, args.count or args.max_in_flight),
+        wait=min(1.0, args.timeout) if args.timeout else 1.0,
+    )
+    async with consumer:
+        while args.count is None or seen < args.count:
+            try:
+                record = await consumer.next(timeout=args.timeout)
+            except (StopAsyncIteration, TimeoutError):
+                return
+            _claimed(args, record)  # printed first: a record is acked once it was shown
+            await record.ack()
+            seen += 1
+
+
 _COMMANDS: dict[str, Callable[[Client, argparse.Namespace], Awaitable[None]]] = {
     "publish": _publish,
     "subscribe": _subscribe,
     "read": _read,
     "cache": _cache,
+    "counter": _counter,
+    "group": _group,
+    "consume": _consume,
 }
 
 
