@@ -28,6 +28,8 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from felix_transport import __version__
+
 from .catalog import CacheSpec, Routing, StaticCatalog, StreamSpec
 from .config import (
     BrokerConfig,
@@ -64,6 +66,7 @@ def full_rights(tenant_id: str) -> list[str]:
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="felix-broker", description="A Felix broker.")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument(
         "--log-level",
         default="WARNING",

@@ -29,6 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from felix_broker._files import create_file_once
+from felix_transport import __version__
 
 from .api import ControlPlane, Settings
 from .http11 import HttpServer
@@ -48,6 +49,7 @@ def _hostport(value: str) -> tuple[str, int]:
 
 def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="felix-controlplane", description=__doc__.split("\n")[0])
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument("--db", type=Path, default=Path("felix-controlplane.db"))
     parser.add_argument("--bind", type=_hostport, default=("127.0.0.1", 8900))
     parser.add_argument("--admin-bind", type=_hostport, default=("127.0.0.1", 8901))
