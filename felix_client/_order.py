@@ -29,6 +29,8 @@ class Ticket:
 
     async def turn(self) -> None:
         """Wait until every earlier ticket of the lane has left it."""
+        if self._ready.done():
+            return  # first in its lane: no wait, no shield
         try:
             await asyncio.shield(self._ready)
         except asyncio.CancelledError:
