@@ -1,12 +1,14 @@
 """felix_client: the reference asyncio client of the Felix wire protocol.
 
-    client = await felix_client.connect(["127.0.0.1:5000"], tenant_id="acme",
+    client = await felix_client.connect("127.0.0.1:5000", tenant_id="acme",
                                         token=token, ca_file="ca.pem")
     async with client:
-        offset = await client.publish("orders", b"hello")
-        async with client.subscribe("orders", start="earliest") as sub:
-            async for event in sub:
-                ...
+        async with client.subscribe("orders") as sub:  # every shard
+            await client.publish("orders", b"hello", key=b"user-1")
+            event = await sub.next(timeout=5)
+        async with client.consumer("jobs", group="fulfilment") as consumer:
+            async for record in consumer:
+                await record.ack()
 
 Errors: every broker refusal is the generated `BrokerError` subclass for its
 wire code (re-exported here); local errors derive from `ClientError`.
