@@ -381,7 +381,7 @@ async def serves_cache(doc: dict[str, Any]) -> bool:
     return True
 
 
-async def run(doc: dict[str, Any], runs: int, quick: bool) -> None:
+async def run(doc: dict[str, Any], runs: int, quick: bool, only: str | None = None) -> None:
     singles = 2_000 if quick else 20_000
     batched = 64 * (100 if quick else 1_000)
     gets = 2_000 if quick else 20_000
@@ -428,6 +428,8 @@ async def run(doc: dict[str, Any], runs: int, quick: bool) -> None:
             "rec/s",
         ),
     ]
+    if only is not None:
+        cases = [case for case in cases if only in case[0]]
     for name, client_case, raw_case, key in cases:
         client_results, raw_results = [], []
         for _ in range(runs):
@@ -445,12 +447,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="1 run, small workloads")
+    parser.add_argument("--only", help="only the workloads whose name contains this")
     args = parser.parse_args()
     runs = 1 if args.quick else args.runs
     with tempfile.TemporaryDirectory() as tmp:
         process, doc = start_broker(Path(tmp))
         try:
-            asyncio.run(run(doc, runs, args.quick))
+            asyncio.run(run(doc, runs, args.quick, args.only))
         finally:
             process.terminate()
             process.wait(timeout=15)
