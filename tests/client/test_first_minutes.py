@@ -64,6 +64,24 @@ async def test_idle_subscription_and_cache_client_survive(
         assert after[: len(before)] == before and not any(c.closed for c in before)
 
 
+async def test_keepalive_follows_a_broker_with_a_shorter_idle_timeout(
+    short_idle_broker: dict[str, Any],
+) -> None:
+    """The client's own settings (6 s idle, PINGs every 2 s) would let a broker
+    that idles out after 1.5 s close the connection; the PINGs follow the idle
+    timeout both ends agreed on instead."""
+    doc = short_idle_broker
+    async with await connect_client(doc) as client:
+        link = client._requests._links[0]
+        assert link is not None
+        assert link.connection._keepalive_interval == pytest.approx(IDLE / 3)
+        async with client.subscribe(doc["memory_stream"]) as sub:
+            await asyncio.sleep(3 * IDLE)
+            await client.publish(doc["memory_stream"], b"still here")
+            assert (await sub.next(timeout=5)).payload == b"still here"
+        assert not link.connection.closed
+
+
 def _keys_per_shard(shards: int, per_shard: int) -> dict[int, list[bytes]]:
     from felix_wire.routing import shard_for_key
 
