@@ -86,11 +86,11 @@ class ClientConfig:
     use, so unused capacity costs nothing; raise a size after measuring, not before.
 
     Idle connections are kept alive with QUIC PINGs every `keepalive_interval`
-    seconds (None: a third of `idle_timeout`), so a subscription or a pooled
-    connection with no traffic outlives both this client's `idle_timeout` and
-    the broker's (6 s by default); keep the interval below a third of the
-    broker's `max_idle_timeout_ms` if that is shorter. `keepalive=False` lets
-    idle connections close (they are reopened on next use, subscriptions end).
+    seconds (None: a third of `idle_timeout`), never more than a third of the
+    idle timeout both ends agreed on (the broker's `max_idle_timeout_ms` when
+    shorter), so a subscription or a pooled connection with no traffic stays
+    up. `keepalive=False` lets idle connections close (they are reopened on
+    next use; subscriptions end).
     """
 
     publish_conn_pool: int = 2
