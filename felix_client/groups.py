@@ -52,7 +52,12 @@ from felix_wire.messages import (
     Message,
 )
 
-from .errors import ClientError, ClientTimeoutError, ConnectionLostError
+from .errors import (
+    ClientError,
+    ClientTimeoutError,
+    ConnectionLostError,
+    NotSupportedByBrokerError,
+)
 from .subscription import Start, start_position
 
 if TYPE_CHECKING:
@@ -421,8 +426,6 @@ class Consumer:
             raise ValueError("visibility must be > 0 seconds")
         self.visibility = visibility if self._claim_control else None
         if consumer is not None and not client.supports(Feature.FEATURE_GROUP_CONSUMER):
-            from .errors import NotSupportedByBrokerError
-
             raise NotSupportedByBrokerError("group_poll.consumer", ("FEATURE_GROUP_CONSUMER",))
         self._shards = shards
         self.shards: list[int] = []
@@ -661,7 +664,9 @@ class _Places:
 
 def _transient(error: BaseException) -> bool:
     """Worth polling again: lost connections, local timeouts and what the broker
-    says may succeed when sent again (a poll claims nothing when it fails)."""
+    says may succeed when sent again. A poll is safe to resend even when its
+    outcome is unknown: records it may have claimed come back when the claim
+    lapses (at least once), and no record is ever acked by a poll."""
     if isinstance(error, ConnectionLostError | ClientTimeoutError):
         return True
     return isinstance(error, BrokerError) and error.retry in (
