@@ -432,6 +432,8 @@ class Consumer:
         self._places = _Places(max_in_flight)
         # Records claimed and not settled: handed out, or waiting to be.
         self._in_work: dict[tuple[int, int], ConsumerRecord] = {}
+        # Bounded without a maxsize: it holds claimed records only (at most
+        # max_in_flight) and at most one error per shard.
         self._ready: asyncio.Queue[ConsumerRecord | BaseException] = asyncio.Queue()
         self._tasks: list[asyncio.Task[None]] = []
         self._polls: dict[int, asyncio.Task[None]] = {}
