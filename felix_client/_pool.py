@@ -55,6 +55,7 @@ class Dialer:
     token: TokenSource
     offer: Offer
     connect_timeout: float
+    auth_timeout: float
     max_inflight_bytes: int
     default_window: int
     _turn: itertools.count[int] = field(default_factory=itertools.count, compare=False)
@@ -102,7 +103,7 @@ class Dialer:
             token=self.token,
             offer=self.offer,
             label=label,
-            timeout=self.connect_timeout,
+            timeout=self.auth_timeout,
             max_inflight_bytes=self.max_inflight_bytes,
             default_window=self.default_window,
         )

@@ -106,8 +106,7 @@ class ClientConfig:
     # Acked publishes in flight per stream when the broker grants no window.
     default_publish_window: int = 64
     request_timeout: float = 10.0
-    # How long a QUIC handshake (and each stream's auth) may take before the
-    # broker is reported unreachable.
+    # How long a QUIC handshake may take before the broker is reported unreachable.
     connect_timeout: float = 2.0
     idle_timeout: float = 6.0
     keepalive: bool = True
@@ -246,6 +245,9 @@ async def connect(
         token=_token_source(token, token_provider),
         offer=offer,
         connect_timeout=config.connect_timeout,
+        # A broker that completed the handshake is there: its auth answer gets
+        # the request timeout, as any answer does.
+        auth_timeout=config.request_timeout,
         max_inflight_bytes=config.max_inflight_publish_bytes,
         default_window=config.default_publish_window,
     )
