@@ -292,7 +292,10 @@ class Cache:
                 parts[index] = self._watch(None, prefix, index, start, retained)
             return parts
 
-        return ShardedCacheWatch(f"watch {self.name}/{prefix}*", open_parts)
+        def reopen(index: int, position: int | None) -> Feed[CacheChange]:
+            return self._watch(None, prefix, index, position, False)
+
+        return ShardedCacheWatch(f"watch {self.name}/{prefix}*", open_parts, reopen)
 
     def _watch(
         self,

@@ -557,7 +557,11 @@ class Client:
                 for index in range(count)
             }
 
-        return StreamSubscription(stream, open_parts)
+        def reopen(index: int, position: int | None) -> Feed[Event]:
+            again: Start = "latest" if position is None else position
+            return self._shard_subscription(ns, stream, index, again, queue_capacity)
+
+        return StreamSubscription(stream, open_parts, reopen)
 
     async def _shard_count(self, ns: str, stream: str) -> int:
         """The stream's shard count for reading every shard: 1 for a broker that

@@ -320,14 +320,21 @@ class ShardedFeed(Generic[T]):
     Opening opens every shard's feed, and fails if any shard cannot be opened.
     `positions` is the vector to resume from, one position per shard. When one
     shard's feed fails, the next read raises `ShardLostError` naming it once;
-    reading again goes on with the other shards (`lost` keeps what failed).
+    reading again goes on with the other shards (`lost` keeps what failed), and
+    `await recover(shard)` opens that shard again from its position.
     Nothing is buffered beyond what each shard's feed holds: a pending read per
     shard, so a slow reader holds every shard back through flow control.
     """
 
-    def __init__(self, label: str, open_parts: Callable[[], Awaitable[dict[int, Feed[T]]]]) -> None:
+    def __init__(
+        self,
+        label: str,
+        open_parts: Callable[[], Awaitable[dict[int, Feed[T]]]],
+        reopen: Callable[[int, int | None], Feed[T]],
+    ) -> None:
         self.label = label
         self._open_parts = open_parts
+        self._reopen = reopen
         self.parts: dict[int, Feed[T]] = {}
         self.lost: dict[int, BaseException] = {}
         self._positions: dict[int, int | None] = {}
@@ -444,6 +451,21 @@ class ShardedFeed(Generic[T]):
         self._closing.add(asyncio.get_running_loop().create_task(part.aclose()))
         raise ShardLostError(shard, part.position, error) from error
 
+    async def recover(self, shard: int) -> None:
+        """Open a lost shard again, from where it stopped (its position; the
+        tail when it had none). Raises what opening raises; the shard then
+        stays lost."""
+        if shard not in self.lost:
+            raise ValueError(f"shard {shard} is not lost")
+        if self._closed:
+            raise ConnectionLostError(f"{self.label} is closed")
+        part = self._reopen(shard, self._positions.get(shard))
+        await part.open()
+        del self.lost[shard]
+        self._positions.pop(shard, None)
+        self.parts[shard] = part
+        logger.info("%s: shard %d recovered", self.label, shard)
+
     async def aclose(self) -> None:
         """Stop every shard's feed."""
         if self._closed:
@@ -472,8 +494,9 @@ class StreamSubscription(ShardedFeed[Event]):
         self,
         stream: str,
         open_parts: Callable[[], Awaitable[dict[int, Feed[Event]]]],
+        reopen: Callable[[int, int | None], Feed[Event]],
     ) -> None:
-        super().__init__(f"subscription {stream}", open_parts)
+        super().__init__(f"subscription {stream}", open_parts, reopen)
         self.stream = stream
 
     @property

@@ -160,6 +160,9 @@ async def test_a_lost_shard_is_reported_and_the_others_keep_delivering(
         assert [e.shard for e in lost] == [2] and list(sub.lost) == [2]
         assert sub.shards == [0, 1, 2, 3] and 2 not in sub.parts
         assert isinstance(sub.positions[2], int)
+        # Recovered from its position: what shard 2 got meanwhile comes now.
+        await sub.recover(2)
+        assert not sub.lost and (await sub.next(timeout=10)).payload == b"lost-2"
 
 
 async def test_prefix_watch_reads_every_shard_of_a_cache(
