@@ -397,6 +397,9 @@ class Consumer:
     `wait` seconds. With claim control, claims stand for `visibility` seconds
     and those of records still in work are extended before they lapse.
     `consumer` names this member (its earlier claims are reclaimed on start).
+    A shard whose polls fail for good (a refusal that resending cannot fix, or
+    eight transient failures in a row) raises its error once from the iterator;
+    the other shards go on.
     """
 
     def __init__(

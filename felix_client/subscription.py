@@ -475,6 +475,9 @@ class ShardedFeed(Generic[T]):
             task.cancel()
         await asyncio.gather(*self._pending.values(), return_exceptions=True)
         self._pending.clear()
+        for _shard, task in self._ready:
+            if not task.cancelled():
+                task.exception()  # retrieved: nobody will read it now
         self._ready.clear()
         await asyncio.gather(*(part.aclose() for part in self.parts.values()))
         await asyncio.gather(*self._closing, return_exceptions=True)
