@@ -239,3 +239,27 @@ def test_a_reader_that_goes_away_is_one_line(felix_fixture: dict[str, Any]) -> N
             sub.kill()
     assert sub.returncode == 1
     assert "Traceback" not in err and err.strip() == "felix: output closed by the reader"
+
+
+def test_subscribe_and_read_cover_every_shard(felix_fixture: dict[str, Any]) -> None:
+    """On the 4-shard stream, 8 keyed records reach `felix subscribe` and `felix read`."""
+    stream = felix_fixture["durable_stream"]
+    tag = f"all-{time.monotonic_ns()}"
+    for i in range(8):
+        done = felix(felix_fixture, "publish", stream, f"{tag}-{i}", "--key", f"k{i}")
+        assert done.returncode == 0, done.stderr
+    # From the oldest record of every shard, until nothing comes for 3 s.
+    done = felix(
+        felix_fixture, "subscribe", stream, "--from", "earliest", "--timeout", "3", "--json"
+    )
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    events = [e for e in events if e["payload"].startswith(tag)]
+    assert sorted(e["payload"] for e in events) == sorted(f"{tag}-{i}" for i in range(8))
+    assert len({e["shard"] for e in events}) == 4
+    done = felix(felix_fixture, "read", stream, "--from", "0", "--json")
+    assert done.returncode == 0, done.stderr
+    read = [json.loads(line) for line in done.stdout.splitlines()]
+    mine = [r for r in read if r["payload"].startswith(tag)]
+    assert sorted(r["payload"] for r in mine) == sorted(f"{tag}-{i}" for i in range(8))
+    assert len({r["shard"] for r in mine}) == 4
