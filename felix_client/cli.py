@@ -30,7 +30,7 @@ from .cache import CacheWatchFeed, ShardedCacheWatch
 from .client import Client, ClientConfig, connect, parse_addr
 from .errors import BrokerError, ClientError, ShardLostError
 from .groups import ClaimedRecord, ConsumerRecord, Group
-from .subscription import Start, StreamSubscription, Subscription
+from .subscription import ShardedFeed, Start, StreamSubscription, Subscription
 
 __all__ = ["main"]
 
@@ -308,7 +308,7 @@ async def _subscribe(client: Client, args: argparse.Namespace) -> None:
             except (StopAsyncIteration, TimeoutError):
                 return
             except ShardLostError as lost:
-                print(f"felix: {lost}", file=sys.stderr, flush=True)
+                await _recover(sub, lost)
                 continue
             seen += 1
             record = {
@@ -322,6 +322,21 @@ async def _subscribe(client: Client, args: argparse.Namespace) -> None:
             offset = "-" if event.offset is None else str(event.offset)
             gap = f" (after a gap of {event.dropped_before})" if event.dropped_before else ""
             _emit(args, record, f"[{event.shard}:{offset}] {_text(event.payload)}{gap}")
+
+
+async def _recover(feed: object, lost: ShardLostError) -> None:
+    """Say that a shard was lost, and open it again from where it stopped (once;
+    the other shards keep going either way)."""
+    print(f"felix: {lost}", file=sys.stderr, flush=True)
+    if not isinstance(feed, ShardedFeed):
+        return  # only feeds of several shards lose one of them
+    await asyncio.sleep(0.5)
+    try:
+        await feed.recover(lost.shard)
+    except (BrokerError, ClientError) as exc:
+        print(f"felix: shard {lost.shard} stays lost: {exc}", file=sys.stderr, flush=True)
+    else:
+        print(f"felix: shard {lost.shard} recovered", file=sys.stderr, flush=True)
 
 
 async def _read(client: Client, args: argparse.Namespace) -> None:
@@ -377,7 +392,7 @@ async def _watch(client: Client, args: argparse.Namespace) -> None:
             except (StopAsyncIteration, TimeoutError):
                 return
             except ShardLostError as lost:
-                print(f"felix: {lost}", file=sys.stderr, flush=True)
+                await _recover(feed, lost)
                 continue
             seen += 1
             fields = _payload_fields(change.value) if change.value is not None else {"value": None}
