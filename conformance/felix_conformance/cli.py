@@ -6,7 +6,8 @@ record transcripts, or play the broker's side to a client.
     felix-conformance --list [-t GLOB ...]
     felix-conformance coverage [--transcripts DIR]
     felix-conformance record --listen HOST:PORT --upstream HOST:PORT --ca-file PEM --out DIR
-    felix-conformance serve --transcripts DIR --listen HOST:PORT [--cert-dir DIR]
+        [--keep-idle]
+    felix-conformance serve --listen HOST:PORT [--transcripts DIR] [--ca-out PEM]
 
 Exit status: 0 when no case failed, 1 when one did, 2 on usage errors (bad
 arguments, unreadable transcripts, a refused token), 3 when the target cannot
@@ -27,8 +28,8 @@ from rich.console import Console
 from .corpus import load_corpus, select
 from .coverage import compute_coverage, format_coverage
 from .model import Case
-from .playback import main_serve
-from .recorder import main_record
+from .playback import main_serve, serve_parser
+from .recorder import main_record, record_parser
 from .reports import print_summary, write_json, write_junit, write_logs
 from .runner import run_cases
 from .schema import TranscriptError
@@ -42,7 +43,7 @@ from .target import (
     with_defaults,
 )
 
-__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_UNREACHABLE", "EXIT_USAGE", "main"]
+__all__ = ["EXIT_FAILED", "EXIT_OK", "EXIT_UNREACHABLE", "EXIT_USAGE", "main", "parsers"]
 
 EXIT_OK = 0
 EXIT_FAILED = 1
@@ -172,13 +173,27 @@ def _main_run(argv: list[str], console: Console) -> int:
     return asyncio.run(_run(args, cases, console))
 
 
-def _main_coverage(argv: list[str], console: Console) -> int:
+def _coverage_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="felix-conformance coverage",
         description="Which messages, flag values, features and error codes have a case.",
     )
     parser.add_argument("--transcripts", type=Path, metavar="DIR")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def parsers() -> dict[str, argparse.ArgumentParser]:
+    """The argument parser of each subcommand ("" is the run itself)."""
+    return {
+        "": _run_parser(),
+        "coverage": _coverage_parser(),
+        "record": record_parser(),
+        "serve": serve_parser(),
+    }
+
+
+def _main_coverage(argv: list[str], console: Console) -> int:
+    args = _coverage_parser().parse_args(argv)
     coverage = compute_coverage(load_corpus(args.transcripts))
     console.print(format_coverage(coverage), markup=False, end="")
     return EXIT_OK
@@ -200,3 +215,7 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_USAGE
     except SystemExit as exc:  # argparse: --help exits 0, bad arguments 2
         return int(exc.code) if isinstance(exc.code, int) else EXIT_USAGE
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -37,6 +37,7 @@ __all__ = [
     "Target",
     "TargetRefusedError",
     "TargetUnreachableError",
+    "fixture_ca_file",
     "parse_host_port",
     "probe",
     "target_from_fixture",
@@ -102,17 +103,27 @@ class Target:
 
 
 def target_from_fixture(path: Path, *, server_name: str | None = None) -> Target:
-    """The target a `felix-broker fixture` document describes (its first address)."""
+    """The target a `felix-broker fixture` document describes (its first address).
+
+    A relative `ca_file` is relative to the fixture document's folder, as the
+    broker wrote it there, not to wherever the kit happens to run.
+    """
     document: dict[str, Any] = json.loads(path.read_text())
     host, port = parse_host_port(document["addrs"][0])
     variables = {name: document[name] for name in FIXTURE_VARIABLES if name in document}
     return Target(
         host,
         port,
-        Path(document["ca_file"]).read_bytes(),
+        fixture_ca_file(path, document).read_bytes(),
         server_name or "localhost",
         with_defaults(variables),
     )
+
+
+def fixture_ca_file(path: Path, document: dict[str, Any]) -> Path:
+    """The CA file a fixture document names, resolved against the document's folder."""
+    ca_file = Path(document["ca_file"])
+    return ca_file if ca_file.is_absolute() else path.parent / ca_file
 
 
 def with_defaults(variables: dict[str, Any]) -> dict[str, Any]:

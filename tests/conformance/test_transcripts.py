@@ -92,6 +92,10 @@ def test_coverage_of_layouts_and_served_messages() -> None:
         ({"a": {"$absent": True}}, {"b": 1}, True),
         ({"a": 1}, {"a": True}, False),
         ([1, 2], [1, 2, 3], False),
+        ({"$type": "integer", "$example": 2}, 6, True),
+        ({"$type": "integer"}, True, False),
+        ({"$type": "string"}, 3, False),
+        ({"$type": "no-such-type"}, 3, False),
     ],
 )
 def test_matchers(expected: Any, actual: Any, ok: bool) -> None:
