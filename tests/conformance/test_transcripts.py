@@ -80,6 +80,48 @@ def test_coverage_of_layouts_and_served_messages() -> None:
     ).covered
 
 
+# What the shipped corpus exercises (sends, or provokes the broker into sending).
+# Raise these as cases are added; the test fails if coverage drops below them.
+COVERAGE_FLOOR = {
+    "messages": 49,
+    "binary layouts": 4,
+    "flag values": 12,
+    "features": 19,
+    "error codes": 4,
+    "retry classes": 1,
+}
+
+
+def test_coverage_never_drops() -> None:
+    counts = compute_coverage(load_corpus()).counts()
+    assert {k: counts[k] for k in COVERAGE_FLOOR} == {
+        k: max(counts[k], floor) for k, floor in COVERAGE_FLOOR.items()
+    }
+
+
+def test_coverage_counts_only_what_a_case_exercises(tmp_path: Path) -> None:
+    """Declared and required entries, and alternatives, exercise nothing."""
+    (tmp_path / "c.yaml").write_text(
+        "id: x\ntitle: t\nsection: s\nrequirement: r.\n"
+        "exercises: {messages: [cache_event], features: [FEATURE_CACHE_WATCH, FEATURE_INSPECT], "
+        "error_codes: [overloaded]}\n"
+        "requires: {features: [FEATURE_TOPOLOGY]}\n"
+        "steps:\n  - open: {stream: s1}\n"
+        "  - send: {stream: s1, message: {type: auth, tenant_id: t, token: k, client_flags: 1, "
+        "client_features: 0x0800}}\n"
+        "  - send: {stream: s1, message: {type: cache_watch, tenant_id: t, namespace: n, "
+        "cache: c, key: k, request_id: 1}}\n"
+        "  - expect: {stream: s1, any_of: [{message: {type: ok}}, {message: {type: auth_ok}}]}\n"
+        "  - expect: {stream: s1, message: {type: error, code: not_found, retry: fatal, "
+        "message: {$one_of: [a, b]}}}\n"
+    )
+    coverage = compute_coverage(load_corpus(tmp_path))
+    assert coverage.get("messages").covered == {"auth", "cache_watch", "error"}
+    assert coverage.get("features").covered == {"FEATURE_CACHE_WATCH"}  # gate of cache_watch
+    assert coverage.get("error codes").covered == {"not_found"}
+    assert coverage.get("retry classes").covered == {"fatal"}
+
+
 @pytest.mark.parametrize(
     ("expected", "actual", "ok"),
     [
