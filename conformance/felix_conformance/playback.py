@@ -223,16 +223,17 @@ def main_serve(argv: list[str]) -> int:
 
 
 async def _serve(server: PlaybackServer, host: str, port: int, ca_out: Path) -> int:
+    # Handlers first: a signal right after the announcement still ends us cleanly.
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
     ca_out.write_bytes(server.ca_pem)
     bound = await server.start(host, port)
     print(
         f"playing {len(server.cases)} case(s) on {bound[0]}:{bound[1]}; trust {ca_out}",
         flush=True,
     )
-    stop = asyncio.Event()
-    loop = asyncio.get_running_loop()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        loop.add_signal_handler(sig, stop.set)
     await stop.wait()
     await server.close()
     failed = [r for r in server.results if not r.passed]

@@ -86,7 +86,7 @@ COVERAGE_FLOOR = {
     "messages": 66,
     "binary layouts": 4,
     "flag values": 17,
-    "features": 23,
+    "features": 24,
     "error codes": 5,
     "retry classes": 3,
 }
