@@ -1,5 +1,6 @@
 """`felix-conformance`: run the kit against a broker, list or measure the corpus,
-write a target profile, record transcripts, or play the broker's side to a client.
+write a target profile, record transcripts, play transcripts' broker side, or
+test a client through its adapter.
 
     felix-conformance --target HOST:PORT --ca-file PEM --tenant T --token TOKEN
         [--profile YAML] [options]
@@ -11,6 +12,7 @@ write a target profile, record transcripts, or play the broker's side to a clien
     felix-conformance record --listen HOST:PORT --upstream HOST:PORT --ca-file PEM --out DIR
         [--keep-idle]
     felix-conformance serve --listen HOST:PORT [--transcripts DIR] [--ca-out PEM]
+    felix-conformance client --adapter CMD [-t GLOB ...] [--html PATH] [--json PATH]
 
 Options of a run: --json, --junit-xml, --html (reports), --log-dir, --progress,
 --strict, -t/--exclude GLOB, --set NAME=VALUE.
@@ -35,6 +37,7 @@ from typing import Any
 
 from rich.console import Console
 
+from .clienttest.runner import run_client_cases, select_client_cases
 from .corpus import load_corpus, select
 from .coverage import compute_coverage, format_coverage
 from .model import Case
@@ -62,7 +65,7 @@ EXIT_FAILED = 1
 EXIT_USAGE = 2
 EXIT_UNREACHABLE = 3
 
-_SUBCOMMANDS = ("coverage", "profile", "record", "serve")
+_SUBCOMMANDS = ("client", "coverage", "profile", "record", "serve")
 
 
 class _UsageError(Exception):
@@ -73,7 +76,8 @@ def _run_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="felix-conformance",
         description="Check which parts of the Felix wire protocol a broker honours, case by case. "
-        "Subcommands: coverage, profile, record, serve (see `felix-conformance SUBCOMMAND -h`).",
+        "Subcommands: client, coverage, profile, record, serve "
+        "(see `felix-conformance SUBCOMMAND -h`).",
     )
     p.add_argument("--target", metavar="HOST:PORT", help="the broker to test")
     p.add_argument("--ca-file", type=Path, help="PEM of the CA the broker's certificate chains to")
@@ -256,10 +260,59 @@ def _main_profile(argv: list[str], console: Console) -> int:
     return EXIT_OK
 
 
+def _client_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="felix-conformance client",
+        description="Test a client: per case the kit plays a scripted broker and asks the "
+        "client's adapter (JSON lines, schema/adapter.schema.json) to perform operations.",
+    )
+    p.add_argument("--adapter", required=True, metavar="CMD", help="shell command of the adapter")
+    p.add_argument("-t", "--test", action="append", default=[], metavar="GLOB", help="case ids")
+    p.add_argument("--exclude", action="append", default=[], metavar="GLOB", help="skip case ids")
+    p.add_argument("--list", action="store_true", help="list the selected cases and exit")
+    p.add_argument("--json", type=Path, metavar="PATH", help="write a JSON report")
+    p.add_argument("--junit-xml", type=Path, metavar="PATH", help="write a JUnit XML report")
+    p.add_argument("--html", type=Path, metavar="PATH", help="write a self-contained HTML report")
+    p.add_argument("--log-dir", type=Path, metavar="DIR", help="write a log per case")
+    p.add_argument("--progress", action="store_true", help="a progress line on stderr")
+    return p
+
+
+def _main_client(argv: list[str], console: Console) -> int:
+    args = _client_parser().parse_args(argv)
+    cases = select_client_cases(args.test, args.exclude)
+    if args.list:
+        for case in cases:
+            console.print(f"{case.id:<44} {case.section}: {case.title}", markup=False)
+        return EXIT_OK
+    if not cases:
+        raise _UsageError("no client case matches the selection")
+    show = args.progress or sys.stderr.isatty()
+    progress = Progress(sys.stderr, len(cases), tty=sys.stderr.isatty()) if show else None
+    report = asyncio.run(
+        run_client_cases(
+            cases, args.adapter, on_result=progress.update if progress is not None else None
+        )
+    )
+    if progress is not None:
+        progress.done()
+    print_summary(report, console)
+    if args.json is not None:
+        write_json(report, args.json)
+    if args.junit_xml is not None:
+        write_junit(report, args.junit_xml)
+    if args.html is not None:
+        write_html(report, args.html)
+    if args.log_dir is not None:
+        write_logs(report, args.log_dir)
+    return EXIT_FAILED if report.failed else EXIT_OK
+
+
 def parsers() -> dict[str, argparse.ArgumentParser]:
     """The argument parser of each subcommand ("" is the run itself)."""
     return {
         "": _run_parser(),
+        "client": _client_parser(),
         "coverage": _coverage_parser(),
         "profile": _profile_parser(),
         "record": record_parser(),
@@ -280,6 +333,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if argv and argv[0] == "coverage":
             return _main_coverage(argv[1:], console)
+        if argv and argv[0] == "client":
+            return _main_client(argv[1:], console)
         if argv and argv[0] == "profile":
             return _main_profile(argv[1:], console)
         if argv and argv[0] == "record":
