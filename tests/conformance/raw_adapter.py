@@ -22,7 +22,12 @@ from pathlib import Path
 from typing import Any
 
 from felix_transport import Connection, Stream, TransportConfig, connect
-from felix_wire.binary import EventBatchLegacyFrame, EventBatchSharedFrame, PublishAckFrame
+from felix_wire.binary import (
+    BinaryAckMode,
+    EventBatchLegacyFrame,
+    EventBatchSharedFrame,
+    PublishAckFrame,
+)
 from felix_wire.binary import PublishBatchFrame as BinaryPublish
 from felix_wire.codec import decode_payload, encode_frame
 from felix_wire.errors import ErrorCode, RetryClass
@@ -31,6 +36,7 @@ from felix_wire.flags import ORIGINAL_V1_FLAGS
 from felix_wire.frame import FrameReader
 from felix_wire.gating import client_auth, server_capabilities
 from felix_wire.messages import (
+    AckMode,
     Auth,
     AuthOk,
     CacheDelete,
@@ -116,7 +122,7 @@ class RawClient:
         if binary:
             await self.send(
                 BinaryPublish(
-                    request_id=rid, ack_mode=2, tenant_id=self.tenant,
+                    request_id=rid, ack_mode=BinaryAckMode.PER_MESSAGE, tenant_id=self.tenant,
                     namespace=self.namespace, stream=request["stream"], payloads=[payload],
                 )
             )  # fmt: skip
@@ -124,7 +130,7 @@ class RawClient:
             await self.send(
                 Publish(
                     tenant_id=self.tenant, namespace=self.namespace, stream=request["stream"],
-                    payload=payload, request_id=rid, ack="per_message",
+                    payload=payload, request_id=rid, ack=AckMode.PER_MESSAGE,
                 )
             )  # fmt: skip
         if self.mode == "never-reads":
