@@ -26,6 +26,7 @@ def test_the_readme_kit_commands_pass_word_for_word(tmp_path: Path) -> None:
     block = readme_kit_block()
     assert "felix-conformance --target" in block and "--profile" in block
     (tmp_path / ".venv").symlink_to(REPO / ".venv")
+    (tmp_path / "conformance").symlink_to(REPO / "conformance")
     env = {k: v for k, v in os.environ.items() if not k.startswith("FELIX_")}
     env.pop("FORCE_COLOR", None)
     script = "set -euo pipefail\n" + block
@@ -45,5 +46,8 @@ def test_the_readme_kit_commands_pass_word_for_word(tmp_path: Path) -> None:
     assert "fail 0" in first
     later = out[out.index("wrote profile.yaml") :]
     assert "setup 0" in later and "fail 0" in later, later[-3000:]
-    for produced in ("profile.yaml", "report.html", "report.json", "report.xml", "logs"):
+    assert "8 cases: pass 8, fail 0" in out  # the client tester's run
+    for produced in (
+        "profile.yaml", "report.html", "report.json", "report.xml", "logs", "client.html"
+    ):  # fmt: skip
         assert (tmp_path / produced).exists(), produced
