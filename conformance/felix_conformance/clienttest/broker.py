@@ -10,7 +10,9 @@ hold one answer back and send a later one first.
 While it serves, it checks the rules every client must keep and records each
 breach as a violation: the first frame of a stream is `auth`; no request the
 broker did not advertise (message gates, binary layout flags); frames that
-decode.
+decode. Discovery it advertised is answered as a standalone broker answers it;
+any other request the script does not serve gets `unsupported` (or an error),
+never silence.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ from felix_transport import (
 )
 from felix_wire.binary import PublishBatchFrame
 from felix_wire.codec import decode_payload, encode_frame
-from felix_wire.features import Capabilities
+from felix_wire.features import Capabilities, Feature
 from felix_wire.flags import ORIGINAL_V1_FLAGS
 from felix_wire.frame import FrameReader
 from felix_wire.gating import (
@@ -46,12 +48,36 @@ from felix_wire.gating import (
     check_sendable,
     client_capabilities,
 )
-from felix_wire.messages import Auth, Ok, Unknown
+from felix_wire.messages import (
+    Auth,
+    CacheShardsView,
+    Error,
+    Ok,
+    ShardOwner,
+    ShardOwnersView,
+    StreamShardsView,
+    TopologyView,
+    Unknown,
+    Unsupported,
+)
 from felix_wire.wire_errors import NotNegotiatedError, WireError
 
 from ..wirelog import WireLog
 
-__all__ = ["BINARY_PUBLISH", "BrokerScript", "Exchange", "Handler", "ScriptedBroker", "Seen"]
+__all__ = [
+    "BINARY_PUBLISH",
+    "DEFAULT_HANDLERS",
+    "BrokerScript",
+    "Exchange",
+    "Handler",
+    "ScriptedBroker",
+    "Seen",
+    "not_served",
+]
+
+# How long a stream the client ended waits for its pending answers before ending too.
+ANSWER_GRACE = 5.0
+
 
 # The name binary publish frames are seen and handled under (JSON publish_batch keeps its own).
 BINARY_PUBLISH = "binary:publish_batch"
@@ -165,13 +191,24 @@ class ScriptedBroker:
         """Every decoded frame of that type or layout the client sent."""
         return [s.value for s in self.seen if s.name == name]
 
-    def _spawn(self, coro: Awaitable[None]) -> None:
+    def _spawn(self, coro: Awaitable[None]) -> asyncio.Task[None]:
         async def run() -> None:
-            await coro
+            with contextlib.suppress(StreamClosedError, ConnectionClosedError):
+                await coro
 
         task = asyncio.ensure_future(run())
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        return task
+
+    def _handler(self, name: str) -> Handler:
+        handler = self.script.handlers.get(name)
+        if handler is not None:
+            return handler
+        default = DEFAULT_HANDLERS.get(name)
+        if default is not None and self.advertised.has_feature(default[0]):
+            return default[1]
+        return not_served
 
     async def _on_connection(self, connection: Connection) -> None:
         self._connections += 1
@@ -187,12 +224,17 @@ class ScriptedBroker:
         reader = FrameReader()
         authed = False
         client = Capabilities()
+        pending: list[asyncio.Task[None]] = []
         with contextlib.suppress(StreamClosedError, ConnectionClosedError):
             while True:
                 data = await stream.read()
                 if not data:
                     self.log.received(where, "[FIN]")
                     if not stream.is_unidirectional:
+                        # Requests before the FIN are still owed their answers.
+                        owed = [t for t in pending if not t.done()]
+                        if owed:
+                            await asyncio.wait(owed, timeout=ANSWER_GRACE)
                         with contextlib.suppress(StreamClosedError):
                             await stream.finish()
                     return
@@ -226,11 +268,7 @@ class ScriptedBroker:
                         continue
                     exchange = Exchange(self, connection, stream, conn, client)
                     self._check_gate(where, name, frame.flags)
-                    handler = self.script.handlers.get(name)
-                    if handler is None:
-                        _log.debug("%s: no handler for %s", where, name)
-                        continue
-                    self._spawn(handler(exchange, value))
+                    pending.append(self._spawn(self._handler(name)(exchange, value)))
 
     async def _answer_auth(self, exchange: Exchange, auth: Auth) -> None:
         self.auths.append(auth)
@@ -262,6 +300,44 @@ class ScriptedBroker:
             check_sendable(name, self.advertised)
         except NotNegotiatedError as exc:
             self.violations.append(f"{where}: the client sent {name} ungated: {exc}")
+
+
+async def _topology(ex: Exchange, request: Any) -> None:
+    await ex.reply(TopologyView(brokers=[]))  # a single node: nothing beyond the seeds (D1)
+
+
+async def _stream_shards(ex: Exchange, request: Any) -> None:
+    await ex.reply(StreamShardsView(shards=1, request_id=request.request_id))
+
+
+async def _cache_shards(ex: Exchange, request: Any) -> None:
+    await ex.reply(CacheShardsView(shards=1, request_id=request.request_id))
+
+
+async def _shard_owners(ex: Exchange, request: Any) -> None:
+    # A broker outside a cluster: one shard, no node id, generation 0 (D3).
+    owners = [ShardOwner(shard=0, generation=0)]
+    await ex.reply(ShardOwnersView(owners=owners, request_id=request.request_id))
+
+
+# Discovery a scripted broker answers as a standalone broker would, when it advertised it.
+DEFAULT_HANDLERS: Mapping[str, tuple[int, Handler]] = {
+    "topology": (int(Feature.FEATURE_TOPOLOGY), _topology),
+    "stream_shards": (int(Feature.FEATURE_STREAM_SHARDS), _stream_shards),
+    "cache_shards": (int(Feature.FEATURE_CACHE_SHARDS), _cache_shards),
+    "shard_owners": (int(Feature.FEATURE_SHARD_OWNERS), _shard_owners),
+}
+
+
+async def not_served(ex: Exchange, request: Any) -> None:
+    """The answer to a request the script does not serve: `unsupported` to a client
+    that offered FEATURE_UNSUPPORTED, else an error; never silence."""
+    name = _name_of(request)
+    request_id = getattr(request, "request_id", None)
+    if ex.client.has_feature(int(Feature.FEATURE_UNSUPPORTED)) and not ex.broker.script.legacy:
+        await ex.reply(Unsupported(request_type=name, request_id=request_id))
+    else:
+        await ex.reply(Error(message=f"{name} is not served by this scripted broker"))
 
 
 def _name_of(value: Any) -> str:

@@ -263,6 +263,9 @@ def _judge_ungated(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) ->
 
 
 def _judge_legacy(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
+    breaches = _violations(broker)
+    if breaches is not None:
+        return breaches
     if not any(r.payload == b"hello" for r in broker.requests("publish")) and not any(
         getattr(r, "payloads", None) == [b"hello"] for r in broker.requests("publish_batch")
     ):

@@ -74,7 +74,10 @@ async def run_client_case(case: ClientCase, command: str, scratch: Path) -> Case
             await adapter.call({"op": "close"})
     except AdapterError as exc:
         if verdict is not Verdict.PASS:
-            verdict, detail = Verdict.FAIL, f"adapter: {exc}"
+            # What the client put on the wire explains more than the adapter's silence.
+            breaches = "; ".join(broker.violations)
+            verdict = Verdict.FAIL
+            detail = f"{breaches} (then adapter: {exc})" if breaches else f"adapter: {exc}"
     except TimeoutError:
         verdict, detail = Verdict.FAIL, f"case did not finish within {CASE_TIMEOUT:g}s"
     finally:
