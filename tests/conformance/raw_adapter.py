@@ -9,6 +9,8 @@ Modes (each breaks one rule a client must keep):
   never-reads     reports success without reading any answer
   arrival-order   matches answers to requests by arrival order, not request_id
   binary-always   publishes acked binary batches even to a broker that negotiated nothing
+  resend          resends a refused publish once whatever its retry class, outcome_unknown too
+  strict-types    treats a message type it does not know as a protocol failure
 """
 
 from __future__ import annotations
@@ -49,27 +51,37 @@ from felix_wire.messages import (
     PublishError,
     PublishOk,
     Subscribe,
+    Unknown,
 )
 
-MODES = ("none", "no-flags", "ungated", "never-reads", "arrival-order", "binary-always")
+MODES = (
+    "none", "no-flags", "ungated", "never-reads", "arrival-order", "binary-always", "resend",
+    "strict-types",
+)  # fmt: skip
 FLAGS = 0x0004 | 0x0001 | 0x0008 | 0x0010 | 0x0200  # shared events, acked binary publish, codes
 FEATURES = int(Feature.FEATURE_ERROR_CODES) | int(Feature.FEATURE_UNSUPPORTED)
 
 
 class Reader:
-    def __init__(self, stream: Stream) -> None:
+    def __init__(self, stream: Stream, *, skip_unknown: bool = True) -> None:
         self.stream = stream
         self.frames = FrameReader()
         self.pending: list[Any] = []
+        self.skip_unknown = skip_unknown
 
     async def next(self, timeout: float = 8.0) -> Any:
         async with asyncio.timeout(timeout):
-            while not self.pending:
-                data = await self.stream.read()
-                if not data:
-                    raise ConnectionError("the broker ended the stream")
-                self.pending += [decode_payload(f.flags, f.payload) for f in self.frames.feed(data)]
-        return self.pending.pop(0)
+            while True:
+                while not self.pending:
+                    data = await self.stream.read()
+                    if not data:
+                        raise ConnectionError("the broker ended the stream")
+                    self.pending += [
+                        decode_payload(f.flags, f.payload) for f in self.frames.feed(data)
+                    ]
+                value = self.pending.pop(0)
+                if not (self.skip_unknown and isinstance(value, Unknown)):
+                    return value
 
 
 class RawClient:
@@ -97,7 +109,7 @@ class RawClient:
         )
         self.connection = await connect(config, host, int(port))
         stream = await self.connection.open_bidi_stream()
-        self.control = Reader(stream)
+        self.control = Reader(stream, skip_unknown=self.mode != "strict-types")
         self.tenant, self.namespace = request["tenant_id"], request["namespace"]
         if self.mode == "no-flags":
             auth = Auth(tenant_id=self.tenant, token=request["token"])
@@ -136,6 +148,11 @@ class RawClient:
         if self.mode == "never-reads":
             return _ok({"offset": None})
         answer = await self.control.next()
+        refused = isinstance(answer, PublishError) or (
+            isinstance(answer, PublishAckFrame) and answer.status != 0
+        )
+        if refused and self.mode == "resend" and not request.get("resent"):
+            return await self.publish({**request, "resent": True})
         if isinstance(answer, PublishOk):
             return _ok({"offset": answer.offset})
         if isinstance(answer, PublishError):

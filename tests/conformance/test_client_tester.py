@@ -45,16 +45,20 @@ def test_felix_client_passes_every_client_case(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(400)
 async def test_the_official_client_is_reported_case_by_case() -> None:
-    """The official client (felix-client 0.6.2) is judged like any other: its one
-    known gap, acked binary publishes to a broker that negotiated nothing (facts:
-    against a plain `ok` a client uses JSON for acked publishes), is a fail naming
-    the breach, not a kit error."""
+    """The official client (felix-client 0.6.2) is judged like any other: its two
+    gaps are fails naming what it did, not kit errors: acked binary publishes to a
+    broker that negotiated nothing (against a plain `ok` a client uses JSON for
+    acked publishes), and failing the publish on an unknown message type."""
     report = await run_client_cases(CLIENT_CASES, OFFICIAL_ADAPTER)
     verdicts = {r.case.id: (r.verdict, r.detail) for r in report.results}
     assert set(verdicts) == ALL
     legacy_verdict, legacy_detail = verdicts.pop("client.legacy-broker")
     assert legacy_verdict is Verdict.FAIL
     assert "flags 0x0008 the broker did not advertise" in legacy_detail
+    # It also gives up on a message type it does not know instead of skipping it.
+    unknown_verdict, unknown_detail = verdicts.pop("client.tolerates-unknown")
+    assert unknown_verdict is Verdict.FAIL
+    assert "Unknown" in unknown_detail
     assert {cid: v for cid, (v, _) in verdicts.items()} == dict.fromkeys(verdicts, Verdict.PASS)
 
 
@@ -69,6 +73,7 @@ async def test_the_official_client_is_reported_case_by_case() -> None:
             "never-reads",
             {
                 "client.publish-refused",
+                "client.outcome-unknown-not-resent",
                 "client.unknown-error-code",
                 "client.answers-out-of-order",
                 "client.subscribe-delivers",
@@ -76,6 +81,8 @@ async def test_the_official_client_is_reported_case_by_case() -> None:
         ),
         ("arrival-order", {"client.answers-out-of-order"}),
         ("binary-always", {"client.legacy-broker"}),
+        ("resend", {"client.outcome-unknown-not-resent"}),
+        ("strict-types", {"client.tolerates-unknown"}),
     ],
 )
 async def test_each_broken_client_is_caught(mode: str, caught: set[str]) -> None:

@@ -119,6 +119,11 @@ class Exchange:
         self.broker.log.sent(f"c{self.conn}/s{self.stream.stream_id}", _describe(value))
         await self.stream.write(data)
 
+    async def reply_raw(self, data: bytes, text: str) -> None:
+        """Send bytes no catalogue class builds (an unknown message type, an unknown field)."""
+        self.broker.log.sent(f"c{self.conn}/s{self.stream.stream_id}", text)
+        await self.stream.write(data)
+
     async def open_events(self, *frames: Any) -> Stream:
         """Open a unidirectional stream to the client and send frames on it."""
         stream = await self.connection.open_uni_stream()

@@ -14,11 +14,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+import msgspec
+
 from felix_wire.binary import AckStatus, EventBatchLegacyFrame, EventBatchSharedFrame
 from felix_wire.binary import PublishAckFrame as Ack
 from felix_wire.errors import ErrorCode, RetryClass
 from felix_wire.features import Feature
 from felix_wire.flags import KNOWN_FLAGS, Flag
+from felix_wire.frame import frame_bytes
 from felix_wire.messages import (
     CacheValue,
     Error,
@@ -124,6 +127,35 @@ def _refuse_publish(code: ErrorCode | str, retry: RetryClass) -> Handler:
         )
 
     return handler
+
+
+def _unknown_then_ack() -> Handler:
+    """A message type no catalogue has, then the ack (JSON acks with an unknown field)."""
+
+    async def handler(ex: Exchange, request: Any) -> None:
+        future = msgspec.json.encode({"type": "conformance_future_message", "words": [1, 2]})
+        await ex.reply_raw(frame_bytes(0, future), f"unknown message {future.decode()}")
+        request_id = getattr(request, "request_id", None)
+        if request_id is None:
+            return
+        offset = _OFFSET if ex.client.has(int(Flag.BINARY_PUBLISH_ACK_OFFSET)) else None
+        if ex.client.has(int(Flag.BINARY_PUBLISH_ACK)) and hasattr(request, "ack_mode"):
+            await ex.reply(
+                Ack(status=AckStatus.OK, request_id=request_id, message="", offset=offset)
+            )
+            return
+        body: dict[str, Any] = {"type": "publish_ok", "request_id": request_id}
+        if offset is not None:
+            body["offset"] = offset
+        ok = msgspec.json.encode({**body, "conformance_future_field": "x"})
+        await ex.reply_raw(frame_bytes(0, ok), f"publish_ok with an unknown field {ok.decode()}")
+
+    return handler
+
+
+def _outcome_unknown() -> Handler:
+    """Refuse every publish as quorum_timeout / outcome_unknown: it may have been applied."""
+    return _refuse_publish(ErrorCode.QUORUM_TIMEOUT, RetryClass.OUTCOME_UNKNOWN)
 
 
 def _out_of_order_gets(values: dict[str, bytes]) -> Handler:
@@ -235,6 +267,16 @@ def _judge_refused(code: str | None) -> Judge:
         return None
 
     return judge
+
+
+def _judge_not_resent(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
+    sent = [
+        r for r in broker.requests(BINARY_PUBLISH) if getattr(r, "payloads", None) == [b"hello"]
+    ]
+    sent += [r for r in broker.requests("publish") if r.payload == b"hello"]
+    if len(sent) > 1:
+        return f"the client sent the publish {len(sent)} times after an outcome_unknown refusal"
+    return _judge_refused("quorum_timeout")(broker, replies)
 
 
 def _judge_values(values: dict[str, bytes]) -> Judge:
@@ -350,6 +392,28 @@ CLIENT_CASES: tuple[ClientCase, ...] = (
         (_publish_op(),),
         _judge_refused(None),
         messages=("publish", "publish_error", "publish_batch", "publish_ack"),
+    ),
+    ClientCase(
+        "client.outcome-unknown-not-resent",
+        "a publish refused as outcome_unknown is reported, never sent again by the client",
+        "8 Error codes",
+        "A client MUST NOT resend on its own a request refused with retry class "
+        "outcome_unknown, since it may have been applied; it reports the refusal (8).",
+        _script(lambda: {BINARY_PUBLISH: _outcome_unknown(), "publish": _outcome_unknown()}),
+        (_publish_op(),),
+        _judge_not_resent,
+        messages=("publish", "publish_error", "publish_batch", "publish_ack"),
+    ),
+    ClientCase(
+        "client.tolerates-unknown",
+        "an unknown message type and an unknown field do not break the client",
+        "2 Frame envelope",
+        "A client MUST ignore a message type it does not know and fields it does not know, "
+        "and go on with the answers it is waiting for (G3, N8).",
+        _script(lambda: {BINARY_PUBLISH: _unknown_then_ack(), "publish": _unknown_then_ack()}),
+        (_publish_op(),),
+        _judge_publish_acked,
+        messages=("publish", "publish_ok", "publish_batch", "publish_ack"),
     ),
     ClientCase(
         "client.answers-out-of-order",
