@@ -221,11 +221,26 @@ def compute_coverage(cases: Sequence[Case]) -> Coverage:
     )
 
 
+def _needs(name: str) -> str:
+    """What the catalogue says a feature needs, where that explains a missing case."""
+    info = FEATURES.get(name)
+    if info is None:
+        return ""
+    if info.value is None:
+        return " (no bit value is known: never negotiable)"
+    availability = info.availability or ""
+    keep = ("cluster", "needs", "grant")
+    return f" ({availability})" if any(word in availability for word in keep) else ""
+
+
 def format_coverage(coverage: Coverage, *, show_missing: bool = True) -> str:
+    """Each dimension's count, what is exercised, and what has no case; a missing
+    feature carries what the catalogue says it needs (a cluster, a grant...)."""
     lines = []
     for d in coverage.dimensions:
         lines.append(f"{d.name}: {d.count}/{len(d.total)} exercised")
         lines.append("  exercised: " + (", ".join(n for n in d.total if n in d.covered) or "-"))
         if show_missing:
-            lines.append("  none: " + (", ".join(d.missing) or "-"))
+            missing = [n + (_needs(n) if d.name == "features" else "") for n in d.missing]
+            lines.append("  none: " + (", ".join(missing) or "-"))
     return "\n".join(lines) + "\n"

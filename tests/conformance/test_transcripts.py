@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from felix_conformance.corpus import load_corpus, load_file, select, shipped_dir
-from felix_conformance.coverage import compute_coverage
+from felix_conformance.coverage import compute_coverage, format_coverage
 from felix_conformance.matching import MissingVariableError, concrete, match, substitute
 from felix_conformance.schema import TranscriptError, validate_document
 from felix_wire.catalogue import BINARY_LAYOUTS
@@ -97,6 +97,13 @@ def test_coverage_never_drops() -> None:
     assert {k: counts[k] for k in COVERAGE_FLOOR} == {
         k: max(counts[k], floor) for k, floor in COVERAGE_FLOOR.items()
     }
+
+
+def test_coverage_says_what_a_missing_feature_needs() -> None:
+    text = format_coverage(compute_coverage(load_corpus()))
+    missing = next(line for line in text.splitlines() if line.startswith("  none: FEATURE_"))
+    assert "FEATURE_REDIRECT (brokers advertise it in a cluster only)" in missing
+    assert "FEATURE_STREAM_DELETED (no bit value is known: never negotiable)" in missing
 
 
 def test_coverage_counts_only_what_a_case_exercises(tmp_path: Path) -> None:
