@@ -11,6 +11,7 @@ Modes (each breaks one rule a client must keep):
   binary-always   publishes acked binary batches even to a broker that negotiated nothing
   resend          resends a refused publish once whatever its retry class, outcome_unknown too
   strict-types    treats a message type it does not know as a protocol failure
+  ignore-not-leader  offers FEATURE_REDIRECT but reports a not_leader as a failure
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ from felix_wire.messages import (
     CacheValue,
     Error,
     EventBatch,
+    NotLeader,
     Ok,
     Publish,
     PublishError,
@@ -56,10 +58,13 @@ from felix_wire.messages import (
 
 MODES = (
     "none", "no-flags", "ungated", "never-reads", "arrival-order", "binary-always", "resend",
-    "strict-types",
+    "strict-types", "ignore-not-leader",
 )  # fmt: skip
 FLAGS = 0x0004 | 0x0001 | 0x0008 | 0x0010 | 0x0200  # shared events, acked binary publish, codes
-FEATURES = int(Feature.FEATURE_ERROR_CODES) | int(Feature.FEATURE_UNSUPPORTED)
+FEATURES = (
+    int(Feature.FEATURE_ERROR_CODES) | int(Feature.FEATURE_UNSUPPORTED)
+    | int(Feature.FEATURE_REDIRECT)
+)  # fmt: skip
 
 
 class Reader:
@@ -93,6 +98,7 @@ class RawClient:
         self.legacy = False
         self.next_id = 0
         self.tenant = self.namespace = ""
+        self.connect_request: dict[str, Any] = {}
 
     def rid(self) -> int:
         self.next_id += 1
@@ -103,6 +109,7 @@ class RawClient:
         await self.control.stream.write(encode_frame(value))
 
     async def connect(self, request: dict[str, Any]) -> dict[str, Any]:
+        self.connect_request = request
         host, _, port = request["addr"].rpartition(":")
         config = TransportConfig.client(
             Path(request["ca_file"]).read_bytes(), server_name=request["server_name"]
@@ -210,7 +217,17 @@ class RawClient:
         )
         if self.mode == "never-reads":
             return _ok({"payloads": []})
-        await self.control.next()  # subscribed
+        answer = await self.control.next()  # subscribed, or not_leader
+        if isinstance(answer, NotLeader):
+            if self.mode == "ignore-not-leader" or answer.addr is None or request.get("hops"):
+                return _fail("broker", f"not the leader (node {answer.node_id})", "not_leader")
+            if self.connection is not None:
+                self.connection.close()
+            await self.connect({**self.connect_request, "addr": answer.addr})
+            return await self.subscribe({**request, "hops": 1})
+        if isinstance(answer, Error):
+            return _fail("broker", answer.message, answer.code, answer.retry)
+        assert self.connection is not None
         events = Reader(await self.connection.accept_stream())
         await events.next()  # event_stream_hello
         payloads: list[str] = []

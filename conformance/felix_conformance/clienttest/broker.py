@@ -27,6 +27,7 @@ from typing import Any
 import msgspec
 
 from felix_transport import (
+    CertKeyPair,
     Connection,
     ConnectionClosedError,
     Server,
@@ -157,9 +158,11 @@ def _describe(value: Any) -> str:
 class ScriptedBroker:
     """A QUIC server with its own CA, playing one `BrokerScript`."""
 
-    def __init__(self, script: BrokerScript) -> None:
+    def __init__(self, script: BrokerScript, *, ca: CertKeyPair | None = None) -> None:
         self.script = script
-        ca = generate_ca("Felix conformance client-tester CA")
+        # Brokers of one case share a CA, so a client redirected between them trusts both.
+        ca = ca or generate_ca("Felix conformance client-tester CA")
+        self.ca = ca
         leaf = generate_leaf(ca, dns_names=("localhost",), ip_addresses=("127.0.0.1", "::1"))
         self.ca_pem = ca.cert_pem
         self._config = TransportConfig.server(leaf.cert_pem + ca.cert_pem, leaf.key_pem)
@@ -170,6 +173,7 @@ class ScriptedBroker:
         self.seen: list[Seen] = []
         self.auths: list[Auth] = []
         self.violations: list[str] = []
+        self.peers: list[ScriptedBroker] = []  # the case's other brokers (redirect targets)
         # A legacy broker's client may assume the original v1 layouts, nothing more.
         self.advertised = (
             Capabilities(int(ORIGINAL_V1_FLAGS), 0)

@@ -27,6 +27,7 @@ from felix_wire.messages import (
     Error,
     EventBatch,
     EventStreamHello,
+    NotLeader,
     PublishError,
     PublishOk,
     Subscribed,
@@ -35,7 +36,7 @@ from felix_wire.messages import (
 from ..model import Level
 from .broker import BINARY_PUBLISH, BrokerScript, Exchange, Handler, ScriptedBroker
 
-__all__ = ["CLIENT_CASES", "ClientCase", "Judge"]
+__all__ = ["CLIENT_CASES", "ClientCase", "ClientUnsupportedError", "Judge"]
 
 TENANT = "t-client-test"
 NAMESPACE = "default"
@@ -53,11 +54,14 @@ class ClientCase:
     title: str
     section: str
     requirement: str
-    script: Callable[[], BrokerScript]  # a fresh script per run: handlers may keep state
+    # A fresh script per run (handlers may keep state), given the peers' addresses.
+    script: Callable[[Sequence[str]], BrokerScript]
     ops: tuple[dict[str, Any], ...]  # what the adapter is asked to do after connecting
     judge: Judge
     level: Level = Level.MUST
     messages: tuple[str, ...] = field(default=())
+    # Scripts of further brokers started first (same CA), e.g. a redirect's target.
+    peers: tuple[Callable[[Sequence[str]], BrokerScript], ...] = ()
 
 
 def _b64(data: bytes) -> str:
@@ -156,6 +160,27 @@ def _unknown_then_ack() -> Handler:
 def _outcome_unknown() -> Handler:
     """Refuse every publish as quorum_timeout / outcome_unknown: it may have been applied."""
     return _refuse_publish(ErrorCode.QUORUM_TIMEOUT, RetryClass.OUTCOME_UNKNOWN)
+
+
+class ClientUnsupportedError(Exception):
+    """The client did not offer what the case exercises: the case does not apply."""
+
+
+def _redirect_to(peers: Sequence[str]) -> Handler:
+    """Answer subscribe with not_leader naming the peer (D2), or, to a client that did
+    not offer FEATURE_REDIRECT, with the error code not_leader."""
+
+    async def handler(ex: Exchange, request: Any) -> None:
+        if ex.client.has_feature(int(Feature.FEATURE_REDIRECT)):
+            await ex.reply(NotLeader(node_id="peer-1", addr=peers[0], generation=1))
+        elif ex.client.has_feature(int(Feature.FEATURE_ERROR_CODES)):
+            await ex.reply(
+                Error(message="not the leader", code="not_leader", retry=RetryClass.REDIRECT.wire)
+            )
+        else:
+            await ex.reply(Error(message="not the leader"))
+
+    return handler
 
 
 def _out_of_order_gets(values: dict[str, bytes]) -> Handler:
@@ -324,6 +349,19 @@ def _judge_subscribe(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) 
     return None if got == want else f"events {got}, the broker sent {want}"
 
 
+def _judge_followed(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
+    offered = any(
+        a.client_features is not None and a.client_features & int(Feature.FEATURE_REDIRECT)
+        for a in broker.auths
+    )
+    if not offered:
+        raise ClientUnsupportedError("the client did not offer FEATURE_REDIRECT")
+    (peer,) = broker.peers
+    if not peer.requests("subscribe"):
+        return "the client did not follow not_leader to the broker it named"
+    return _first(_violations(peer), _judge_subscribe(broker, replies))
+
+
 def _publish_op(ack: str = "per_message") -> dict[str, Any]:
     return {"op": "publish", "stream": "orders", "payload": _b64(b"hello"), "ack": ack}
 
@@ -332,10 +370,12 @@ _VALUES = {"k1": b"value-one", "k2": b"value-two"}
 _FULL = BrokerScript(KNOWN_FLAGS, _ALL_FEATURES)
 
 
-def _script(handlers: Callable[[], dict[str, Handler]] = dict) -> Callable[[], BrokerScript]:
+def _script(
+    handlers: Callable[[], dict[str, Handler]] = dict,
+) -> Callable[[Sequence[str]], BrokerScript]:
     """A broker advertising everything; `handlers` is called per run, so no state
     (a held answer, a count) outlives the run it belongs to."""
-    return lambda: BrokerScript(_FULL.flags, _FULL.features, handlers())
+    return lambda peers: BrokerScript(_FULL.flags, _FULL.features, handlers())
 
 
 CLIENT_CASES: tuple[ClientCase, ...] = (
@@ -431,7 +471,7 @@ CLIENT_CASES: tuple[ClientCase, ...] = (
         "6 Negotiation",
         "A client MUST NOT send a request whose feature the broker did not advertise; it "
         "reports the operation as unsupported instead (N4).",
-        lambda: BrokerScript(
+        lambda peers: BrokerScript(
             KNOWN_FLAGS,
             _ALL_FEATURES & ~int(Feature.FEATURE_CACHE_DELETE),
             {"cache_delete": _refuse_ungated},
@@ -446,12 +486,24 @@ CLIENT_CASES: tuple[ClientCase, ...] = (
         "6 Negotiation",
         "A client MUST, when auth is answered with a plain ok (a broker that negotiates "
         "nothing), send only JSON messages (N2, N3).",
-        lambda: BrokerScript(
+        lambda peers: BrokerScript(
             0, 0, {"publish": _ack_publish, "publish_batch": _ack_publish}, legacy=True
         ),
         (_publish_op(),),
         _judge_legacy,
         messages=("auth", "ok", "publish", "publish_ok"),
+    ),
+    ClientCase(
+        "client.not-leader-followed",
+        "a subscribe answered with not_leader is sent again to the broker it names",
+        "9 Topology and redirects",
+        "A client that offered FEATURE_REDIRECT MUST follow not_leader to the broker whose "
+        "addr it names and subscribe there (D2).",
+        lambda peers: BrokerScript(_FULL.flags, _FULL.features, {"subscribe": _redirect_to(peers)}),
+        ({"op": "subscribe", "stream": "orders", "count": 2, "timeout": 10},),
+        _judge_followed,
+        messages=("subscribe", "not_leader", "subscribed", "event_stream_hello"),
+        peers=(_script(lambda: {"subscribe": _subscribe}),),
     ),
     ClientCase(
         "client.subscribe-delivers",

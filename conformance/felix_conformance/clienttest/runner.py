@@ -12,11 +12,13 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from felix_transport import generate_ca
+
 from ..model import Case, Level
 from ..verdicts import CaseResult, RunReport, Verdict
 from .adapter import Adapter, AdapterError
 from .broker import ScriptedBroker
-from .cases import CLIENT_CASES, NAMESPACE, TENANT, TOKEN, ClientCase
+from .cases import CLIENT_CASES, NAMESPACE, TENANT, TOKEN, ClientCase, ClientUnsupportedError
 
 __all__ = ["as_case", "run_client_case", "run_client_cases", "select_client_cases"]
 
@@ -47,7 +49,16 @@ def select_client_cases(
 
 async def run_client_case(case: ClientCase, command: str, scratch: Path) -> CaseResult:
     started = time.monotonic()
-    broker = ScriptedBroker(case.script())
+    peers: list[ScriptedBroker] = []
+    addresses: list[str] = []
+    ca = generate_ca("Felix conformance client-tester CA")
+    for peer_script in case.peers:
+        peer = ScriptedBroker(peer_script(()), ca=ca)
+        peer_host, peer_port = await peer.start()
+        peers.append(peer)
+        addresses.append(f"{peer_host}:{peer_port}")
+    broker = ScriptedBroker(case.script(addresses), ca=ca)
+    broker.peers = peers
     ca_file = scratch / f"{case.id}-ca.pem"
     ca_file.write_bytes(broker.ca_pem)
     host, port = await broker.start()
@@ -69,11 +80,16 @@ async def run_client_case(case: ClientCase, command: str, scratch: Path) -> Case
             for op in case.ops:
                 replies.append(await adapter.call(op))
             await asyncio.sleep(0.1)  # let the broker see what the client sent last
-            problem = case.judge(broker, replies)
-            verdict, detail = (Verdict.PASS, "") if problem is None else (Verdict.FAIL, problem)
+            try:
+                problem = case.judge(broker, replies)
+            except ClientUnsupportedError as exc:
+                verdict, detail = Verdict.UNSUPPORTED, str(exc)
+            else:
+                verdict = Verdict.PASS if problem is None else Verdict.FAIL
+                detail = problem or ""
             await adapter.call({"op": "close"})
     except AdapterError as exc:
-        if verdict is not Verdict.PASS:
+        if verdict not in (Verdict.PASS, Verdict.UNSUPPORTED):
             # What the client put on the wire explains more than the adapter's silence.
             breaches = "; ".join(broker.violations)
             verdict = Verdict.FAIL
@@ -83,7 +99,12 @@ async def run_client_case(case: ClientCase, command: str, scratch: Path) -> Case
     finally:
         stderr = await adapter.stop()
         await broker.close()
-    log = broker.log.text() + "".join(f"{line}\n" for line in adapter.transcript)
+        for peer in peers:
+            await peer.close()
+    log = broker.log.text()
+    for number, peer in enumerate(peers, 1):
+        log += f"-- peer broker {number} ({addresses[number - 1]}):\n" + peer.log.text()
+    log += "".join(f"{line}\n" for line in adapter.transcript)
     if stderr.strip():
         log += "adapter stderr (tail):\n" + stderr[-4000:]
     if case.level is Level.INFO and verdict in (Verdict.PASS, Verdict.FAIL):
