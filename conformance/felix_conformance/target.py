@@ -74,6 +74,7 @@ FIXTURE_VARIABLES = (
     "single_shard_cache",
 )
 CONNECT_TIMEOUT = 10.0
+CONNECT_ATTEMPTS = 2
 
 
 class TargetUnreachableError(Exception):
@@ -109,12 +110,19 @@ class Target:
         return TransportConfig.client(self.ca_pem, server_name=self.server_name)
 
     async def connect(self) -> Connection:
-        try:
-            return await asyncio.wait_for(
-                connect(self.transport_config(), self.host, self.port), CONNECT_TIMEOUT
-            )
-        except (ConnectionClosedError, OSError, TimeoutError) as exc:
-            raise TargetUnreachableError(f"cannot connect to {self.address}: {exc}") from None
+        """A new connection. A handshake that fails is tried once more: on a loaded
+        machine a lost Initial packet can end one in an idle timeout, and a case
+        must not fail for that; two failures in a row are the target's."""
+        problems: list[str] = []
+        for _attempt in range(CONNECT_ATTEMPTS):
+            try:
+                return await asyncio.wait_for(
+                    connect(self.transport_config(), self.host, self.port), CONNECT_TIMEOUT
+                )
+            except (ConnectionClosedError, OSError, TimeoutError) as exc:
+                problems.append(str(exc) or type(exc).__name__)
+                _log.warning("connecting to %s failed: %s", self.address, problems[-1])
+        raise TargetUnreachableError(f"cannot connect to {self.address}: {'; '.join(problems)}")
 
 
 def target_from_fixture(path: Path, *, server_name: str | None = None) -> Target:
