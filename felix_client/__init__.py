@@ -54,6 +54,18 @@ from .errors import (
     UnknownCodeError,
 )
 from .groups import ClaimedRecord, Consumer, ConsumerRecord, Group, GroupState, SeekResult
+from .guarded import OffsetMismatchError, StateEntry
+from .inspect import ShardInspection, SubscriptionCursor, SubscriptionsPage
+from .producer import (
+    Producer,
+    ProducerClosedError,
+    ProducerError,
+    SequenceError,
+    SequenceExpiredError,
+    SequenceGapError,
+    SequenceReusedError,
+    UnknownProducerError,
+)
 from .retry import retry, should_retry
 from .subscription import Event, ShardedFeed, Start, StartVector, StreamSubscription, Subscription
 
@@ -89,14 +101,23 @@ __all__ = [
     "NotFoundError",
     "NotLeaderError",
     "NotSupportedByBrokerError",
+    "OffsetMismatchError",
     "OverloadedError",
     "PayloadTooLargeError",
+    "Producer",
+    "ProducerClosedError",
+    "ProducerError",
     "ProtocolViolationError",
     "QuorumTimeoutError",
     "ReadPage",
     "RetryClass",
     "RevokedError",
     "SeekResult",
+    "SequenceError",
+    "SequenceExpiredError",
+    "SequenceGapError",
+    "SequenceReusedError",
+    "ShardInspection",
     "ShardKind",
     "ShardLostError",
     "ShardUnavailableError",
@@ -106,13 +127,17 @@ __all__ = [
     "StaleWidthError",
     "Start",
     "StartVector",
+    "StateEntry",
     "StorageError",
     "StreamRecord",
     "StreamSubscription",
     "Subscription",
+    "SubscriptionCursor",
+    "SubscriptionsPage",
     "UnacknowledgedError",
     "UnauthenticatedError",
     "UnknownCodeError",
+    "UnknownProducerError",
     "__version__",
     "connect",
     "retry",

@@ -229,6 +229,38 @@ class Channel:
         finally:
             self._budget.release(size)
 
+    async def send_idempotent(
+        self,
+        *,
+        namespace: str,
+        stream: str,
+        payloads: list[bytes],
+        key: bytes | None,
+        producer_id: int,
+        sequence: int,
+    ) -> asyncio.Future[Answer]:
+        """Write one idempotent batch and return the future of its answer (await it
+        with `answer`). Not bounded here: the producer bounds its own batches."""
+        session = self._session
+
+        def build() -> tuple[int | None, bytes]:
+            return session.publish_idempotent(
+                namespace=namespace,
+                stream=stream,
+                payloads=payloads,
+                key=key,
+                producer_id=producer_id,
+                sequence=sequence,
+            )
+
+        future = await self._send(build)
+        assert future is not None
+        return future
+
+    async def answer(self, future: asyncio.Future[Answer], timeout: float) -> Answer:
+        """Wait for the answer of a request written by `send_idempotent`."""
+        return await self._wait(future, timeout)
+
     async def _send(
         self, build: Callable[[], tuple[int | None, bytes]]
     ) -> asyncio.Future[Answer] | None:
@@ -247,6 +279,11 @@ class Channel:
             except StreamClosedError as exc:
                 self.abandon(ConnectionLostError(f"{self.label}: {exc}"))
                 raise ConnectionLostError(f"{self.label}: {exc}") from exc
+            except Exception as exc:
+                # The transport failed underneath (a connection closing as it was
+                # written to): the stream is as lost as after StreamClosedError.
+                self.abandon(ConnectionLostError(f"{self.label}: {exc}"))
+                raise ConnectionLostError(f"{self.label}: write failed: {exc}") from exc
             except asyncio.CancelledError:
                 # Whether the frame left is unknown, so answers without a request id
                 # could no longer be matched by position: retire the stream.
@@ -341,8 +378,12 @@ class Channel:
         self._handle(self._session.abort(error or ConnectionLostError(f"{self.label}: closed")))
         if self._reader is not None:
             self._reader.cancel()
-        self._stream.reset(0)
-        self._stream.stop_sending(0)
+        # A connection closed locally a moment ago may refuse both (its QUIC core
+        # is gone before the transport says so): the stream is over either way.
+        with contextlib.suppress(Exception):
+            self._stream.reset(0)
+        with contextlib.suppress(Exception):
+            self._stream.stop_sending(0)
 
     async def aclose(self) -> None:
         """Finish the stream after what was written; answers still pending fail."""

@@ -48,6 +48,7 @@ from felix_wire.messages import (
     Publish,
     PublishBatch,
     PublishError,
+    PublishIdempotent,
     PublishOk,
     SubscribeCursorError,
     Unknown,
@@ -86,10 +87,11 @@ class Offer:
     features: int
 
 
-# Every layout and modifier this client decodes. Idempotent publishes are not
-# implemented yet, so their frame bit is not offered.
+# Every layout and modifier this client decodes or sends (idempotent frames are
+# sent by `producer.Producer`).
 _OFFERED_FLAGS = int(
-    Flag.BINARY_PUBLISH_BATCH
+    Flag.BINARY_PUBLISH_IDEMPOTENT
+    | Flag.BINARY_PUBLISH_BATCH
     | Flag.BINARY_EVENT_BATCH
     | Flag.BINARY_EVENT_BATCH_SHARED
     | Flag.BINARY_PUBLISH_ACKED
@@ -117,6 +119,8 @@ _OFFERED_FEATURES = int(
     | Feature.FEATURE_GROUP_SKIPPED
     | Feature.FEATURE_GROUP_PUBLISHER
     | Feature.FEATURE_RECORD_TIMESTAMPS
+    # A reused sequence with other payloads is refused, not silently dropped.
+    | Feature.FEATURE_SEQUENCE_REUSED
 )
 DEFAULT_OFFER = Offer(_OFFERED_FLAGS, _OFFERED_FEATURES)
 
@@ -206,7 +210,7 @@ SessionEvent = Authenticated | AuthRefused | Answered | Refused | Unsolicited | 
 
 # Publishes are answered by request_id, always; they never take an answer
 # without one, so positional matching skips them.
-_PUBLISH_TYPES = frozenset({"publish", "publish_batch"})
+_PUBLISH_TYPES = frozenset({"publish", "publish_batch", "publish_idempotent"})
 # Answers the protocol sends without a request_id, and the requests they can answer.
 _CURSOR_REQUESTS = frozenset({"subscribe", "cache_watch", "stream_read"})
 
@@ -408,6 +412,57 @@ class Session:
         frame = _fitting(frame, "a publish")
         if request_id is not None:
             self._keyed[request_id] = kind
+        return request_id, frame
+
+    def publish_idempotent(
+        self,
+        *,
+        namespace: str,
+        stream: str,
+        payloads: list[bytes],
+        key: bytes | None,
+        producer_id: int,
+        sequence: int,
+    ) -> tuple[int, bytes]:
+        """Batch `sequence` of idempotent producer `producer_id`: the binary frame
+        (flag 0x0100 on an acked batch) when the broker reads it, else JSON
+        `publish_idempotent`. Always answered in JSON (publish_ok / publish_error /
+        publish_refused), matched by the returned request id."""
+        peer = self._peer()
+        request_id = self._take_id()
+        message = PublishIdempotent(
+            tenant_id=self.tenant_id,
+            namespace=namespace,
+            stream=stream,
+            payloads=payloads,
+            key=key,
+            request_id=request_id,
+            producer_id=producer_id,
+            sequence=sequence,
+        )
+        check_supported(message, peer)
+        needed = Flag.BINARY_PUBLISH_BATCH | Flag.BINARY_PUBLISH_ACKED
+        needed |= Flag.BINARY_PUBLISH_IDEMPOTENT
+        if key is not None:
+            needed |= Flag.BINARY_PUBLISH_KEYED
+        if peer.has(flags=int(needed)):
+            frame = encode_frame(
+                PublishBatchFrame(
+                    request_id=request_id,
+                    ack_mode=BinaryAckMode.PER_BATCH,
+                    producer_id=producer_id,
+                    sequence=sequence,
+                    key=key,
+                    tenant_id=self.tenant_id,
+                    namespace=namespace,
+                    stream=stream,
+                    payloads=payloads,
+                )
+            )
+        else:
+            frame = encode_frame(message)
+        frame = _fitting(frame, "an idempotent publish")
+        self._keyed[request_id] = "publish_idempotent"
         return request_id, frame
 
     def forget(self, request_id: int) -> None:

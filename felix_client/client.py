@@ -35,6 +35,7 @@ from felix_wire.messages import (
     OffsetForTime,
     OffsetValue,
     PublishOk,
+    ShardInspection,
     ShardKind,
     ShardOwner,
     ShardOwners,
@@ -46,9 +47,14 @@ from felix_wire.messages import (
     StreamShardsView,
     Subscribe,
     Subscribed,
+    SubscriptionCursor,
+    SubscriptionFilter,
+    SubscriptionsList,
 )
 from felix_wire.routing import RoutingMode, shard_for_key
 
+from . import guarded
+from . import inspect as inspection
 from ._channel import Channel
 from ._order import Lanes
 from ._pool import Dialer, EventHandoff, Link, Pool
@@ -61,6 +67,9 @@ from .errors import (
     ProtocolViolationError,
 )
 from .groups import Consumer, Group
+from .guarded import StateEntry
+from .inspect import SubscriptionsPage
+from .producer import MAX_IN_FLIGHT, Producer
 from .subscription import (
     Event,
     Feed,
@@ -372,6 +381,17 @@ class Client:
         the broker answers out of order, refusing with an `error` that names no
         request). Idle streams are reused; one whose request was given up on is
         retired, since its late answer would meet the next request."""
+        answer = await self._exclusive_raw(build, timeout=timeout)
+        if not isinstance(answer, answer_type):
+            raise ProtocolViolationError(
+                f"{message_type(build(0))} answered with {type(answer).__name__}"
+            )
+        return answer
+
+    async def _exclusive_raw(
+        self, build: Callable[[int], Message], *, timeout: float | None = None
+    ) -> Message:
+        """`_exclusive_call` for a request with several kinds of answer."""
         self._require(build(0))
         async with self._exclusive_slots:
             channel = None
@@ -392,10 +412,6 @@ class Client:
                     self._exclusive_idle.append(channel)
                 raise
             self._exclusive_idle.append(channel)
-        if not isinstance(answer, answer_type):
-            raise ProtocolViolationError(
-                f"{message_type(build(0))} answered with {type(answer).__name__}"
-            )
         return answer
 
     async def _request_channel(self, hint: int | None) -> Channel:
@@ -827,4 +843,143 @@ class Client:
             wait=wait,
             visibility=visibility,
             shards=None if shards is None else list(shards),
+        )
+
+    # -- idempotent producers, conditional writes, commits, inspection ---------------
+    # (the work is in producer.py, guarded.py and inspect.py)
+
+    def producer(
+        self,
+        stream: str,
+        *,
+        producer_id: int | None = None,
+        next_sequences: Mapping[int, int] | None = None,
+        max_in_flight: int = MAX_IN_FLIGHT,
+        resend_timeout: float = 30.0,
+        timeout: float | None = None,
+        namespace: str | None = None,
+    ) -> Producer:
+        """An idempotent producer of `stream`: `async with client.producer("orders")
+        as producer: await producer.publish(b"...", key=b"k")`. Each batch lands
+        exactly once, resent after a failure under its own sequence. See `Producer`."""
+        return Producer(
+            self,
+            stream,
+            self._ns(namespace),
+            producer_id=producer_id,
+            next_sequences=next_sequences,
+            max_in_flight=max_in_flight,
+            resend_timeout=resend_timeout,
+            timeout=timeout,
+        )
+
+    async def publish_if(
+        self,
+        stream: str,
+        payloads: bytes | Sequence[bytes],
+        *,
+        expected_offset: int,
+        key: bytes | None = None,
+        namespace: str | None = None,
+        timeout: float | None = None,
+    ) -> int:
+        """Append only if the batch would start at `expected_offset` (the tail of the
+        shard `key` routes to); returns its first offset once durable. Raises
+        `OffsetMismatchError` (with the `tail`) and writes nothing otherwise."""
+        batch = [payloads] if isinstance(payloads, bytes) else list(payloads)
+        return await guarded.publish_if(
+            self,
+            self._ns(namespace),
+            stream,
+            batch,
+            expected_offset=expected_offset,
+            key=key,
+            timeout=timeout,
+        )
+
+    async def commit(
+        self,
+        stream: str,
+        entity_key: bytes,
+        event: bytes,
+        *,
+        changes: Mapping[str, bytes | None] | None = None,
+        expected_offset: int | None = None,
+        namespace: str | None = None,
+        timeout: float | None = None,
+    ) -> int:
+        """Append `event` and apply `changes` to `entity_key`'s state (a value puts
+        the key, None deletes it) as one record; returns its offset, which is the
+        version of every key written. With `expected_offset`, only at that tail
+        (else `OffsetMismatchError`). Durable streams only."""
+        return await guarded.commit(
+            self,
+            self._ns(namespace),
+            stream,
+            entity_key,
+            event,
+            changes=changes or {},
+            expected_offset=expected_offset,
+            timeout=timeout,
+        )
+
+    async def state_get(
+        self,
+        stream: str,
+        entity_key: bytes,
+        key: str,
+        *,
+        namespace: str | None = None,
+        timeout: float | None = None,
+    ) -> StateEntry:
+        """One key of `entity_key`'s committed state (value None: never written or deleted)."""
+        return await guarded.state_get(
+            self, self._ns(namespace), stream, entity_key, key, timeout=timeout
+        )
+
+    async def shard_inspect(
+        self,
+        name: str,
+        *,
+        shard: int = 0,
+        kind: ShardKind | str = ShardKind.STREAM,
+        namespace: str | None = None,
+        timeout: float | None = None,
+    ) -> ShardInspection:
+        """What the broker knows of one shard of a stream or cache (needs
+        `node.view:cluster:*`, else `ForbiddenError`)."""
+        return await inspection.shard_inspect(
+            self, self._ns(namespace), name, shard, ShardKind(kind), timeout
+        )
+
+    def subscriptions_list(
+        self,
+        *,
+        tenant_id: str | None = None,
+        namespace: str | None = None,
+        stream: str | None = None,
+        shard: int | None = None,
+        principal: str | None = None,
+        dropping: bool = False,
+        limit: int | None = None,
+        cursor: SubscriptionCursor | None = None,
+        timeout: float | None = None,
+    ) -> AsyncIterator[SubscriptionsPage]:
+        """Pages of the broker's subscriptions matching the filter (every field
+        optional; `limit` entries per page, broker default 100, at most 1,000),
+        from `cursor` or the start; needs `node.view:cluster:*`. Each page's
+        `next_cursor` resumes the listing later."""
+        if limit is not None and not 1 <= limit <= inspection.MAX_PAGE:
+            raise ValueError(f"limit must be within 1..{inspection.MAX_PAGE}")
+        self._require(SubscriptionsList(request_id=0))
+        flt = SubscriptionFilter(
+            tenant_id=tenant_id,
+            namespace=namespace,
+            stream=stream,
+            shard=shard,
+            principal=principal,
+            dropping=dropping,
+        )
+        return inspection.subscriptions_pages(
+            self, flt, limit=limit, cursor=cursor, timeout=timeout
         )
