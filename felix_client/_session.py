@@ -121,6 +121,9 @@ _OFFERED_FEATURES = int(
     | Feature.FEATURE_RECORD_TIMESTAMPS
     # A reused sequence with other payloads is refused, not silently dropped.
     | Feature.FEATURE_SEQUENCE_REUSED
+    # An extended-word bit: offering it sets the marker, so the broker sends its
+    # own extended word (where FEATURE_INSPECT is advertised).
+    | Feature.FEATURE_INSPECT
 )
 DEFAULT_OFFER = Offer(_OFFERED_FLAGS, _OFFERED_FEATURES)
 
