@@ -19,7 +19,7 @@ from felix_client.errors import CursorError, NotSupportedByBrokerError, Protocol
 from felix_wire.binary import AckStatus, PublishAckFrame, PublishBatchFrame
 from felix_wire.codec import decode_payload, encode_frame
 from felix_wire.errors import ErrorCode, NotFoundError, RetryClass, UnauthenticatedError
-from felix_wire.features import Feature
+from felix_wire.features import FEATURE_EXTENDED, Feature
 from felix_wire.flags import ORIGINAL_V1_FLAGS, Flag
 from felix_wire.frame import FrameReader
 from felix_wire.messages import (
@@ -91,9 +91,12 @@ def test_auth_frame_offers_what_the_client_implements() -> None:
     assert (
         auth.client_flags & Flag.BINARY_PUBLISH_ACK and auth.client_flags & Flag.EVENT_BATCH_OFFSETS
     )
-    # Idempotent publishes are not implemented yet, so their frame bit is not offered.
-    assert not auth.client_flags & Flag.BINARY_PUBLISH_IDEMPOTENT
+    # The producer sends idempotent frames; a reused sequence is to be refused.
+    assert auth.client_flags & Flag.BINARY_PUBLISH_IDEMPOTENT
     assert auth.client_features is not None and auth.client_features & Feature.FEATURE_ERROR_CODES
+    assert auth.client_features & Feature.FEATURE_SEQUENCE_REUSED
+    # An extended bit is offered, so the marker asks for the broker's extended word.
+    assert auth.client_features & FEATURE_EXTENDED and auth.client_features_hi
     with pytest.raises(RuntimeError):
         session.auth_frame("again")
 
