@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import jwt
+import msgspec
 
 from felix_transport import __version__
 
@@ -95,6 +96,9 @@ def _parser() -> argparse.ArgumentParser:
     publish.add_argument("--key", help="routing key")
     publish.add_argument("--ack", choices=["none", "per_message"], default="per_message")
     publish.add_argument("--batch", action="store_true", help="send all messages as one batch")
+    publish.add_argument(
+        "--idempotent", action="store_true", help="through an idempotent producer (lands once)"
+    )
 
     subscribe = commands.add_parser("subscribe", parents=[common], help="print events")
     subscribe.add_argument("stream")
@@ -144,6 +148,7 @@ def _parser() -> argparse.ArgumentParser:
     counter_get.add_argument("key")
 
     _group_commands(commands, common)
+    _guarded_commands(commands, common)
 
     consume = commands.add_parser(
         "consume", parents=[common], help="print a group's records and ack each one"
@@ -271,6 +276,11 @@ def _start(text: str) -> Start:
 
 
 async def _publish(client: Client, args: argparse.Namespace) -> None:
+    if args.idempotent:
+        if args.ack == "none":
+            raise UsageError("--idempotent publishes are always acknowledged; drop --ack none")
+        await _publish_idempotent(client, args)
+        return
     messages = [m.encode() for m in args.messages] or [
         line.rstrip("\n").encode() for line in sys.stdin
     ]
@@ -291,6 +301,24 @@ async def _publish(client: Client, args: argparse.Namespace) -> None:
 def _published(count: int, offset: int | None) -> str:
     where = f" at offset {offset}" if offset is not None else ""
     return f"published {count} record(s){where}"
+
+
+async def _publish_idempotent(client: Client, args: argparse.Namespace) -> None:
+    messages = [m.encode() for m in args.messages] or [
+        line.rstrip("\n").encode() for line in sys.stdin
+    ]
+    key = args.key.encode() if args.key is not None else None
+    async with client.producer(args.stream) as producer:
+        if args.batch and messages:
+            offset = await producer.publish_batch(messages, key=key)
+            record = {"published": len(messages), "offset": offset}
+            _emit(args, record, _published(len(messages), offset))
+            return
+        # Pipelined (up to the producer's 64 in flight), printed in order.
+        futures = [await producer.send(message, key=key) for message in messages]
+        for future in futures:
+            offset = await future
+            _emit(args, {"published": 1, "offset": offset}, _published(1, offset))
 
 
 async def _subscribe(client: Client, args: argparse.Namespace) -> None:
@@ -559,6 +587,114 @@ async def _consume(client: Client, args: argparse.Namespace) -> None:
             seen += 1
 
 
+# -- commit, state, inspect -------------------------------------------------------
+
+
+def _guarded_commands(
+    commands: argparse._SubParsersAction[argparse.ArgumentParser],
+    common: argparse.ArgumentParser,
+) -> None:
+    commit = commands.add_parser(
+        "commit", parents=[common], help="append an event and change its entity's state"
+    )
+    commit.add_argument("stream")
+    commit.add_argument("entity_key", help="the entity (routes like a publish key)")
+    commit.add_argument("event", help="the event appended")
+    commit.add_argument(
+        "--put", action="append", default=[], metavar="KEY=VALUE", help="set a key (repeatable)"
+    )
+    commit.add_argument(
+        "--delete", action="append", default=[], metavar="KEY", help="remove a key (repeatable)"
+    )
+    commit.add_argument("--expected-offset", type=int, help="only if the shard's tail is this")
+
+    state = commands.add_parser("state", help="an entity's committed state")
+    state_ops = state.add_subparsers(dest="op", required=True)
+    get = state_ops.add_parser("get", parents=[common], help="print one key of the state")
+    get.add_argument("stream")
+    get.add_argument("entity_key")
+    get.add_argument("key")
+
+    inspect = commands.add_parser("inspect", help="operator views (need node.view:cluster:*)")
+    inspect_ops = inspect.add_subparsers(dest="op", required=True)
+    shard = inspect_ops.add_parser("shard", parents=[common], help="what the broker holds")
+    shard.add_argument("name", help="stream or cache")
+    shard.add_argument("--shard", type=int, default=0, help="default 0")
+    shard.add_argument("--kind", choices=["stream", "cache"], default="stream")
+    subs = inspect_ops.add_parser("subscriptions", parents=[common], help="list subscriptions")
+    subs.add_argument("--stream", help="only this stream")
+    subs.add_argument("--shard", type=int, help="only this shard")
+    subs.add_argument("--principal", help="only this token subject")
+    subs.add_argument("--dropping", action="store_true", help="only those that dropped records")
+    subs.add_argument("--page-size", type=_count, help="entries per request (broker default 100)")
+
+
+def _changes(args: argparse.Namespace) -> dict[str, bytes | None]:
+    changes: dict[str, bytes | None] = {}
+    for item in args.put:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UsageError(f"--put takes KEY=VALUE, not {item!r}")
+        changes[key] = value.encode()
+    for key in args.delete:
+        changes[key] = None
+    return changes
+
+
+async def _commit(client: Client, args: argparse.Namespace) -> None:
+    changes = _changes(args)
+    if args.expected_offset is not None and args.expected_offset < 0:
+        raise UsageError("--expected-offset is never negative")
+    offset = await client.commit(
+        args.stream,
+        args.entity_key.encode(),
+        args.event.encode(),
+        changes=changes,
+        expected_offset=args.expected_offset,
+    )
+    _emit(args, {"offset": offset, "changes": len(changes)}, f"committed at offset {offset}")
+
+
+async def _state(client: Client, args: argparse.Namespace) -> None:
+    entry = await client.state_get(args.stream, args.entity_key.encode(), args.key)
+    record: dict[str, Any] = {"key": args.key, "version": entry.version, "as_of": entry.as_of}
+    if entry.value is None:
+        record["value"] = None
+        _emit(args, record, f"{args.key}: (none)")
+        return
+    record.update(_payload_fields(entry.value))
+    _emit(args, record, f"{args.key}: {_text(entry.value)} (version {entry.version})")
+
+
+async def _inspect(client: Client, args: argparse.Namespace) -> None:
+    if args.op == "shard":
+        view = await client.shard_inspect(args.name, shard=args.shard, kind=args.kind)
+        serving = "serving" if view.serving else f"not serving ({view.reason or 'no reason'})"
+        tail = "" if view.tail is None else f", tail {view.tail}"
+        line = (
+            f"{args.kind} {args.name} shard {args.shard}: {view.role} {view.phase} {serving}"
+            f"{tail}, {view.shards} shard(s)"
+        )
+        _emit(args, msgspec.to_builtins(view), line)
+        return
+    pages = client.subscriptions_list(
+        stream=args.stream,
+        shard=args.shard,
+        principal=args.principal,
+        dropping=args.dropping,
+        limit=args.page_size,
+    )
+    async for page in pages:
+        for sub in page.subscriptions:
+            where = f"{sub.tenant_id}/{sub.namespace}/{sub.stream}[{sub.shard}]"
+            who = f" {sub.principal}" if sub.principal else ""
+            line = (
+                f"{where} #{sub.subscriber_id}{who} {sub.policy} depth {sub.depth}/{sub.capacity}"
+                f" dropped {sub.dropped} tail {sub.tail}"
+            )
+            _emit(args, msgspec.to_builtins(sub), line)
+
+
 _COMMANDS: dict[str, Callable[[Client, argparse.Namespace], Awaitable[None]]] = {
     "publish": _publish,
     "subscribe": _subscribe,
@@ -567,6 +703,9 @@ _COMMANDS: dict[str, Callable[[Client, argparse.Namespace], Awaitable[None]]] = 
     "counter": _counter,
     "group": _group,
     "consume": _consume,
+    "commit": _commit,
+    "state": _state,
+    "inspect": _inspect,
 }
 
 

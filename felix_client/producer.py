@@ -202,6 +202,9 @@ class Producer:
         self._epoch = 0
         self._recovery: asyncio.Task[None] | None = None
         self._failed: BaseException | None = None
+        # When batches first became in doubt without an answer since (resends give
+        # up resend_timeout after it).
+        self._doubt_since: float | None = None
         self._started = False
         self._closed = False
         self.resent = 0  # batches written again after an outcome was unknown
@@ -238,7 +241,11 @@ class Producer:
             client._require(ProducerInit(request_id=0))
         if client.supports(Feature.FEATURE_STREAM_SHARDS):
             shards, mode = await client._stream_layout(self.namespace, self.stream)
-            self._layout = (max(1, shards), mode)
+            if shards == 0:
+                raise ProducerError(
+                    f"the broker knows no stream {self.namespace}/{self.stream}", None
+                )
+            self._layout = (shards, mode)
         self._link = await self._open()
         logger.debug("producer %#x of %s started", self._producer_id, self.stream)
 
@@ -416,6 +423,7 @@ class Producer:
                 return
             batch.offset = answer.offset
             batch.answered = True
+            self._doubt_since = None  # the broker answers again
             self._deliver()
         elif isinstance(answer, PublishRefused):
             self._refused(link, batch, answer)
@@ -497,6 +505,12 @@ class Producer:
         """The batches of `epoch` may or may not have landed: resend them all."""
         if epoch != self._epoch or self._failed is not None or self._closed:
             return  # that connection's batches are already being resent
+        now = asyncio.get_running_loop().time()
+        if self._doubt_since is None:
+            self._doubt_since = now
+        elif now - self._doubt_since > self._resend_timeout:
+            self._fail(cause)  # resent for resend_timeout without an answer: give up
+            return
         self._epoch += 1
         link, self._link = self._link, None
         if link is not None:
@@ -518,7 +532,7 @@ class Producer:
 
     async def _resend(self, cause: BaseException, delay: float | None) -> None:
         loop = asyncio.get_running_loop()
-        deadline = loop.time() + self._resend_timeout
+        deadline = (self._doubt_since or loop.time()) + self._resend_timeout
         attempt = 0
         while True:
             wait = delay if delay is not None and attempt == 0 else min(1.0, 0.05 * 2**attempt)
