@@ -13,7 +13,10 @@ run, with the ratio client/raw:
   one shard, as an application writes it: `await record.ack()` per record, and
   with the acks left to run as tasks) against the raw poll/ack loop of
   bench/groups.py (polls of 32, the batch's acks pipelined, awaited before the
-  next poll). Each run fills the shard with fresh records for a fresh group.
+  next poll). Each run fills the shard with fresh records for a fresh group;
+- the idempotent producer (`client.producer`, single 100 B records, its 64
+  batches in flight) against plain acked publishes (64 in flight) to the same
+  durable stream, in the same run.
 
 Figures are medians over the runs. Broker and benchmark are separate
 processes; both share the machine, so absolute numbers depend on it and the
@@ -204,6 +207,28 @@ async def publish_raw(doc: dict[str, Any], n: int, batch: int, depth: int) -> Re
 
     seconds = await in_flight(n // batch, depth, one)
     connection.close()
+    return throughput(n, seconds)
+
+
+async def publish_idempotent(doc: dict[str, Any], n: int) -> Result:
+    """Single records through the idempotent producer (its 64 batches in flight)."""
+    client = await _connect(doc)
+    async with client, client.producer(doc["durable_stream"]) as producer:
+        await producer.publish(RECORD)
+        start = time.perf_counter()
+        for _ in range(n):
+            await producer.send(RECORD)  # waits while 64 are unanswered
+        await producer.flush()
+        seconds = time.perf_counter() - start
+    return throughput(n, seconds)
+
+
+async def publish_acked(doc: dict[str, Any], n: int) -> Result:
+    """Plain acked single publishes to the same stream, 64 in flight."""
+    async with await _connect(doc) as client:
+        stream = doc["durable_stream"]
+        await client.publish(stream, RECORD)
+        seconds = await in_flight(n, 64, lambda: client.publish(stream, RECORD))
     return throughput(n, seconds)
 
 
@@ -420,8 +445,19 @@ async def run(doc: dict[str, Any], runs: int, quick: bool, only: str | None = No
             "rec/s",
         ),
     ]
+    versus: list[
+        tuple[str, Callable[[], Awaitable[Result]], Callable[[], Awaitable[Result]], str]
+    ] = [
+        (
+            "idempotent producer vs acked publish",
+            lambda: publish_idempotent(doc, singles),
+            lambda: publish_acked(doc, singles),
+            "rec/s",
+        )
+    ]
     if only is not None:
         cases = [case for case in cases if only in case[0]]
+        versus = [case for case in versus if only in case[0]]
     for name, client_case, raw_case, key in cases:
         client_results, raw_results = [], []
         for _ in range(runs):
@@ -433,6 +469,22 @@ async def run(doc: dict[str, Any], runs: int, quick: bool, only: str | None = No
         for metric in client_result:
             c, r = client_result[metric], raw_result[metric]
             print(f"{name:36} {metric:8} {c:12.1f} {r:12.1f} {c / r:10.2f}")
+    if versus:
+        # Same run, same durable stream, 100 B records, 64 in flight each way. An
+        # idempotent batch is answered after the write (with its offset); a plain
+        # acked publish to a leader-mode stream when it is queued.
+        pairs = []
+        for name, first, second, _key in versus:
+            firsts, seconds = [], []
+            for _ in range(runs):
+                firsts.append(await first())
+                seconds.append(await second())
+            pairs.append((name, median(firsts), median(seconds)))
+        print(f"{'workload':36} {'metric':8} {'idempotent':>12} {'acked':>12} {'ratio':>10}")
+        for name, first_result, second_result in pairs:
+            for metric in first_result:
+                a, b = first_result[metric], second_result[metric]
+                print(f"{name:36} {metric:8} {a:12.1f} {b:12.1f} {a / b:10.2f}")
 
 
 def main() -> int:
