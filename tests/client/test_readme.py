@@ -113,11 +113,15 @@ def test_every_client_snippet_runs(readme_broker: tuple[Path, str]) -> None:
             )
         assert done.returncode == 0, (kind, code, done.stdout, done.stderr)
         assert "Traceback" not in done.stderr, done.stderr
-        if kind == "sh":
+        if "felix inspect shard demo" in code:
+            assert "stream demo shard 0: leader active serving" in done.stdout, done.stdout
+        if "client.producer" in code:
+            assert done.stdout.startswith("5 records, each once, by producer 0x"), done.stdout
+        if kind == "sh" and "publish demo hello world" in code:
             # The background subscriber and the publisher share stdout: their lines
             # may interleave, so look for the events, not for whole lines.
             assert "] hello" in done.stdout and "] world" in done.stdout, done.stdout
             assert done.stdout.splitlines()[-1] == "k: v", done.stdout
-        else:
+        elif 'client.subscribe("demo")' in code:
             assert done.stdout.startswith("b'hello' on shard 0"), done.stdout
         assert time.monotonic() - started < 30
