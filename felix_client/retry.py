@@ -8,8 +8,8 @@ The broker's class decides, never the code's default table (§8):
 - `redirect`: nothing was applied, but the request belongs to another broker;
   this helper resends to the same client, so it does not retry it.
 - `outcome_unknown`: the request may have been applied. Never resent here: a
-  second publish would be a duplicate. (The idempotent producer, which resends
-  under the same sequence, is the one safe way; this client has none yet.)
+  second publish would be a duplicate. The idempotent producer
+  (`client.producer`), which resends under the same sequence, is the one safe way.
 - `fatal`, or no class at all (a broker that sent no code): never resent.
 
 A local timeout or lost connection is just as unknown as `outcome_unknown`,
