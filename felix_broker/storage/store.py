@@ -1,8 +1,9 @@
 """All shard logs of a broker under one root folder, with their background upkeep.
 
 Layout: ``root/<tenant>/<namespace>/<stream>/<shard>/`` holds one log, where
-the names come from the catalog (``[A-Za-z0-9_.-]{1,128}``) and ``<shard>``
-is the decimal shard number.
+the names follow the catalogue's name rule (:mod:`felix_wire.names`) and
+``<shard>`` is the decimal shard number; folders are built only by
+:mod:`felix_broker.storage.paths`.
 """
 
 from __future__ import annotations
@@ -18,20 +19,15 @@ from pathlib import Path
 
 from felix_broker.config import FsyncMode
 from felix_broker.storage.log import Log, LogConfig
+from felix_broker.storage.paths import log_dir
 from felix_broker.storage.retention import Retention
+from felix_wire.names import check_name
 
 __all__ = ["LogStore", "ShardKey", "ShardOffsets"]
 
 _log = logging.getLogger(__name__)
 
-_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 _SHARD = re.compile(r"0|[1-9][0-9]{0,9}")
-
-
-def _check_name(kind: str, name: str) -> None:
-    # "." and ".." fit the catalog alphabet but would walk the folder tree.
-    if not _NAME.fullmatch(name) or name in {".", ".."}:
-        raise ValueError(f"invalid {kind} name {name!r}")
 
 
 def _now_us() -> int:
@@ -48,15 +44,16 @@ class ShardKey:
     shard: int
 
     def __post_init__(self) -> None:
-        _check_name("tenant", self.tenant)
-        _check_name("namespace", self.namespace)
-        _check_name("stream", self.stream)
+        # Raises InvalidNameError (a ValueError) for a name breaking the rule.
+        check_name("tenant", self.tenant)
+        check_name("namespace", self.namespace)
+        check_name("stream", self.stream)
         if self.shard < 0:
             raise ValueError(f"invalid shard {self.shard}")
 
-    def relative_path(self) -> Path:
+    def directory(self, root: Path) -> Path:
         """The log's folder below the store root."""
-        return Path(self.tenant, self.namespace, self.stream, str(self.shard))
+        return log_dir(root, "streams", self.tenant, self.namespace, self.stream, self.shard)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +107,7 @@ class LogStore:
         for key in keys:
             if key not in self._logs:
                 self._logs[key] = await asyncio.to_thread(
-                    Log.open, self.root / key.relative_path(), self.config, fsync=self._fsync
+                    Log.open, key.directory(self.root), self.config, fsync=self._fsync
                 )
         self.ready = True
         _log.info("recovered %d shard logs under %s", len(keys), self.root)
@@ -146,7 +143,7 @@ class LogStore:
             self._retention[key] = retention
         log = self._logs.get(key)
         if log is None:
-            log = Log.open(self.root / key.relative_path(), self.config, fsync=self._fsync)
+            log = Log.open(key.directory(self.root), self.config, fsync=self._fsync)
             self._logs[key] = log
         return log
 

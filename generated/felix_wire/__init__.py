@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: ad4f3f9eac04c52c03e8b1f8567e4a605199603785c99722ba3acb5dec42b739
+# spec sha256: 10a3176f596eee59d95aa2c60f69d206952124316090696ec7d1f2563ed680bd
 """felix_wire: the Felix wire protocol v1, generated from the catalogue.
 
 Modules (one concern each):
@@ -13,6 +13,7 @@ Modules (one concern each):
   errors      - error codes, retry classes, one BrokerError subclass per code
   wire_errors - typed local decode/encode errors
   routing     - routing keys to shards
+  names       - the one rule for tenant, namespace, stream, cache and group names
   catalogue   - read-only index of everything above
   strategies  - hypothesis strategies (tests only)
 """

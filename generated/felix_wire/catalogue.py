@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: ad4f3f9eac04c52c03e8b1f8567e4a605199603785c99722ba3acb5dec42b739
+# spec sha256: 10a3176f596eee59d95aa2c60f69d206952124316090696ec7d1f2563ed680bd
 """Read-only index of the catalogue: every name the generated layer knows.
 
 Tests count these against the facts; tools (the conformance kit, docs) read them
@@ -30,7 +30,7 @@ __all__ = [
     "COUNTS",
 ]
 
-SPEC_SHA256 = "ad4f3f9eac04c52c03e8b1f8567e4a605199603785c99722ba3acb5dec42b739"
+SPEC_SHA256 = "10a3176f596eee59d95aa2c60f69d206952124316090696ec7d1f2563ed680bd"
 
 
 class Decision(NamedTuple):

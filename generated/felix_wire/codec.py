@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: ad4f3f9eac04c52c03e8b1f8567e4a605199603785c99722ba3acb5dec42b739
+# spec sha256: 10a3176f596eee59d95aa2c60f69d206952124316090696ec7d1f2563ed680bd
 """One entry point per direction: bytes of a frame to a typed value and back.
 
 `decode_payload(flags, payload)` validates the flags, then decodes JSON (flags 0)

@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: ad4f3f9eac04c52c03e8b1f8567e4a605199603785c99722ba3acb5dec42b739
+# spec sha256: 10a3176f596eee59d95aa2c60f69d206952124316090696ec7d1f2563ed680bd
 """Frame flag bits: which payload layout a frame uses and how it is modified.
 
 A receiver rejects a frame carrying any bit it does not know; it never masks

@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: ad4f3f9eac04c52c03e8b1f8567e4a605199603785c99722ba3acb5dec42b739
+# spec sha256: 10a3176f596eee59d95aa2c60f69d206952124316090696ec7d1f2563ed680bd
 """Routing keys to shards: Routing keys to shards. No key, or a shard count of at most 1, is shard 0; an empty key is a key.
 
 Hash: 64-bit FNV-1a over the key's raw bytes, then a finalizer; `modulo` takes the

@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: ad4f3f9eac04c52c03e8b1f8567e4a605199603785c99722ba3acb5dec42b739
+# spec sha256: 10a3176f596eee59d95aa2c60f69d206952124316090696ec7d1f2563ed680bd
 """Local wire errors: bytes we could not parse, or values we could not lay out.
 
 These are *local* protocol errors, kept apart from the broker's *remote* errors

@@ -143,3 +143,19 @@ def test_nothing_imports_codegen_at_run_time() -> None:
         if "felix_codegen" in path.read_text()
     ]
     assert offenders == []
+
+
+@pytest.mark.parametrize(
+    ("alphabet", "expected"),
+    [("A-Za-z/", "$.names.alphabet"), ("A-Z\\\\", "$.names.alphabet")],
+)
+def test_the_name_rule_cannot_admit_a_path_separator(
+    spec_copy: Path, alphabet: str, expected: str
+) -> None:
+    def loosen(data):  # type: ignore[no-untyped-def]
+        data["names"]["alphabet"] = alphabet
+
+    _edit(spec_copy, "messages", loosen)
+    with pytest.raises(CatalogueError) as info:
+        load(spec_copy)
+    assert expected in str(info.value)
