@@ -169,6 +169,10 @@ class Qh3Adapter(ConnectionAdapter):
     def consumed(self, stream_id: int, total: int) -> bool:
         return False
 
+    def set_receive_limits(self, stream_window: int, connection_budget: int | None) -> None:
+        # The native core grants credit on its own; see Capabilities.
+        return None
+
     def forget_stream(self, stream_id: int) -> None:
         return None
 
