@@ -626,3 +626,49 @@ def test_preauth_config_is_validated() -> None:
         TransportConfig(preauth_stream_window=64 * 1024, preauth_connection_budget=4096)
     with pytest.raises(ValueError, match="preauth_global_budget"):
         TransportConfig(preauth_stream_window=8192, preauth_global_budget=8192)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("impl", IMPLS)
+async def test_keepalive_stops_when_the_peer_closes(pki: Pki, impl: str) -> None:
+    # Issue 20, finding 9: the keepalive must not fire into a closing stack.
+    async def close_at_once(conn: Connection) -> None:
+        await asyncio.sleep(0.3)
+        conn.close(0, "bye")
+
+    async with running_server(server_config(pki, impl), close_at_once) as (server, _):
+        for _ in range(5):
+            conn = await connect(
+                client_config(pki, impl, keepalive_interval=0.01), HOST, server.address[1]
+            )
+            await asyncio.wait_for(conn.wait_closed(), 10)
+            await asyncio.sleep(0.1)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("impl", IMPLS)
+async def test_ending_a_stream_while_the_peer_closes_does_not_raise(pki: Pki, impl: str) -> None:
+    # Issue 20, finding 2: the broker ends streams right after an answer; when the
+    # peer's CONNECTION_CLOSE is already in (the stack drains), that must not raise.
+    async def close_at_once(conn: Connection) -> None:
+        stream = await conn.accept_stream()
+        with contextlib.suppress(StreamClosedError):
+            await stream.read(1)
+        conn.close(0, "bye")
+        await conn.wait_closed()
+
+    async with running_server(server_config(pki, impl), close_at_once) as (server, _):
+        conn = await connect(client_config(pki, impl), HOST, server.address[1])
+        streams = [await conn.open_bidi_stream() for _ in range(90)]
+        for stream in streams:
+            await stream.write(b"x")
+        # End one stream every 2 ms from before the close arrives until the
+        # connection has terminated (the stack drains in between).
+        for stream in streams:
+            if conn.closed:
+                break
+            stream.stop_sending(5)
+            stream.reset(5)
+            await asyncio.sleep(0.002)
+        conn.close()
+        await asyncio.wait_for(conn.wait_closed(), 10)
