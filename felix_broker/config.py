@@ -247,6 +247,11 @@ class BrokerConfig:
     auth_timeout_ms: int = _int(10000, "FELIX_AUTH_TIMEOUT_MS")  # 0 disables
     max_client_connections: int = _int(8192, "FELIX_MAX_CLIENT_CONNECTIONS", minimum=1)
     max_frame_bytes: int = _int(16 * _MIB, "FELIX_MAX_FRAME_BYTES", minimum=1)
+    # Requests running as their own tasks (cache and group requests) per connection; at
+    # the bound the stream carrying the next one is not read until one finishes.
+    max_inflight_requests_per_conn: int = _int(
+        1024, "FELIX_MAX_INFLIGHT_REQUESTS_PER_CONN", minimum=1
+    )
     # A JWKS JSON file to verify tokens with; unset = the development issuer's.
     jwks_path: Path | None = _optional_path("FELIX_JWKS_PATH")
 

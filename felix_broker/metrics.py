@@ -79,6 +79,13 @@ class BrokerMetrics:
             registry=r,
         )
 
+        self.task_failures = Counter(
+            "felix_broker_task_failures",
+            "Broker tasks that ended with an unexpected exception, by what started them.",
+            ["type"],
+            registry=r,
+        )
+
     def exposition(self) -> bytes:
         """The registry in Prometheus text format."""
         return generate_latest(self.registry)
