@@ -33,6 +33,7 @@ from felix_broker.streams.service import STREAM_FEATURES, StreamService
 from felix_broker.tls import TlsMaterial, prepare_tls
 from felix_broker.tokens import DevIssuer, Principal, TokenError, TokenVerifier
 from felix_transport import Server, TransportConfig, serve
+from felix_wire import frame
 from felix_wire.errors import ErrorCode
 from felix_wire.features import Feature
 from felix_wire.flags import KNOWN_FLAGS, Flag
@@ -129,6 +130,10 @@ class Broker:
             await self.store.recover_all()
             self.store.start()
         await self._build_services()
+        stream_window = min(config.pub_stream_recv_window, config.pub_conn_recv_window)
+        preauth_window = max(
+            4096, min(stream_window, config.preauth_max_frame_bytes + frame.HEADER_SIZE)
+        )
         transport = TransportConfig.server(
             self.tls.chain_pem(),
             self.tls.key_pem(),
@@ -137,7 +142,13 @@ class Broker:
             max_datagram_size=config.max_datagram_size,
             idle_timeout=config.max_idle_timeout_ms / 1000,
             connection_receive_window=config.pub_conn_recv_window,
-            stream_receive_window=min(config.pub_stream_recv_window, config.pub_conn_recv_window),
+            stream_receive_window=stream_window,
+            # Until a connection's first stream authenticates (Session trusts it then).
+            preauth_stream_window=preauth_window,
+            preauth_connection_budget=max(preauth_window, config.preauth_conn_recv_budget),
+            preauth_global_budget=max(
+                preauth_window, config.preauth_conn_recv_budget, config.preauth_recv_budget
+            ),
         )
         assert self.session is not None
         self._server = await serve(

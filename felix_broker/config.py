@@ -245,6 +245,11 @@ class BrokerConfig:
     preauth_max_frame_bytes: int = _int(65536, "FELIX_PREAUTH_MAX_FRAME_BYTES", minimum=1)
     preauth_max_streams_per_conn: int = _int(16, "FELIX_PREAUTH_MAX_STREAMS_PER_CONN", minimum=1)
     auth_timeout_ms: int = _int(10000, "FELIX_AUTH_TIMEOUT_MS")  # 0 disables
+    # Bytes an unauthenticated peer can make the broker buffer: per connection until
+    # its first stream authenticates, and for all such connections together (each
+    # stream meanwhile gets preauth_max_frame_bytes plus a header of credit).
+    preauth_conn_recv_budget: int = _int(256 * 1024, "FELIX_PREAUTH_CONN_RECV_BUDGET", minimum=4096)
+    preauth_recv_budget: int = _int(16 * _MIB, "FELIX_PREAUTH_RECV_BUDGET", minimum=4096)
     max_client_connections: int = _int(8192, "FELIX_MAX_CLIENT_CONNECTIONS", minimum=1)
     max_frame_bytes: int = _int(16 * _MIB, "FELIX_MAX_FRAME_BYTES", minimum=1)
     # Requests running as their own tasks (cache and group requests) per connection; at

@@ -78,6 +78,17 @@ class BrokerMetrics:
             ["reason"],
             registry=r,
         )
+        self.auth_timeouts = Counter(
+            "felix_broker_auth_timeouts",
+            "Streams abandoned because they did not authenticate within auth_timeout_ms.",
+            registry=r,
+        )
+        self.internal_errors = Counter(
+            "felix_broker_internal_errors",
+            "Requests answered `internal` after an unexpected exception, by request type.",
+            ["type"],
+            registry=r,
+        )
 
         self.task_failures = Counter(
             "felix_broker_task_failures",

@@ -7,7 +7,11 @@ Nothing here knows a request type.
 
 Limits enforced here: at most `preauth_max_streams_per_conn` unauthenticated
 streams are read at once per connection (more wait); a connection that
-authenticates no stream within `auth_timeout_ms` is closed with code 1; a
+authenticates no stream within `auth_timeout_ms` is closed with code 1, and
+every stream that has not authenticated within `auth_timeout_ms` of its opening
+is abandoned (RESET_STREAM and STOP_SENDING), whatever its siblings did; the
+connection's first authenticated stream makes the transport trust it (lifting
+the pre-authentication receive bounds, see felix_transport.connection); a
 stream whose request waits for a request slot or for room in its publish
 answer queue is not read meanwhile, so QUIC flow control holds the client back.
 """
@@ -21,7 +25,12 @@ from collections.abc import Callable
 
 from felix_broker.config import BrokerConfig
 from felix_broker.metrics import BrokerMetrics
-from felix_broker.session.context import ConnectionState, RequestContext, StreamIO
+from felix_broker.session.context import (
+    STREAM_ABANDONED,
+    ConnectionState,
+    RequestContext,
+    StreamIO,
+)
 from felix_broker.session.dispatch import DispatchTable
 from felix_broker.session.protocol import (
     Authenticated,
@@ -153,34 +162,52 @@ class Session:
         io = StreamIO(stream, config.publish_window, ack_wait=config.ack_wait_timeout_ms / 1000)
         ctx = RequestContext(proto, io, state)
         state.streams.add(io)
-        writer = asyncio.get_running_loop().create_task(io.answer_writer())
+        loop = asyncio.get_running_loop()
+        writer = loop.create_task(io.answer_writer())
         preauth = state.preauth
-        await preauth.acquire()
-        holding = True
+        holding = False
+        # Every stream must authenticate within auth_timeout_ms of its opening, whatever
+        # its siblings did (waiting for a pre-auth slot counts).
+        timeout = config.auth_timeout_ms / 1000
+        auth_deadline = asyncio.timeout_at(loop.time() + timeout if timeout > 0 else None)
         try:
-            while True:
-                try:
-                    data = await stream.read()
-                except StreamClosedError:
-                    return
-                outputs = proto.receive(data) if data else proto.end_of_stream()
-                for output in outputs:
-                    if isinstance(output, Send):
-                        await io.write(output.data)
-                    elif isinstance(output, Authenticated):
-                        state.authenticated.set()
-                        if holding:
-                            preauth.release()
-                            holding = False
-                    elif isinstance(output, Dispatch):
-                        await self._table.dispatch(output.request, ctx)
-                    elif isinstance(output, End):
-                        await io.end(reset=output.reset)
+            async with auth_deadline:
+                await preauth.acquire()
+                holding = True
+                while True:
+                    try:
+                        data = await stream.read()
+                    except StreamClosedError:
                         return
-                if not data:
-                    return
+                    outputs = proto.receive(data) if data else proto.end_of_stream()
+                    for output in outputs:
+                        if isinstance(output, Send):
+                            await io.write(output.data)
+                        elif isinstance(output, Authenticated):
+                            auth_deadline.reschedule(None)
+                            state.authenticated.set()
+                            # The connection's first authenticated stream lifts the
+                            # transport's pre-authentication receive bounds.
+                            state.connection.trust()
+                            if holding:
+                                preauth.release()
+                                holding = False
+                        elif isinstance(output, Dispatch):
+                            await self._table.dispatch(output.request, ctx)
+                        elif isinstance(output, End):
+                            await io.end(reset=output.reset)
+                            return
+                    if not data:
+                        return
         except StreamClosedError:
             return
+        except TimeoutError:
+            if not auth_deadline.expired():
+                raise
+            self._metrics.auth_timeouts.inc()
+            _log.debug("ending a stream that did not authenticate in time")
+            stream.reset(STREAM_ABANDONED)
+            stream.stop_sending(STREAM_ABANDONED)
         finally:
             state.streams.discard(io)
             if holding:
