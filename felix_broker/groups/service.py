@@ -70,6 +70,7 @@ from felix_broker.session.dispatch import DispatchTable, Handler
 from felix_broker.session.protocol import StreamProtocol
 from felix_broker.storage import Log, LogConfig, Retention, StorageError
 from felix_broker.storage.format import Record
+from felix_broker.storage.paths import log_dir
 from felix_broker.streams.engine import Engine, Shard
 from felix_transport import StreamClosedError
 from felix_transport.events import ConnectionClosedError
@@ -132,7 +133,6 @@ GROUP_FEATURES = int(
 POLL_MAX_RECORDS = 1000  # Q3
 POLL_MAX_BYTES = 4 * 1024 * 1024  # Q3
 MAX_CONSUMER_BYTES = 128  # Q16
-_GROUPS_DIR = "@groups"
 _MIB = 1024 * 1024
 _READ_BATCH = 4096
 
@@ -323,7 +323,7 @@ class GroupService:
     def _directory(self, spec: StreamSpec, index: int) -> Path:
         root = self._config.durable_storage_dir
         assert root is not None
-        return Path(root, _GROUPS_DIR, spec.tenant_id, spec.namespace, spec.name, str(index))
+        return log_dir(root, "groups", spec.tenant_id, spec.namespace, spec.name, index)
 
     def _shard_groups(self, spec: StreamSpec, index: int) -> _ShardGroups:
         """The shard's groups, its group log opened and replayed on first use."""
@@ -331,6 +331,9 @@ class GroupService:
         found = self._shards.get(key)
         if found is not None:
             return found
+        # The stream's shard first: if it cannot be had, no group log was opened
+        # (nothing to close on that path).
+        stream = self._engine.shard(spec, index)
         log = Log.open(
             self._directory(spec, index),
             LogConfig(
@@ -354,7 +357,6 @@ class GroupService:
         except BaseException:
             log.close()
             raise
-        stream = self._engine.shard(spec, index)
         groups = _ShardGroups(stream, log, durable, last_stamp_us=last_stamp)
         stream.listeners.append(groups.signal.fire)
         self._shards[key] = groups

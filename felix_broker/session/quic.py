@@ -203,11 +203,16 @@ class Session:
             return
         except TimeoutError:
             if not auth_deadline.expired():
-                raise
-            self._metrics.auth_timeouts.inc()
-            _log.debug("ending a stream that did not authenticate in time")
-            stream.reset(STREAM_ABANDONED)
-            stream.stop_sending(STREAM_ABANDONED)
+                self._abandon(stream, "stream")
+            else:
+                self._metrics.auth_timeouts.inc()
+                _log.debug("ending a stream that did not authenticate in time")
+                stream.reset(STREAM_ABANDONED)
+                stream.stop_sending(STREAM_ABANDONED)
+        except Exception:
+            # A bug outside any handler (those answer `internal` themselves): the
+            # client still sees a clean end of the stream rather than silence.
+            self._abandon(stream, "stream")
         finally:
             state.streams.discard(io)
             if holding:
@@ -217,6 +222,12 @@ class Session:
                 if not stream.at_eof or io.answers.qsize():
                     await io.flush_answers()
             writer.cancel()
+
+    def _abandon(self, stream: Stream, kind: str) -> None:
+        self._metrics.internal_errors.labels(type=kind).inc()
+        _log.exception("serving a stream failed; abandoning it")
+        stream.reset(STREAM_ABANDONED)
+        stream.stop_sending(STREAM_ABANDONED)
 
     # -- session-level requests -----------------------------------------------------
 

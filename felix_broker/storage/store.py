@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from felix_broker.config import FsyncMode
+from felix_broker.storage.errors import LogOpenError
 from felix_broker.storage.log import Log, LogConfig
 from felix_broker.storage.paths import log_dir
 from felix_broker.storage.retention import Retention
@@ -143,9 +144,19 @@ class LogStore:
             self._retention[key] = retention
         log = self._logs.get(key)
         if log is None:
-            log = Log.open(key.directory(self.root), self.config, fsync=self._fsync)
+            directory = key.directory(self.root)
+            try:
+                log = Log.open(directory, self.config, fsync=self._fsync)
+            except OSError as exc:
+                # e.g. ENOSPC or EACCES creating the first segment of a new log.
+                raise LogOpenError(directory, exc) from exc
             self._logs[key] = log
         return log
+
+    def failed_logs(self) -> list[ShardKey]:
+        """The open logs in the failed state (see LogFailedError): they accept no
+        more writes until the broker is restarted, which reopens and rescans them."""
+        return [key for key, log in self._logs.items() if log.failed]
 
     def get(self, key: ShardKey) -> Log | None:
         """The open log of ``key``, if any."""

@@ -27,6 +27,7 @@ from felix_broker.metrics import BrokerMetrics
 from felix_broker.permissions import Action, stream_object
 from felix_broker.session.context import ConnectionState, RequestContext
 from felix_broker.session.dispatch import DispatchTable
+from felix_broker.storage import StorageError
 from felix_broker.streams.delivery import SubscriptionWriter
 from felix_broker.streams.engine import (
     Engine,
@@ -202,7 +203,12 @@ class StreamService:
         if not payloads:
             await refuse(ErrorCode.INVALID_REQUEST, "a publish batch needs at least one payload")
             return
-        shard = self._engine.shard_for(spec, key)
+        try:
+            shard = self._engine.shard_for(spec, key)
+        except StorageError as exc:
+            # The shard's log could not be opened (e.g. ENOSPC on its first segment).
+            await refuse(ErrorCode.STORAGE, str(exc))
+            return
         publish = PublishRequest(shard, payloads, publisher_of(ctx.principal.subject))
         try:
             done = await self._engine.publish(publish, acked=request_id is not None)
@@ -273,7 +279,11 @@ class StreamService:
                 proto.error(ErrorCode.LIMIT_EXCEEDED, "too many subscriptions on this connection")
             )
             return
-        shard = self._engine.shard(spec, index)
+        try:
+            shard = self._engine.shard(spec, index)
+        except StorageError as exc:
+            await ctx.write(proto.error(ErrorCode.STORAGE, str(exc)))
+            return
         start = _start_position(shard, request)
         if isinstance(start, SubscribeCursorError):
             await ctx.write(proto.message(start))
@@ -373,7 +383,10 @@ class StreamService:
             )
         if not spec.durable:
             return proto.error(ErrorCode.INVALID_REQUEST, f"stream {name} is in memory: no log")
-        return self._engine.shard(spec, index)
+        try:
+            return self._engine.shard(spec, index)
+        except StorageError as exc:
+            return proto.error(ErrorCode.STORAGE, str(exc))
 
     async def stream_read(self, request: StreamRead, ctx: RequestContext) -> None:
         """A page of committed records; never waits for new ones (R1)."""

@@ -1045,7 +1045,7 @@ def valid_names(max_size: int = 24) -> st.SearchStrategy[str]:
 
 def _unsafe_char() -> st.SearchStrategy[str]:
     return (
-        st.sampled_from(("/", "\\", "\x00", "\x7f") + _TRICKS)
+        st.sampled_from(("/", "\\", "\x00", "\x7f", *_TRICKS))
         | st.characters(max_codepoint=0x1F)
         | st.characters().filter(lambda c: _NAME_CHAR.fullmatch(c) is None)
     )
