@@ -11,12 +11,12 @@ catalog a broker syncs is exactly what the broker understands.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
 from felix_broker.catalog import MAX_SHARDS, CacheSpec, Routing, StreamSpec
+from felix_wire.names import name_problem
 
 __all__ = [
     "CONSISTENCIES",
@@ -31,9 +31,6 @@ __all__ = [
     "validate_stream",
 ]
 
-# The broker's catalog alphabet (felix_broker.catalog._NAME): names become
-# permission path segments, so '/', '*' and ':' must never get in.
-_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 
 DURABILITIES = ("memory", "durable")
 # Stored and served with the stream; a standalone broker has one replica, so it
@@ -56,8 +53,12 @@ def bad_request(message: str) -> ApiError:
 
 
 def check_name(value: object, what: str) -> str:
-    if not isinstance(value, str) or not _NAME.fullmatch(value):
-        raise bad_request(f"{what}: names are 1-128 characters of A-Z a-z 0-9 _ . -")
+    # The catalogue's one name rule (felix_wire.names): names become permission
+    # path segments and on-disk folders, so '/', '*', ':', '.' and '..' never get in.
+    problem = name_problem(value)
+    if problem is not None:
+        raise bad_request(f"{what}: {problem}")
+    assert isinstance(value, str)
     return value
 
 

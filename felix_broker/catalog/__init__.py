@@ -31,11 +31,12 @@ declares no catalog, :func:`default_catalog` gives tenant ``t1``, namespace
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from enum import StrEnum
 from typing import Protocol
+
+from felix_wire.names import NameKind, check_name, name_problem
 
 __all__ = [
     "MAX_SHARDS",
@@ -49,10 +50,10 @@ __all__ = [
     "load_catalog",
 ]
 
-# Names become path segments of permission objects ("stream:t1/ns/orders"),
-# so '/', '*' and ':' must never appear in them; a conservative identifier
-# alphabet keeps them safe in file names and metric labels too.
-_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
+# Names become segments of permission objects ("stream:t1/ns/orders") and of
+# on-disk paths, so they follow the catalogue's one name rule (felix_wire.names):
+# every spec checks its names when it is made, whatever made it (a catalog
+# file, the control plane's sync, code).
 MAX_SHARDS = 65536
 
 
@@ -79,6 +80,9 @@ class StreamSpec:
     retention_max_age_ms: int | None = None
     retention_max_bytes: int | None = None
 
+    def __post_init__(self) -> None:
+        _check_names(self.tenant_id, self.namespace, ("stream", self.name))
+
 
 @dataclass(frozen=True, slots=True)
 class CacheSpec:
@@ -88,6 +92,16 @@ class CacheSpec:
     namespace: str
     name: str
     shards: int = 1
+
+    def __post_init__(self) -> None:
+        _check_names(self.tenant_id, self.namespace, ("cache", self.name))
+
+
+def _check_names(tenant: str, namespace: str, named: tuple[NameKind, str]) -> None:
+    """Raises InvalidNameError (a ValueError) for a name breaking the rule."""
+    check_name("tenant", tenant)
+    check_name("namespace", namespace)
+    check_name(*named)
 
 
 class Catalog(Protocol):
@@ -191,8 +205,9 @@ def _mapping(
 
 
 def _name(name: str, path: str) -> str:
-    if not _NAME.fullmatch(name):
-        raise CatalogError(path, "names are 1-128 characters of A-Z a-z 0-9 _ . -")
+    problem = name_problem(name)
+    if problem is not None:
+        raise CatalogError(path, f"invalid name {name!r}: {problem}")
     return name
 
 

@@ -29,7 +29,6 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import ssl
 import time
 import urllib.error
@@ -42,12 +41,12 @@ from urllib.parse import quote
 from felix_broker.catalog import CatalogTables
 from felix_broker.tokens import Principal, TokenVerifier, UnknownKeyIdError
 from felix_controlplane.model import ApiError, cache_spec, stream_spec
+from felix_wire.names import is_valid_name
 
 __all__ = ["CatalogChange", "LiveCatalog", "SyncError", "TenantJwksVerifier"]
 
 _log = logging.getLogger(__name__)
 
-_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 _MAX_BODY = 64 << 20
 
 
@@ -171,7 +170,7 @@ class LiveCatalog(CatalogTables):
         if not isinstance(snap, dict) or not isinstance(snap.get("seq"), int):
             raise SyncError("catalog snapshot is not shaped like one")
         before_streams, before_caches = set(self._streams), set(self._caches)
-        self._tenants = {t for t in snap.get("tenants", []) if isinstance(t, str)}
+        self._tenants = {t for t in snap.get("tenants", []) if is_valid_name(t)}
         self._namespaces, self._streams, self._caches = set(), {}, {}
         for entry in snap.get("resources", []):
             self._put(
@@ -225,6 +224,16 @@ class LiveCatalog(CatalogTables):
                 delay = min(delay * 2, self._max_retry)
 
     def _put(self, kind: str, tenant: str, namespace: str, name: str, body: Any) -> None:
+        named = {"tenant": (tenant,), "namespace": (tenant, name)}.get(
+            kind, (tenant, namespace, name)
+        )
+        if not all(is_valid_name(n) for n in named):
+            # The catalogue's name rule: never a folder, a permission object or a
+            # log path from a name that breaks it, whoever sent it.
+            _log.error(
+                "ignoring %s %s/%s/%s: a name breaks the rule", kind, tenant, namespace, name
+            )
+            return
         if kind == "tenant":
             self._tenants.add(tenant)
         elif kind == "namespace":
@@ -235,7 +244,7 @@ class LiveCatalog(CatalogTables):
                     self._streams[(tenant, namespace, name)] = stream_spec(tenant, namespace, body)
                 else:
                     self._caches[(tenant, namespace, name)] = cache_spec(tenant, namespace, body)
-            except ApiError as exc:
+            except (ApiError, ValueError) as exc:
                 # The control plane validated it; a mismatch means versions differ.
                 _log.error("ignoring %s %s/%s/%s: %s", kind, tenant, namespace, name, exc)
                 return
@@ -345,7 +354,7 @@ class TenantJwksVerifier:
             self._last_fetch.pop(change.tenant, None)
 
     def _schedule(self, tenant: str, *, force: bool = False) -> None:
-        if not _NAME.fullmatch(tenant) or tenant in self._inflight:
+        if not is_valid_name(tenant) or tenant in self._inflight:
             return
         if self._known_tenant is not None and not self._known_tenant(tenant) and not force:
             return
