@@ -158,7 +158,18 @@ class Broker:
             self.session.on_connection,
             max_connections=config.max_client_connections,
         )
+        self.health.failed_logs = self.failed_logs
+        self.metrics.failed_logs.set_function(self.failed_logs)
         self.health.mark_ready()
+
+    def failed_logs(self) -> int:
+        """Logs of every kind in the failed state (``/ready`` and ``/metrics``)."""
+        count = len(self.store.failed_logs()) if self.store is not None else 0
+        if self.cache is not None:
+            count += self.cache.failed_logs()
+        if self.groups is not None:
+            count += self.groups.failed_logs()
+        return count
 
     async def _build_services(self) -> None:
         """Every capability service, its shards recovered, its handlers in the table."""

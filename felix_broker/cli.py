@@ -37,7 +37,7 @@ from felix_broker.config import (
     config_from_args,
     load_config,
 )
-from felix_broker.tokens import DevIssuer
+from felix_broker.tokens import LEEWAY_SECONDS, DevIssuer
 from felix_controlplane.api import ControlPlane, Settings
 from felix_controlplane.http11 import HttpServer
 from felix_controlplane.store import SqliteStore
@@ -62,7 +62,16 @@ def full_rights(tenant_id: str) -> list[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="felix-broker", description="A Felix broker.")
+    parser = argparse.ArgumentParser(
+        prog="felix-broker",
+        description="A Felix broker.",
+        epilog=(
+            f"Tokens: exp and nbf are checked at auth with {LEEWAY_SECONDS} s of leeway; a "
+            f"stream's authority ends when its token's exp plus {LEEWAY_SECONDS} s passes "
+            "(its next request is refused unauthenticated, then the stream ends, and the "
+            "subscriptions and watches opened on it end)."
+        ),
+    )
     parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
     add_cli_arguments(parser)
     sub = parser.add_subparsers(dest="command")

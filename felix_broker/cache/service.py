@@ -174,6 +174,10 @@ class CacheService:
             registry=registry,
         )
 
+    def failed_logs(self) -> int:
+        """Open cache logs in the failed state (they take no writes until restart)."""
+        return sum(1 for s in self._shards.values() if s.log is not None and s.log.failed)
+
     @property
     def durable(self) -> bool:
         return self._config.durable_enabled
@@ -549,6 +553,8 @@ class CacheService:
             shard.unregister(watcher)
             raise
         self._watchers.add(watcher)
+        # The watch ends when the token it was opened under expires (plus the leeway).
+        ctx.io.on_expire.append(watcher.close)
         ctx.spawn(
             self._deliver(shard, watcher, uni, proto, subscription_id, snapshot, replay_from, tail),
             "cache-watch",

@@ -285,6 +285,10 @@ class GroupService:
                 _log.error("closing a group log failed: %s", exc)
         self._shards.clear()
 
+    def failed_logs(self) -> int:
+        """Open group logs in the failed state (they take no writes until restart)."""
+        return sum(1 for groups in self._shards.values() if groups.log.failed)
+
     def _run(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)

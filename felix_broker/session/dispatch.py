@@ -17,7 +17,7 @@ Two ways to run a handler:
 
 A handler that raises what it did not expect (a bug) still answers: `internal`,
 naming the request_id, logged once and counted in
-`felix_broker_internal_errors_total{type}` (`answer_internal`).
+`felix_broker_internal_errors_total{type}` (`answer_refused`).
 
 A known client request type with no handler is answered as not served:
 `unsupported` to a client that negotiated FEATURE_UNSUPPORTED, otherwise an
@@ -57,7 +57,7 @@ __all__ = [
     "PlacementDecision",
     "Request",
     "Standalone",
-    "answer_internal",
+    "answer_refused",
     "not_served_answer",
     "type_name",
 ]
@@ -170,11 +170,12 @@ class DispatchTable:
             ctx.connection.metrics.internal_errors.labels(type=route.name).inc()
             _log.error("%s request failed", route.name, exc_info=exc)
             with contextlib.suppress(StreamClosedError, ConnectionClosedError):
-                await answer_internal(ctx, request)
+                await answer_refused(ctx, request, ErrorCode.INTERNAL, "internal error")
 
 
-async def answer_internal(ctx: RequestContext, request: Request) -> None:
-    """Answer `internal` to a request whose handler failed unexpectedly.
+async def answer_refused(ctx: RequestContext, request: Request, code: ErrorCode, text: str) -> None:
+    """Refuse a request with `code` whatever its type (an unexpected failure:
+    `internal`; an expired token: `unauthenticated`).
 
     An acked publish gets its publish answer (in order with the stream's other
     publish answers); an unacked one is owed nothing. Any other request gets an
@@ -182,16 +183,15 @@ async def answer_internal(ctx: RequestContext, request: Request) -> None:
     """
     proto = ctx.proto
     request_id = getattr(request, "request_id", None)
+    about = f"{text} (request_id {request_id})" if request_id is not None else text
     if isinstance(request, PublishBatchFrame | Publish | PublishBatch):
         if request_id is None or proto.publish_only:
             return
         binary = isinstance(request, PublishBatchFrame)
-        text = f"internal error (request_id {request_id})"
-        answer = proto.publish_answer(request_id, binary=binary, error=(ErrorCode.INTERNAL, text))
+        answer = proto.publish_answer(request_id, binary=binary, error=(code, about))
         await ctx.answer_in_order(None, lambda _r: answer)
         return
-    about = f" (request_id {request_id})" if request_id is not None else ""
-    await ctx.write(proto.error(ErrorCode.INTERNAL, f"internal error{about}"))
+    await ctx.write(proto.error(code, about))
 
 
 def not_served_answer(ctx: RequestContext, request: Message, reason: str | None = None) -> bytes:

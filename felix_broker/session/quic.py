@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 from felix_broker.config import BrokerConfig
@@ -31,7 +32,7 @@ from felix_broker.session.context import (
     RequestContext,
     StreamIO,
 )
-from felix_broker.session.dispatch import DispatchTable
+from felix_broker.session.dispatch import DispatchTable, answer_refused
 from felix_broker.session.protocol import (
     Authenticated,
     Dispatch,
@@ -39,9 +40,10 @@ from felix_broker.session.protocol import (
     Send,
     StreamProtocol,
 )
-from felix_broker.tokens import Principal
+from felix_broker.tokens import LEEWAY_SECONDS, Principal
 from felix_transport import Connection, Stream, StreamClosedError
 from felix_transport.events import ConnectionClosedError
+from felix_wire.errors import ErrorCode
 from felix_wire.features import Feature
 from felix_wire.messages import Auth, Extension, PublishWidth, Unsupported
 
@@ -166,6 +168,7 @@ class Session:
         writer = loop.create_task(io.answer_writer())
         preauth = state.preauth
         holding = False
+        expiry: asyncio.TimerHandle | None = None
         # Every stream must authenticate within auth_timeout_ms of its opening, whatever
         # its siblings did (waiting for a pre-auth slot counts).
         timeout = config.auth_timeout_ms / 1000
@@ -185,6 +188,7 @@ class Session:
                             await io.write(output.data)
                         elif isinstance(output, Authenticated):
                             auth_deadline.reschedule(None)
+                            expiry = self._watch_expiry(io, proto)
                             state.authenticated.set()
                             # The connection's first authenticated stream lifts the
                             # transport's pre-authentication receive bounds.
@@ -193,6 +197,15 @@ class Session:
                                 preauth.release()
                                 holding = False
                         elif isinstance(output, Dispatch):
+                            if io.expired:
+                                await answer_refused(
+                                    ctx,
+                                    output.request,
+                                    ErrorCode.UNAUTHENTICATED,
+                                    "the stream's token has expired",
+                                )
+                                await io.end(reset=False)
+                                return
                             await self._table.dispatch(output.request, ctx)
                         elif isinstance(output, End):
                             await io.end(reset=output.reset)
@@ -215,6 +228,8 @@ class Session:
             self._abandon(stream, "stream")
         finally:
             state.streams.discard(io)
+            if expiry is not None:
+                expiry.cancel()
             if holding:
                 preauth.release()
             # Let pending answers out before the writer goes (bounded by the window).
@@ -222,6 +237,19 @@ class Session:
                 if not stream.at_eof or io.answers.qsize():
                     await io.flush_answers()
             writer.cancel()
+
+    def _watch_expiry(self, io: StreamIO, proto: StreamProtocol) -> asyncio.TimerHandle:
+        """End the stream's authority when its token expires plus the leeway."""
+        principal = proto.principal
+        assert principal is not None
+        remaining = principal.expires_at + LEEWAY_SECONDS - time.time()
+        loop = asyncio.get_running_loop()
+        return loop.call_later(max(0.0, remaining), self._expire, io)
+
+    def _expire(self, io: StreamIO) -> None:
+        self._metrics.token_expiries.inc()
+        _log.debug("a stream's token expired: its authority ends")
+        io.expire()
 
     def _abandon(self, stream: Stream, kind: str) -> None:
         self._metrics.internal_errors.labels(type=kind).inc()

@@ -296,6 +296,8 @@ class StreamService:
         live = shard.next_offset
         sub = self._engine.subscribe(shard, proto.client, capacity=capacity)
         state.subscriptions[sub] = identity
+        # It ends when the token it was opened under expires (plus the leeway).
+        ctx.io.on_expire.append(lambda: self.end_subscription(state, sub))
         subscribed = Subscribed(subscription_id=sub.subscription_id, queue_capacity=capacity)
         if shard.durable:
             # Shaping keeps these for clients that negotiated EVENT_BATCH_OFFSETS only.
