@@ -290,6 +290,14 @@ class BrokerConfig:
     subscriber_queue_policy: SubscriberQueuePolicy = _enum(
         SubscriberQueuePolicy.DROP_NEW, "FELIX_SUB_QUEUE_POLICY"
     )
+    # Subscriber queues are bounded in bytes too: each, and all of the broker's
+    # together; at either bound the subscriber's queue policy applies.
+    subscriber_queue_max_bytes: int = _int(
+        4 * _MIB, "FELIX_SUBSCRIBER_QUEUE_MAX_BYTES", minimum=1, maximum=2**63 - 1
+    )
+    subscriber_queued_bytes_max: int = _int(
+        256 * _MIB, "FELIX_SUBSCRIBER_QUEUED_BYTES_MAX", minimum=1, maximum=2**63 - 1
+    )
     subscriber_writer_lanes: int = _int(4, "FELIX_SUB_WRITER_LANES", minimum=1)
     subscriber_lane_queue_depth: int = _int(64, "FELIX_SUB_LANE_QUEUE_DEPTH", minimum=1)
     max_subscriber_writer_lanes: int = _int(8, "FELIX_MAX_SUB_WRITER_LANES", minimum=1)

@@ -83,6 +83,12 @@ class BrokerMetrics:
             "Streams abandoned because they did not authenticate within auth_timeout_ms.",
             registry=r,
         )
+        self.subscriber_queued_bytes = Gauge(
+            "felix_broker_subscriber_queued_bytes",
+            "Encoded event bytes queued for all subscribers (bounded by "
+            "subscriber_queued_bytes_max).",
+            registry=r,
+        )
         self.failed_logs = Gauge(
             "felix_broker_failed_logs",
             "Logs (streams, caches, groups) in the failed state after an I/O error; "

@@ -191,8 +191,44 @@ class PublishRequest:
         return sum(map(len, self.payloads))
 
 
+class QueuedBytes:
+    """Encoded bytes queued for every subscriber of a broker, against one bound."""
+
+    def __init__(self, limit: int, metrics: BrokerMetrics) -> None:
+        self.limit = limit
+        self.used = 0
+        self._metrics = metrics
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def fits(self, size: int) -> bool:
+        return self.used + size <= self.limit
+
+    def take(self, size: int) -> None:
+        self.used += size
+        self._metrics.subscriber_queued_bytes.inc(size)
+        if self.used >= self.limit:
+            self._room.clear()
+
+    def give(self, size: int) -> None:
+        self.used -= size
+        self._metrics.subscriber_queued_bytes.dec(size)
+        if self.used < self.limit:
+            self._room.set()
+
+    async def wait(self) -> None:
+        await self._room.wait()
+
+
 class Subscriber:
-    """One subscription's bounded queue of encoded frames."""
+    """One subscription's bounded queue of encoded frames.
+
+    Bounded in frames (`capacity`), in bytes (`max_bytes`; an empty queue still
+    takes one frame, however large) and by the broker-wide `budget`. At a bound the
+    policy applies: `drop_new` drops the frame offered, `drop_old` drops the oldest
+    queued ones until it fits (both mark the subscriber lagged); `block` queues the
+    frame and reports it full, and the publishing tenant waits until there is room.
+    """
 
     def __init__(
         self,
@@ -202,11 +238,17 @@ class Subscriber:
         capacity: int,
         policy: SubscriberQueuePolicy,
         metrics: BrokerMetrics,
+        *,
+        max_bytes: int,
+        budget: QueuedBytes,
     ) -> None:
         self.subscription_id = subscription_id
         self.shard = shard
         self.variant = variant
         self.capacity = capacity
+        self.max_bytes = max_bytes
+        self.queued_bytes = 0
+        self._budget = budget
         self.policy = policy
         self.dropped = 0
         self.delivered = 0
@@ -224,30 +266,57 @@ class Subscriber:
     def depth(self) -> int:
         return len(self._frames)
 
+    def _full(self, size: int) -> bool:
+        frames = self._frames
+        return (
+            len(frames) >= self.capacity
+            or (bool(frames) and self.queued_bytes + size > self.max_bytes)
+            or not self._budget.fits(size)
+        )
+
     def offer(self, frame: bytes, records: int, base: int = 0) -> bool:
-        """Queue a frame; False when it had to wait for room (policy `block`)."""
+        """Queue a frame; False when the queue is full under policy `block` (the
+        frame is queued all the same; the caller waits for room before the next)."""
         if self.closed:
             return True
-        if len(self._frames) >= self.capacity:
+        size = len(frame)
+        blocked = False
+        if self._full(size):
             if self.policy is SubscriberQueuePolicy.BLOCK:
                 self._room.clear()
-                return False
-            if self.policy is SubscriberQueuePolicy.DROP_OLD:
-                _, old_records, _ = self._frames.popleft()
-                self._drop(old_records)
-                self._metrics.subscriber_queue_depth.dec()
+                blocked = True
+            elif self.policy is SubscriberQueuePolicy.DROP_OLD:
+                while self._frames and self._full(size):
+                    old, old_records, _ = self._frames.popleft()
+                    self._release(len(old), 1)
+                    self._drop(old_records)
+                if self._full(size):
+                    self._drop(records)  # the broker-wide bound: nothing of ours to drop
+                    return True
             else:
                 self._drop(records)
                 return True
         self._frames.append((frame, records, base))
+        self.queued_bytes += size
+        self._budget.take(size)
         self._metrics.subscriber_queue_depth.inc()
         self._ready.set()
-        return True
+        return not blocked
+
+    def _release(self, size: int, frames: int) -> None:
+        self.queued_bytes -= size
+        self._budget.give(size)
+        self._metrics.subscriber_queue_depth.dec(frames)
 
     async def wait_for_room(self) -> None:
-        while not self.closed and len(self._frames) >= self.capacity:
+        while not self.closed and (
+            len(self._frames) >= self.capacity
+            or (self._frames and self.queued_bytes >= self.max_bytes)
+        ):
             self._room.clear()
             await self._room.wait()
+        while not self.closed and self._budget.used >= self._budget.limit:
+            await self._budget.wait()
 
     def _drop(self, records: int) -> None:
         self.lagged = True
@@ -263,7 +332,7 @@ class Subscriber:
             await self._ready.wait()
         frames = list(self._frames)
         records = sum(r for _, r, _ in frames)
-        self._metrics.subscriber_queue_depth.dec(len(frames))
+        self._release(self.queued_bytes, len(frames))
         self._frames.clear()
         self.delivered += records
         self._metrics.deliveries.inc(records)
@@ -283,7 +352,7 @@ class Subscriber:
         if self.closed:
             return
         self.closed = True
-        self._metrics.subscriber_queue_depth.dec(len(self._frames))
+        self._release(self.queued_bytes, len(self._frames))
         self._frames.clear()
         self._ready.set()
         self._room.set()
@@ -483,6 +552,7 @@ class Engine:
         self._shards: dict[tuple[str, str, str, int], Shard] = {}
         self._pipelines: dict[str, _TenantPipeline] = {}
         self._subscription_ids = itertools.count(1)
+        self.queued_bytes = QueuedBytes(config.subscriber_queued_bytes_max, metrics)
 
     # -- lookup ------------------------------------------------------------------
 
@@ -573,6 +643,8 @@ class Engine:
             capacity or self.config.subscriber_queue_capacity,
             self.config.subscriber_queue_policy,
             self.metrics,
+            max_bytes=self.config.subscriber_queue_max_bytes,
+            budget=self.queued_bytes,
         )
         shard.subscribers.append(sub)
         return sub
