@@ -21,7 +21,7 @@ Back-pressure, both directions, per stream:
   QUIC retransmits them) and resuming once reads bring the stream below half
   the bound. Unacknowledged, the peer's congestion window fills and its
   sender stops. To keep a long pause from idling the connection out, one held
-  datagram is fed every ``idle_timeout / 3``, so a stalled stream can exceed
+  datagram (the newest) is fed every ``idle_timeout / 3``, so a stalled stream can exceed
   its bound by about one datagram per such tick. The pause is connection-wide:
   other streams of the same connection stall with it.
 
@@ -851,7 +851,9 @@ class Connection:
         if not self._over_limit or self.termination is not None:
             return
         if self._held:
-            data, addr = self._held.popleft()
+            # The newest: what the peer sent last (its latest ACKs, or its
+            # CONNECTION_CLOSE) matters most; older stream data is resent anyway.
+            data, addr = self._held.pop()
             try:
                 self._adapter.receive_datagrams([data], addr, self._loop.time())
             except Exception:
