@@ -19,7 +19,7 @@ from typing import Any, Protocol
 
 from felix_broker.cache.service import CacheLimits, CacheService
 from felix_broker.catalog import Catalog
-from felix_broker.config import BrokerConfig, FsyncMode
+from felix_broker.config import BrokerConfig, FsyncMode, warn_ignored_knobs
 from felix_broker.discovery.service import DISCOVERY_FEATURES, DiscoveryService
 from felix_broker.groups.service import GroupService
 from felix_broker.metrics import BrokerMetrics
@@ -100,6 +100,7 @@ class Broker:
 
     async def start(self) -> None:
         config = self.config
+        warn_ignored_knobs(config)
         config.data_dir.mkdir(parents=True, exist_ok=True)
         self.tls = prepare_tls(
             data_dir=config.data_dir,

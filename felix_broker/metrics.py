@@ -107,6 +107,11 @@ class BrokerMetrics:
             registry=r,
         )
 
+        self.publish_inflight_bytes = Gauge(
+            "felix_broker_publish_inflight_bytes",
+            "Publish payload bytes read and not yet appended (bounded by pub_inflight_bytes).",
+            registry=r,
+        )
         self.task_failures = Counter(
             "felix_broker_task_failures",
             "Broker tasks that ended with an unexpected exception, by what started them.",

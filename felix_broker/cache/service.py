@@ -557,7 +557,7 @@ class CacheService:
         ctx.io.on_expire.append(watcher.close)
         ctx.spawn(
             self._deliver(shard, watcher, uni, proto, subscription_id, snapshot, replay_from, tail),
-            "cache-watch",
+            "cache_watch_delivery",
         )
 
     async def _deliver(
@@ -630,7 +630,7 @@ class CacheService:
         offset = start
         while offset < end and not watcher.closed:
             try:
-                records = log.read(
+                records = await log.aread(
                     offset, max_records=_REPLAY_RECORDS, max_bytes=_REPLAY_BYTES, end=end
                 )
             except OffsetOutOfRangeError:

@@ -14,7 +14,9 @@ Bounds kept here:
   requests running as their own tasks (cache and group requests) per
   connection; the dispatcher takes a slot before it starts one, so at the bound
   the stream that carried the next request is not read until one finishes, and
-  QUIC flow control holds the client back.
+  QUIC flow control holds the client back. A long poll holds its slot while it
+  waits (at most `group_max_wait_ms`): a client that keeps more long polls open
+  on one connection than the bound delays its other requests by up to that.
 
 A task that ends with an exception (a bug: handlers answer every error they
 expect) is logged once, with the request type that started it, and counted in
@@ -32,6 +34,7 @@ from typing import TYPE_CHECKING, Any
 
 from felix_broker.metrics import BrokerMetrics
 from felix_broker.session.protocol import StreamProtocol
+from felix_broker.streams.budget import ByteBudget
 from felix_broker.tokens import Principal
 from felix_transport import Connection, Stream, StreamClosedError
 
@@ -129,6 +132,9 @@ class ConnectionState:
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     streams: set[StreamIO] = field(default_factory=set)
     subscriptions: dict[Subscriber, str] = field(default_factory=dict)  # -> identity
+    # Publish bytes in flight on this connection: per identity, and "" for all of them
+    # (streams/budget.py).
+    publish_bytes: dict[str, ByteBudget] = field(default_factory=dict)
 
     def spawn(self, coro: Coroutine[Any, Any, None], kind: str) -> asyncio.Task[None]:
         """Run `coro` until it ends or the connection goes; `kind` names it in logs."""

@@ -11,6 +11,10 @@ after the write (A5); in-memory streams never report offsets. The answers of
 one stream are queued in order (`RequestContext.answer_in_order`, at most
 `publish_window` pending); a full queue stops the stream's reader.
 
+Publish bytes in flight are bounded per connection and identity, per
+connection and per broker (budget.py): a publish that does not fit waits, and
+its stream is not read meanwhile.
+
 Subscribing. A subscription gets a broker-opened unidirectional stream fed by
 its `SubscriptionWriter` (delivery.py) from the subscriber's bounded queue; it
 outlives the control stream that made it and ends on STOP_SENDING, when the
@@ -19,7 +23,9 @@ connection goes, or when its stream is deleted from the catalog.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+from collections.abc import Callable
 
 from felix_broker.catalog import StreamSpec
 from felix_broker.config import BrokerConfig
@@ -28,6 +34,7 @@ from felix_broker.permissions import Action, stream_object
 from felix_broker.session.context import ConnectionState, RequestContext
 from felix_broker.session.dispatch import DispatchTable
 from felix_broker.storage import StorageError
+from felix_broker.streams.budget import ByteBudget
 from felix_broker.streams.delivery import SubscriptionWriter
 from felix_broker.streams.engine import (
     Engine,
@@ -73,6 +80,8 @@ STREAM_FEATURES = int(
 DURABLE_FEATURES = int(Feature.FEATURE_STREAM_READ | Feature.FEATURE_RECORD_TIMESTAMPS)
 
 READ_MAX_BYTES = 4 * 1024 * 1024  # a stream_read page's payload cap (R1)
+# Pages of fewer records are encoded on the event loop (a thread hop costs more).
+_ENCODE_ON_LOOP_RECORDS = 64
 
 
 def refusal(
@@ -97,6 +106,7 @@ class StreamService:
         self._engine = engine
         self._metrics = metrics
         self._durable = durable
+        self._inflight = ByteBudget(config.pub_inflight_bytes)  # the whole broker's
 
     @property
     def features(self) -> int:
@@ -210,15 +220,22 @@ class StreamService:
             await refuse(ErrorCode.STORAGE, str(exc))
             return
         publish = PublishRequest(shard, payloads, publisher_of(ctx.principal.subject))
+        # Held until the worker has appended it; waiting here stops this stream's reader.
+        release = await self._hold_bytes(ctx, publish.size)
         try:
             done = await self._engine.publish(publish, acked=request_id is not None)
         except OverloadedError as exc:
+            release()
             await refuse(
                 ErrorCode.OVERLOADED,
                 str(exc),
                 ErrorDetail(reason="publish_queue_full", retry_after_ms=exc.retry_after_ms),
             )
             return
+        except BaseException:
+            release()
+            raise
+        done.add_done_callback(lambda _f: release())
         if request_id is None:
             return
         # Acknowledged when queued, unless the broker or this client asked for acks
@@ -238,6 +255,42 @@ class StreamService:
             return proto.publish_answer(rid, binary=binary, offset=offset if durable else None)
 
         await ctx.answer_in_order(done if after_write else None, answer)
+
+    async def _hold_bytes(self, ctx: RequestContext, size: int) -> Callable[[], None]:
+        """Take `size` bytes from the connection's identity budget, the connection's
+        and the broker's (budget.py), waiting until they fit; returns the release."""
+        config = self._config
+        principal = ctx.principal
+        budgets = ctx.connection.publish_bytes
+        identity = f"{principal.tenant_id}/{principal.subject}"
+        mine = budgets.get(identity)
+        if mine is None:
+            mine = budgets[identity] = ByteBudget(config.pub_conn_inflight_bytes)
+        total = budgets.get("")
+        if total is None:
+            total = budgets[""] = ByteBudget(config.effective_pub_conn_total_inflight_bytes)
+        held: list[ByteBudget] = []
+        try:
+            for budget in (mine, total, self._inflight):
+                await budget.acquire(size)
+                held.append(budget)
+        except BaseException:
+            for budget in held:
+                budget.release(size)
+            raise
+        gauge = self._metrics.publish_inflight_bytes
+        gauge.inc(size)
+        released = False
+
+        def release() -> None:
+            nonlocal released
+            if not released:
+                released = True
+                for budget in held:
+                    budget.release(size)
+                gauge.dec(size)
+
+        return release
 
     # -- subscribe -------------------------------------------------------------------
 
@@ -313,7 +366,8 @@ class StreamService:
             Flag.EVENT_BATCH_OFFSETS, Feature.FEATURE_SUBSCRIPTION_LAGGED
         )
         ctx.spawn(
-            self._deliver(state, sub, uni, start if shard.durable else None, lagged), "deliver"
+            self._deliver(state, sub, uni, start if shard.durable else None, lagged),
+            "subscription_delivery",
         )
 
     async def _deliver(
@@ -392,9 +446,9 @@ class StreamService:
 
     async def stream_read(self, request: StreamRead, ctx: RequestContext) -> None:
         """A page of committed records; never waits for new ones (R1)."""
-        await ctx.write(self._stream_read(ctx, request))
+        await ctx.write(await self._stream_read(ctx, request))
 
-    def _stream_read(self, ctx: RequestContext, request: StreamRead) -> bytes:
+    async def _stream_read(self, ctx: RequestContext, request: StreamRead) -> bytes:
         proto = ctx.proto
         shard = self._durable_shard(
             ctx, request.tenant_id, request.namespace, request.stream, request.shard
@@ -421,7 +475,10 @@ class StreamService:
         max_bytes = min(request.max_bytes or READ_MAX_BYTES, READ_MAX_BYTES)
         records = []
         if request.end is None or request.end > first:
-            records = log.read(first, max_records=max_records, max_bytes=max_bytes, end=request.end)
+            # Up to 4 MiB from disk: read on a worker thread, not on the event loop.
+            records = await log.aread(
+                first, max_records=max_records, max_bytes=max_bytes, end=request.end
+            )
         page = [
             StreamRecord(
                 offset=r.offset,
@@ -432,9 +489,11 @@ class StreamService:
             for r in records
         ]
         next_offset = records[-1].offset + 1 if records else first
-        return proto.message(
-            StreamRecords(records=page, next_offset=next_offset, request_id=request.request_id)
-        )
+        answer = StreamRecords(records=page, next_offset=next_offset, request_id=request.request_id)
+        if len(records) < _ENCODE_ON_LOOP_RECORDS:
+            return proto.message(answer)
+        # Encoding megabytes (base64 in JSON) is loop time too: a worker thread does it.
+        return await asyncio.to_thread(proto.message, answer)
 
     async def offset_for_time(self, request: OffsetForTime, ctx: RequestContext) -> None:
         """The first offset appended at or after a time (R2)."""
