@@ -475,7 +475,7 @@ class BrokerConfig:
         "or makes the tenant's worker wait for room (block, loses nothing).",
     )
     subscriber_queue_max_bytes: int = _int(
-        4 * _MIB,
+        8 * _MIB,
         "FELIX_SUBSCRIBER_QUEUE_MAX_BYTES",
         minimum=1,
         maximum=2**63 - 1,
