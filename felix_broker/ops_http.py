@@ -178,6 +178,12 @@ class HttpListener:
                 await self._serve_one(reader, writer)
         except (ConnectionError, asyncio.IncompleteReadError):
             pass  # The peer went away; nothing to answer.
+        except asyncio.CancelledError:
+            # close() ends idle connections by cancelling their handlers. Python
+            # 3.11's StreamReaderProtocol then calls exception() on the cancelled
+            # task and logs "Exception in callback" (fixed in 3.12): end normally.
+            if task.cancelling() == 0:
+                raise
         finally:
             self._tasks.discard(task)
             writer.close()
