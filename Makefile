@@ -4,6 +4,7 @@ VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.bench-installed
 
 .PHONY: setup codegen drift lint types layering unit unit-aioquic test bench run clean
 
@@ -14,6 +15,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# The peers' Python clients for bench/peers.py (the servers come from the system:
+# apt-get install nats-server redis-server).
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
 
 # Regenerate generated/ from spec/ (validates the catalogue first).
 codegen: setup
@@ -46,7 +53,7 @@ unit-aioquic: setup
 # The whole test suite: what CI runs.
 test: drift lint types layering unit unit-aioquic
 
-bench: setup
+bench: setup $(BENCH_STAMP)
 	$(PY) bench/codec.py
 	$(PY) bench/transport.py --quick
 	$(PY) bench/pubsub.py --quick
@@ -54,6 +61,7 @@ bench: setup
 	$(PY) bench/cache.py --quick
 	$(PY) bench/client.py --quick
 	$(PY) bench/groups.py --quick
+	$(PY) bench/peers.py --quick
 
 run: setup
 	$(VENV)/bin/felix-broker
