@@ -157,14 +157,14 @@ async def test_poll_ack_and_the_contiguous_cursor(tmp_path: Path) -> None:
         await s.publish(b"d")
         assert stale(await s.call(GroupAck, offset=3))  # written after the state, not handed out
         metrics = broker.metrics.exposition().decode()
-        assert "felix_broker_group_records_claimed_total 3.0" in metrics
-        assert 'felix_broker_group_requests_total{outcome="ok",type="group_ack"} 3.0' in metrics
+        assert "felix_group_records_claimed_total 3.0" in metrics
+        assert 'felix_group_requests_total{outcome="ok",type="group_ack"} 3.0' in metrics
         assert (
-            'felix_broker_group_requests_total{outcome="stale_claim",type="group_ack"} 1.0'
+            'felix_group_requests_total{outcome="stale_claim",type="group_ack"} 1.0'
             in metrics
         )
         assert (
-            'felix_broker_group_requests_total{outcome="invalid_request",type="group_ack"} 1.0'
+            'felix_group_requests_total{outcome="invalid_request",type="group_ack"} 1.0'
             in metrics
         )
 
