@@ -105,7 +105,17 @@ async def test_metric_names_follow_one_scheme(metrics: BrokerMetrics) -> None:
     metrics.group_requests.labels(type="group_ack", outcome="ok").inc()
     names = set(_series(metrics.exposition().decode()))
     assert names, "the registry exports series"
-    areas = "connections auth request stream storage group cache tenant build".split()
+    areas = [
+        "connections",
+        "auth",
+        "request",
+        "stream",
+        "storage",
+        "group",
+        "cache",
+        "tenant",
+        "build",
+    ]
     for name in names:
         assert name.startswith(tuple(f"felix_{area}_" for area in areas)), name
     assert "felix_tenant_publish_queue_full_total" in names  # the name the protocol documents
