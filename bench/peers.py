@@ -24,12 +24,16 @@ message. Workloads (100-byte payloads everywhere):
   record is in the page cache, as a JetStream PubAck means; the ``on_commit``
   row (ack after fsync) is printed beside it, against the same JetStream figure.
 - ``workqueue``: one consumer reading a pre-filled durable stream; Felix a
-  consumer group (poll up to B records, ack each, acks answered after they are
-  durable; raw frames, as felix_client has no group API yet), NATS a JetStream
-  pull consumer (fetch B, ``msg.ack()`` each, which nats-py does not await).
+  consumer group (poll up to B records; their acks go out with the next poll,
+  and every ack's answer, sent once the ack is durable, is awaited; raw
+  frames, as felix_client has no group API yet), NATS a JetStream pull
+  consumer (fetch B, ``msg.ack()`` each, which nats-py sends without awaiting
+  an answer, before the next fetch).
 - ``kv``: put and get with 1 and 32 requests in flight over 1,000 keys; Felix's
-  cache (log-backed, periodic), NATS KV (file storage), Redis SET/GET (32
-  pooled connections at 32 in flight).
+  cache (log-backed, periodic) through felix_client and, as ``felix-raw``,
+  through frames of the generated layer on one stream (the broker's share
+  without the client's), NATS KV (file storage), Redis SET/GET (32 pooled
+  connections at 32 in flight).
 
 Every cell (one workload setting on one system) runs in a fresh client
 process; each round runs the systems in alternating order. The table shows
@@ -120,12 +124,14 @@ def _wait_for_line(log: Path, needle: str, process: subprocess.Popen[bytes]) -> 
     raise RuntimeError(f"no {needle!r} in {log} within 30 s")
 
 
-def start_felix(tmp: Path, fsync_mode: str) -> Server:
-    data = tmp / f"felix-{fsync_mode}"
+def start_felix(tmp: Path, fsync_mode: str, source: Path | None = None) -> Server:
+    """A broker from this checkout, or from the source tree `source` (a baseline)."""
+    data = tmp / (f"felix-{fsync_mode}" if source is None else "felix-base")
     data.mkdir()
     (data / "broker.yaml").write_text(CATALOG)
     common = [sys.executable, "-m", "felix_broker.cli", "--data-dir", str(data)]
-    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    path = str(ROOT) if source is None else f"{source}{os.pathsep}{source / 'generated'}"
+    env = dict(os.environ, PYTHONPATH=path)
     log = data / "stdout.log"
     with log.open("wb") as out:
         process = subprocess.Popen(
@@ -261,6 +267,8 @@ class RawFelix:
         self.reader = FrameReader()
         self.pending: list[Any] = []
         self.rid = 0
+        self.waiters: dict[int, asyncio.Future[Any]] = {}
+        self.dispatcher: asyncio.Future[None] | None = None
 
     @classmethod
     async def open(cls, target: dict[str, Any]) -> RawFelix:
@@ -292,6 +300,25 @@ class RawFelix:
                 raise EOFError("stream ended")
             self.pending.extend(decode_frame(f) for f in self.reader.feed(data))
         return self.pending.pop(0)
+
+    async def call(self, build: Callable[[int], Any]) -> Any:
+        """Send `build(request_id)` and wait for the answer with that request_id; many
+        calls may be in flight, one reader task matches answers to them."""
+        self.rid += 1
+        rid = self.rid
+        future: asyncio.Future[Any] = asyncio.get_running_loop().create_future()
+        self.waiters[rid] = future
+        if self.dispatcher is None:
+            self.dispatcher = asyncio.ensure_future(self._dispatch())
+        await self.send(build(rid))
+        return await future
+
+    async def _dispatch(self) -> None:
+        while True:
+            answer = await self.recv()
+            waiter = self.waiters.pop(answer.request_id, None)
+            if waiter is not None and not waiter.done():
+                waiter.set_result(answer)
 
 
 # --- workloads --------------------------------------------------------------------------
@@ -455,7 +482,10 @@ async def nats_durable(target: dict[str, Any], inflight: int, seconds: float) ->
 async def felix_workqueue(
     target: dict[str, Any], batch: int, seconds: float, group: str
 ) -> Figures:
-    from felix_wire.messages import GroupAck, GroupPoll, GroupRecords
+    """Poll up to `batch`, then send their acks together with the next poll (as a
+    JetStream consumer's acks travel with its next pull request); every ack's answer
+    (given once the ack is durable) is awaited before the records count."""
+    from felix_wire.messages import CacheOk, GroupAck, GroupPoll, GroupRecords
 
     raw = await RawFelix.open(target)
     scope: dict[str, Any] = {
@@ -465,23 +495,36 @@ async def felix_workqueue(
         "shard": 0,
         "group": group,
     }
+    unacked: list[int] = []
 
-    async def one(_worker: int) -> int:
-        raw.rid += 1
-        await raw.send(GroupPoll(**scope, max_records=batch, request_id=raw.rid))
-        answer = await raw.recv()
-        assert isinstance(answer, GroupRecords), answer
-        acks = []
-        for record in answer.records:
+    async def exchange(poll: bool) -> int:
+        """Ack what the last poll took (and poll again); the records now acked."""
+        messages: list[Any] = []
+        for offset in unacked:
             raw.rid += 1
-            acks.append(GroupAck(**scope, offset=record.offset, request_id=raw.rid))
-        if acks:
-            await raw.send(*acks)
-        for _ in acks:
-            await raw.recv()
-        return len(acks)
+            messages.append(GroupAck(**scope, offset=offset, request_id=raw.rid))
+        if poll:
+            raw.rid += 1
+            messages.append(GroupPoll(**scope, max_records=batch, request_id=raw.rid))
+        await raw.send(*messages)
+        acked = len(unacked)
+        unacked.clear()
+        for _ in messages:
+            answer = await raw.recv()
+            if isinstance(answer, GroupRecords):
+                unacked.extend(record.offset for record in answer.records)
+            else:
+                assert isinstance(answer, CacheOk), answer
+        return acked
 
-    figures = await until(seconds, 1, one)
+    await exchange(True)
+    stop = time.perf_counter() + seconds
+    started = time.perf_counter()
+    done = 0
+    while unacked and time.perf_counter() < stop:
+        done += await exchange(True)
+    done += await exchange(False)
+    figures = {"rate": done / (time.perf_counter() - started)}
     raw.connection.close()
     return figures
 
@@ -530,6 +573,40 @@ async def felix_kv(target: dict[str, Any], op: str, inflight: int, seconds: floa
 
     figures = await until(seconds, inflight, one)
     await client.aclose()
+    return figures
+
+
+async def felix_raw_kv(target: dict[str, Any], op: str, inflight: int, seconds: float) -> Figures:
+    """The cache through frames of the generated layer: the broker's share without
+    felix_client's (one stream, requests pipelined by request_id)."""
+    from felix_wire.messages import CacheGet, CacheOk, CachePut, CacheValue
+
+    raw = await RawFelix.open(target)
+    scope: dict[str, Any] = {"tenant_id": TENANT, "namespace": NS, "cache": KV}
+    names = keys()
+    for key in names:
+
+        def put(rid: int, key: str = key) -> CachePut:
+            return CachePut(**scope, key=key, value=PAYLOAD, request_id=rid)
+
+        assert isinstance(await raw.call(put), CacheOk)
+    turn = [0]
+
+    async def one(_worker: int) -> int:
+        turn[0] += 1
+        key = names[turn[0] % KEYS]
+        if op == "put":
+            answer = await raw.call(
+                lambda rid: CachePut(**scope, key=key, value=PAYLOAD, request_id=rid)
+            )
+            assert isinstance(answer, CacheOk), answer
+        else:
+            answer = await raw.call(lambda rid: CacheGet(**scope, key=key, request_id=rid))
+            assert isinstance(answer, CacheValue) and answer.value == PAYLOAD, answer
+        return 1
+
+    figures = await until(seconds, inflight, one)
+    raw.connection.close()
     return figures
 
 
@@ -594,7 +671,7 @@ async def run_cell(cell: Cell) -> Figures:
         run_wq = felix_workqueue if felix else nats_workqueue
         return await run_wq(t, cell["n"], seconds, cell["group"])
     if work == "kv":
-        kv = {"nats": nats_kv, "redis": redis_kv}.get(system, felix_kv)
+        kv = {"nats": nats_kv, "redis": redis_kv, "felix-raw": felix_raw_kv}.get(system, felix_kv)
         return await kv(t, cell["op"], cell["n"], seconds)
     raise ValueError(f"unknown workload {work}")
 
@@ -670,7 +747,10 @@ def rows(quick: bool) -> list[Row]:
     for op in ("put", "get"):
         for n in (1, 32):
             row = Row(
-                f"kv {op}, {n} in flight", "kv", {"op": op, "n": n}, ("felix", "nats", "redis")
+                f"kv {op}, {n} in flight",
+                "kv",
+                {"op": op, "n": n},
+                ("felix", "felix-raw", "nats", "redis"),
             )
             out.append(row)
     return out
@@ -690,10 +770,13 @@ def cell_process(cell: Cell) -> Figures:
 
 
 @contextlib.contextmanager
-def peers(tmp: Path, wanted: set[str]) -> Iterator[dict[str, Server]]:
+def peers(tmp: Path, wanted: set[str], baseline: Path | None) -> Iterator[dict[str, Server]]:
     servers: dict[str, Server] = {}
     try:
         servers["felix"] = start_felix(tmp, "periodic")
+        if baseline is not None:
+            servers["felix-base"] = start_felix(tmp, "periodic", baseline)
+        servers["felix-raw"] = servers["felix"]  # the same broker, driven by raw frames
         if "durable" in wanted:
             servers["felix-on_commit"] = start_felix(tmp, "on_commit")
         try:
@@ -717,7 +800,7 @@ def peers(tmp: Path, wanted: set[str]) -> Iterator[dict[str, Server]]:
                 print("skipping Redis: redis-py is not installed (pip install -e '.[bench]')")
         yield servers
     finally:
-        for server in servers.values():
+        for server in {id(s): s for s in servers.values()}.values():
             server.stop()
 
 
@@ -749,10 +832,12 @@ def run(args: argparse.Namespace) -> None:
     prefill = 15_000 if args.quick else 100_000
     with (
         tempfile.TemporaryDirectory(prefix="felix-peers-") as tmpdir,
-        peers(Path(tmpdir), wanted) as servers,
+        peers(Path(tmpdir), wanted, args.baseline) as servers,
     ):
         if "workqueue" in wanted:
             asyncio.run(felix_setup(servers["felix"].target, prefill))
+            if "felix-base" in servers:
+                asyncio.run(felix_setup(servers["felix-base"].target, prefill))
         if "nats" in servers:
             asyncio.run(nats_setup(servers["nats"].target, prefill if "workqueue" in wanted else 0))
         print(
@@ -763,6 +848,8 @@ def run(args: argparse.Namespace) -> None:
         for index in range(rounds):
             for row_number, row in enumerate(table):
                 systems = [s for s in row.systems if s in servers]
+                if "felix-base" in servers:
+                    systems.insert(1, "felix-base")
                 if (index + row_number) % 2:
                     systems.reverse()
                 for system in systems:
@@ -789,24 +876,33 @@ def report(
     rounds: int,
 ) -> None:
     peers_present = [p for p in ("nats", "redis") if p in servers]
+    base = "felix-base" in servers
     head = f"{'workload':<38} {'system':<16} {'figure':>26}"
     ratio_heads = "".join(f" {'Felix/' + p:>20}" for p in peers_present)
-    print(head + ratio_heads)
+    print(head + ratio_heads + (f" {'Felix/felix-base':>20}" if base else ""))
+
+    def ratio(values: list[float], peer: str, key: tuple[str, str]) -> str:
+        theirs = results.get((key[0], peer, key[1]), [])
+        return f" {fmt_ratio([a / b for a, b in zip(values, theirs, strict=False) if b]):>20}"
+
     for row in table:
         for metric in row.metrics:
             unit = "records/s" if row.work in ("pubsub", "workqueue") else "ops/s"
             if row.work == "latency":
                 unit = f"{metric} us"
-            for system in row.systems:
+            systems = list(row.systems)
+            if base:
+                systems.insert(1, "felix-base")
+            for system in systems:
                 values = results.get((row.label, system, metric), [])
                 if not values:
                     continue
                 line = f"{row.label:<38} {system:<16} {fmt(values) + ' ' + unit:>26}"
-                if system.startswith("felix"):
+                if system.startswith("felix") and system != "felix-base":
                     for peer in peers_present:
-                        theirs = results.get((row.label, peer, metric), [])
-                        ratios = [a / b for a, b in zip(values, theirs, strict=False) if b]
-                        line += f" {fmt_ratio(ratios):>20}"
+                        line += ratio(values, peer, (row.label, metric))
+                    if base and system == "felix":
+                        line += ratio(values, "felix-base", (row.label, metric))
                 print(line)
     print(
         "ratios are per round (same-run), median (min-max) of "
@@ -820,6 +916,12 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=0, help="rounds (default 3, quick 1)")
     parser.add_argument("--seconds", type=float, default=0.0, help="seconds per timed cell")
     parser.add_argument("--only", default="", help="workloads, e.g. kv,workqueue")
+    parser.add_argument(
+        "--baseline",
+        type=Path,
+        help="also run a broker from this source tree (e.g. an older commit's "
+        "`git archive`) as felix-base, for same-run before/after ratios",
+    )
     parser.add_argument("--cell", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.cell:
