@@ -208,6 +208,10 @@ class _ShardGroups:
     signal: _Signal = field(default_factory=_Signal)
     last_stamp_us: int = 0
     compacting: bool = False
+    # Changes made this loop pass, appended together by one commit (group commit),
+    # and their writers' futures: each gets the last offset, or the append's error.
+    pending: list[GroupChange] = field(default_factory=list)
+    committers: list[asyncio.Future[int]] = field(default_factory=list)
 
     @property
     def tail(self) -> int:
@@ -297,6 +301,7 @@ class GroupService:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         for groups in self._shards.values():
+            self._commit(groups)  # what a settle of this pass changed is not lost
             with contextlib.suppress(ValueError):
                 groups.stream.listeners.remove(groups.signal.fire)
             try:
@@ -400,7 +405,10 @@ class GroupService:
         return state
 
     def _append(self, groups: _ShardGroups, changes: list[GroupChange]) -> int | None:
-        """Append changes to the group log now (in state order); returns the last offset."""
+        """Append changes to the group log now, after those still waiting for this
+        pass's commit (so the log keeps state order); returns the last offset."""
+        if groups.pending:
+            self._commit(groups)
         if not changes:
             return None
         stamp = max(time.time_ns() // 1000, groups.last_stamp_us)
@@ -408,12 +416,45 @@ class GroupService:
         base = groups.log.append([encode_change(c) for c in changes], timestamp_us=stamp)
         return base + len(changes) - 1
 
+    def _commit(self, groups: _ShardGroups) -> None:
+        """Append every change made since the last commit as one batch: one write for
+        all the settles of a loop pass instead of one per settle."""
+        changes, groups.pending = groups.pending, []
+        committers, groups.committers = groups.committers, []
+        if not changes:
+            return
+        try:
+            last = self._append(groups, changes)
+        except BaseException as exc:
+            for waiter in committers:
+                if not waiter.done():
+                    waiter.set_exception(exc)
+            return
+        assert last is not None
+        for waiter in committers:
+            if not waiter.done():
+                waiter.set_result(last)
+
     async def _persist(self, groups: _ShardGroups, state: GroupState) -> None:
-        """Write what the state changed, and wait until it is durable."""
-        last = self._append(groups, state.take_writes())
+        """Write what the state changed, and wait until it is durable.
+
+        The changes join this loop pass's commit: the first writer of a pass
+        schedules it, everyone of the pass waits for it, then for durability per
+        fsync mode (which the log shares between waiters in turn). So no settle is
+        answered before its change is written (and, under on_commit, synced). Each
+        writer has its own future, so a cancelled one cancels only itself."""
+        changes = state.take_writes()
         groups.signal.fire()
-        if last is not None:
-            await groups.log.wait_durable(last)
+        if not changes:
+            return
+        loop = asyncio.get_running_loop()
+        if not groups.pending:
+            loop.call_soon(self._commit, groups)
+        groups.pending.extend(changes)
+        waiter = loop.create_future()
+        groups.committers.append(waiter)
+        last = await waiter
+        await groups.log.wait_durable(last)
 
     def _wants_compaction(self, groups: _ShardGroups) -> bool:
         if groups.compacting:
@@ -427,6 +468,7 @@ class GroupService:
         groups.compacting = True
         try:
             log = groups.log
+            self._commit(groups)  # this pass's changes go before the copy, as made
             # Every record before the copy has a time below `stamp`, the copy and
             # everything after it one at or above it: retention by age at `stamp`
             # removes exactly the segments wholly before the copy.
