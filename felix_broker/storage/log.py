@@ -454,7 +454,9 @@ class Log:
             segment = self._segments[i]
             fd = segment.fd if segment.fd is not None else os.open(segment.path, os.O_RDONLY)
             try:
-                for record in segment.records_from(fd, offset):
+                # At most max_records are wanted: the segment reads only their bytes.
+                want = min(stop, offset + max_records - len(records))
+                for record in segment.records_from(fd, offset, end=want):
                     if record.offset >= stop:
                         return records
                     if records and used + len(record.payload) > max_bytes:
