@@ -84,10 +84,10 @@ async def _broker_main(
     import dataclasses
     import logging
 
+    from felix_broker.app import Broker
     from felix_broker.catalog import CacheSpec, StaticCatalog
     from felix_broker.cli import full_rights
     from felix_broker.config import load_config
-    from felix_broker.server import Broker
 
     logging.basicConfig(level=logging.WARNING)
     settings = {"quic_bind": "127.0.0.1:0", "metrics_bind": "127.0.0.1:0", "data_dir": str(data)}

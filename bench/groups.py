@@ -32,10 +32,10 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from felix_broker.app import Broker
 from felix_broker.catalog import StaticCatalog, StreamSpec
 from felix_broker.cli import full_rights
 from felix_broker.config import load_config
-from felix_broker.server import Broker
 from felix_transport import TransportConfig, connect
 from felix_wire.codec import decode_frame, encode_frame
 from felix_wire.frame import FrameReader

@@ -27,6 +27,7 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
+from felix_broker.app import Broker
 from felix_broker.catalog import CacheSpec, Routing, StaticCatalog, StreamSpec
 from felix_broker.config import (
     BrokerConfig,
@@ -36,7 +37,6 @@ from felix_broker.config import (
     config_from_args,
     load_config,
 )
-from felix_broker.server import Broker
 from felix_broker.tokens import DevIssuer
 from felix_controlplane.api import ControlPlane, Settings
 from felix_controlplane.http11 import HttpServer

@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import ipaddress
+import logging
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -54,7 +55,10 @@ __all__ = [
     "add_cli_arguments",
     "config_from_args",
     "load_config",
+    "warn_ignored_knobs",
 ]
+
+_log = logging.getLogger(__name__)
 
 _MIB = 1024 * 1024
 _DEFAULT_DATA_DIR = "felix-data"
@@ -177,35 +181,71 @@ class _Knob:
     minimum: int | None = None
     maximum: int | None = None
     enum: type[StrEnum] | None = None
+    doc: str = ""  # what the knob does (docs/configuration.md is generated from it)
+    ignored: str | None = None  # why this broker accepts the knob but does not use it
 
 
-def _int(default: int, *env: str, minimum: int = 0, maximum: int = _U32_MAX) -> Any:
-    return field(default=default, metadata={"knob": _Knob(_Kind.INT, env, minimum, maximum)})
+def _meta(knob: _Knob, doc: str, ignored: str | None) -> dict[str, _Knob]:
+    return {"knob": dataclasses.replace(knob, doc=doc, ignored=ignored)}
 
 
-def _bool(default: bool, *env: str) -> Any:
-    return field(default=default, metadata={"knob": _Knob(_Kind.BOOL, env)})
+def _int(
+    default: int,
+    *env: str,
+    doc: str,
+    minimum: int = 0,
+    maximum: int = _U32_MAX,
+    ignored: str | None = None,
+) -> Any:
+    knob = _Knob(_Kind.INT, env, minimum, maximum)
+    return field(default=default, metadata=_meta(knob, doc, ignored))
 
 
-def _enum(default: StrEnum, *env: str) -> Any:
+def _bool(default: bool, *env: str, doc: str) -> Any:
+    return field(default=default, metadata=_meta(_Knob(_Kind.BOOL, env), doc, None))
+
+
+def _enum(default: StrEnum, *env: str, doc: str, ignored: str | None = None) -> Any:
     knob = _Knob(_Kind.ENUM, env, enum=type(default))
-    return field(default=default, metadata={"knob": knob})
+    return field(default=default, metadata=_meta(knob, doc, ignored))
 
 
-def _bind(default: str, *env: str) -> Any:
-    return field(default=HostPort.parse(default), metadata={"knob": _Knob(_Kind.BIND, env)})
+def _bind(default: str, *env: str, doc: str) -> Any:
+    knob = _Knob(_Kind.BIND, env)
+    return field(default=HostPort.parse(default), metadata=_meta(knob, doc, None))
 
 
-def _path(default: str, *env: str) -> Any:
-    return field(default=Path(default), metadata={"knob": _Knob(_Kind.PATH, env)})
+def _path(default: str, *env: str, doc: str) -> Any:
+    return field(default=Path(default), metadata=_meta(_Knob(_Kind.PATH, env), doc, None))
 
 
-def _optional_path(*env: str) -> Any:
-    return field(default=None, metadata={"knob": _Knob(_Kind.OPTIONAL_PATH, env)})
+def _optional_path(*env: str, doc: str) -> Any:
+    return field(default=None, metadata=_meta(_Knob(_Kind.OPTIONAL_PATH, env), doc, None))
 
 
-def _optional_url(*env: str) -> Any:
-    return field(default=None, metadata={"knob": _Knob(_Kind.OPTIONAL_URL, env)})
+def _optional_url(*env: str, doc: str) -> Any:
+    return field(default=None, metadata=_meta(_Knob(_Kind.OPTIONAL_URL, env), doc, None))
+
+
+# Why each knob this broker accepts but does not use is ignored (warned at start when set).
+_NO_LANES = (
+    "each subscription has its own writer task and QUIC stream, fed from its own bounded "
+    "queue (subscriber_queue_capacity); there are no shared writer lanes to size or assign"
+)
+_IGNORED_SEND_WINDOW = (
+    "the transport bounds each stream's send backlog (1 MiB high, 256 KiB low watermark) "
+    "and the client's QUIC receive window bounds what is in flight; there is no separate "
+    "cache send buffer to size"
+)
+_IGNORED_WORKERS = (
+    "every publish of a tenant is appended by that tenant's one worker, in arrival order, "
+    "so a shard's order and its group commit hold; on one event loop more executors per "
+    "connection would add no parallelism"
+)
+_IGNORED_FANOUT = (
+    "a flush encodes each event batch once per delivery variant and hands the same bytes "
+    "to every subscriber in one pass; there are no per-subscriber fanout operations to batch"
+)
 
 
 def _url_value(key: str, value: object, source: str) -> str | None:
@@ -220,112 +260,357 @@ def _url_value(key: str, value: object, source: str) -> str | None:
 class BrokerConfig:
     """Every knob of a standalone broker, with the defaults of facts §12.
 
-    Durations are in the unit their name ends with; sizes in bytes.
+    Durations are in the unit their name ends with; sizes in bytes. Each knob's
+    `doc` is its entry in docs/configuration.md (generated: config_doc.py).
     """
 
     # Listeners and transport.
-    quic_bind: HostPort = _bind("0.0.0.0:5000", "FELIX_QUIC_BIND")
-    metrics_bind: HostPort = _bind("0.0.0.0:8080", "FELIX_BROKER_METRICS_BIND")
-    quic_impl: QuicImpl = _enum(QuicImpl.QH3, "FELIX_QUIC_IMPL")
-    max_idle_timeout_ms: int = _int(6000, "FELIX_MAX_IDLE_TIMEOUT_MS", minimum=1)
+    quic_bind: HostPort = _bind(
+        "0.0.0.0:5000", "FELIX_QUIC_BIND", doc="The client QUIC listener (host:port)."
+    )
+    metrics_bind: HostPort = _bind(
+        "0.0.0.0:8080",
+        "FELIX_BROKER_METRICS_BIND",
+        doc="The plain-HTTP listener: /live, /ready, /metrics, /backup/offsets.",
+    )
+    quic_impl: QuicImpl = _enum(
+        QuicImpl.QH3, "FELIX_QUIC_IMPL", doc="The QUIC stack the transport runs on."
+    )
+    max_idle_timeout_ms: int = _int(
+        6000,
+        "FELIX_MAX_IDLE_TIMEOUT_MS",
+        minimum=1,
+        doc="A connection with no traffic for this long is closed.",
+    )
     # QUIC's floor is 1200 bytes; 65527 is the largest UDP payload over IPv4.
-    max_datagram_size: int = _int(1200, "FELIX_MAX_DATAGRAM_SIZE", minimum=1200, maximum=65527)
-    pub_conn_recv_window: int = _int(16 * _MIB, "FELIX_BROKER_PUB_CONN_RECV_WINDOW", minimum=1)
-    pub_stream_recv_window: int = _int(16 * _MIB, "FELIX_BROKER_PUB_STREAM_RECV_WINDOW", minimum=1)
-    cache_send_window: int = _int(256 * _MIB, "FELIX_CACHE_SEND_WINDOW", minimum=1)
+    max_datagram_size: int = _int(
+        1200,
+        "FELIX_MAX_DATAGRAM_SIZE",
+        minimum=1200,
+        maximum=65527,
+        doc="The largest UDP payload the broker sends.",
+    )
+    pub_conn_recv_window: int = _int(
+        16 * _MIB,
+        "FELIX_BROKER_PUB_CONN_RECV_WINDOW",
+        minimum=1,
+        doc="QUIC receive window of a client connection (bytes the client may have unread).",
+    )
+    pub_stream_recv_window: int = _int(
+        16 * _MIB,
+        "FELIX_BROKER_PUB_STREAM_RECV_WINDOW",
+        minimum=1,
+        doc="QUIC receive window of one client stream (capped at the connection's).",
+    )
+    cache_send_window: int = _int(
+        256 * _MIB,
+        "FELIX_CACHE_SEND_WINDOW",
+        minimum=1,
+        doc="Send window for cache answers.",
+        ignored=_IGNORED_SEND_WINDOW,
+    )
 
     # TLS. Without tls_cert/tls_key a development CA and leaf are kept in data_dir.
-    tls_cert: Path | None = _optional_path("FELIX_TLS_CERT")
-    tls_key: Path | None = _optional_path("FELIX_TLS_KEY")
-    tls_ca: Path | None = _optional_path("FELIX_TLS_CA")
-    tls_cert_export: Path | None = _optional_path("FELIX_TLS_CERT_EXPORT")
-    tls_require_alpn: bool = _bool(False, "FELIX_TLS_REQUIRE_ALPN")
+    tls_cert: Path | None = _optional_path(
+        "FELIX_TLS_CERT",
+        doc="PEM certificate chain; unset, a development CA and leaf are kept in data_dir.",
+    )
+    tls_key: Path | None = _optional_path(
+        "FELIX_TLS_KEY", doc="PEM private key of tls_cert (given together with it)."
+    )
+    tls_ca: Path | None = _optional_path(
+        "FELIX_TLS_CA", doc="The CA certificate of tls_cert, offered to clients to trust."
+    )
+    tls_cert_export: Path | None = _optional_path(
+        "FELIX_TLS_CERT_EXPORT", doc="Where to copy the CA certificate clients should trust."
+    )
+    tls_require_alpn: bool = _bool(
+        False, "FELIX_TLS_REQUIRE_ALPN", doc="Refuse clients that offer no ALPN protocol."
+    )
 
     # Connections and authentication.
-    preauth_max_frame_bytes: int = _int(65536, "FELIX_PREAUTH_MAX_FRAME_BYTES", minimum=1)
-    preauth_max_streams_per_conn: int = _int(16, "FELIX_PREAUTH_MAX_STREAMS_PER_CONN", minimum=1)
-    auth_timeout_ms: int = _int(10000, "FELIX_AUTH_TIMEOUT_MS")  # 0 disables
-    max_client_connections: int = _int(8192, "FELIX_MAX_CLIENT_CONNECTIONS", minimum=1)
-    max_frame_bytes: int = _int(16 * _MIB, "FELIX_MAX_FRAME_BYTES", minimum=1)
-    # A JWKS JSON file to verify tokens with; unset = the development issuer's.
-    jwks_path: Path | None = _optional_path("FELIX_JWKS_PATH")
+    preauth_max_frame_bytes: int = _int(
+        65536,
+        "FELIX_PREAUTH_MAX_FRAME_BYTES",
+        minimum=1,
+        doc="The largest frame a stream may send before it authenticates.",
+    )
+    preauth_max_streams_per_conn: int = _int(
+        16,
+        "FELIX_PREAUTH_MAX_STREAMS_PER_CONN",
+        minimum=1,
+        doc="Unauthenticated streams read at once per connection (more wait).",
+    )
+    auth_timeout_ms: int = _int(
+        10000,
+        "FELIX_AUTH_TIMEOUT_MS",
+        doc="A connection that authenticates no stream in this time is closed (0: never).",
+    )
+    max_client_connections: int = _int(
+        8192,
+        "FELIX_MAX_CLIENT_CONNECTIONS",
+        minimum=1,
+        doc="Client connections at once; more are refused in the handshake.",
+    )
+    max_frame_bytes: int = _int(
+        16 * _MIB,
+        "FELIX_MAX_FRAME_BYTES",
+        minimum=1,
+        doc="The largest frame an authenticated stream may send.",
+    )
+    max_inflight_requests_per_conn: int = _int(
+        1024,
+        "FELIX_MAX_INFLIGHT_REQUESTS_PER_CONN",
+        minimum=1,
+        doc="Requests running as their own tasks (cache and group requests) per connection; "
+        "at the bound the stream carrying the next one is not read until one finishes, so "
+        "QUIC flow control holds the client back.",
+    )
+    jwks_path: Path | None = _optional_path(
+        "FELIX_JWKS_PATH",
+        doc="A JWKS JSON file to verify tokens with; unset, the development issuer's keys.",
+    )
 
     # Publishing.
-    ack_on_commit: bool = _bool(False, "FELIX_ACK_ON_COMMIT")
-    record_publishers: bool = _bool(False, "FELIX_RECORD_PUBLISHERS")
-    publish_window: int = _int(256, "FELIX_BROKER_PUBLISH_WINDOW")  # 0 = no pipelining
-    pub_conn_inflight_bytes: int = _int(
-        16 * _MIB, "FELIX_BROKER_PUBLISH_CONN_INFLIGHT_BYTES", minimum=1, maximum=2**63 - 1
+    ack_on_commit: bool = _bool(
+        False,
+        "FELIX_ACK_ON_COMMIT",
+        doc="Answer every acked publish after the write (with its offset), not once queued.",
     )
-    # 0 = derived: 4x pub_conn_inflight_bytes, capped at pub_inflight_bytes.
+    record_publishers: bool = _bool(
+        False, "FELIX_RECORD_PUBLISHERS", doc="Store each batch's publisher in durable logs."
+    )
+    publish_window: int = _int(
+        256,
+        "FELIX_BROKER_PUBLISH_WINDOW",
+        doc="Acked publishes unanswered per stream; at the window the stream is not read "
+        "(0: no pipelining, the pipeline features are not advertised).",
+    )
+    pub_conn_inflight_bytes: int = _int(
+        16 * _MIB,
+        "FELIX_BROKER_PUBLISH_CONN_INFLIGHT_BYTES",
+        minimum=1,
+        maximum=2**63 - 1,
+        doc="Publish bytes read and not yet appended, per connection and identity; more "
+        "waits (the stream is not read).",
+    )
     pub_conn_total_inflight_bytes: int = _int(
-        0, "FELIX_BROKER_PUBLISH_CONN_TOTAL_INFLIGHT_BYTES", maximum=2**63 - 1
+        0,
+        "FELIX_BROKER_PUBLISH_CONN_TOTAL_INFLIGHT_BYTES",
+        maximum=2**63 - 1,
+        doc="The same per connection across identities (0: 4 x pub_conn_inflight_bytes, "
+        "at most pub_inflight_bytes).",
     )
     pub_inflight_bytes: int = _int(
-        64 * _MIB, "FELIX_BROKER_PUBLISH_INFLIGHT_BYTES", minimum=1, maximum=2**63 - 1
+        64 * _MIB,
+        "FELIX_BROKER_PUBLISH_INFLIGHT_BYTES",
+        minimum=1,
+        maximum=2**63 - 1,
+        doc="The same for the whole broker.",
     )
-    pub_queue_depth: int = _int(64, "FELIX_BROKER_PUB_QUEUE_DEPTH", minimum=1)
-    pub_workers_per_conn: int = _int(4, "FELIX_BROKER_PUB_WORKERS_PER_CONN", minimum=1)
-    publish_queue_wait_timeout_ms: int = _int(2000, "FELIX_PUBLISH_QUEUE_WAIT_MS")
-    ack_wait_timeout_ms: int = _int(2000, "FELIX_ACK_WAIT_TIMEOUT_MS", minimum=1)
-    pub_ingress_wait: bool = _bool(False, "FELIX_PUB_INGRESS_WAIT")
+    pub_queue_depth: int = _int(
+        64,
+        "FELIX_BROKER_PUB_QUEUE_DEPTH",
+        minimum=1,
+        doc="Publish batches queued per tenant for its worker.",
+    )
+    pub_workers_per_conn: int = _int(
+        4,
+        "FELIX_BROKER_PUB_WORKERS_PER_CONN",
+        minimum=1,
+        doc="Publish executors per connection.",
+        ignored=_IGNORED_WORKERS,
+    )
+    publish_queue_wait_timeout_ms: int = _int(
+        2000,
+        "FELIX_PUBLISH_QUEUE_WAIT_MS",
+        doc="How long an acked publish waits for room in a full tenant queue before it is "
+        "refused overloaded.",
+    )
+    ack_wait_timeout_ms: int = _int(
+        2000,
+        "FELIX_ACK_WAIT_TIMEOUT_MS",
+        minimum=1,
+        doc="How long a closing stream waits for its pending publish answers to go out.",
+    )
+    pub_ingress_wait: bool = _bool(
+        False,
+        "FELIX_PUB_INGRESS_WAIT",
+        doc="Unacked publishes wait for queue room like acked ones instead of being shed.",
+    )
 
     # Subscriptions and delivery.
     subscriber_queue_capacity: int = _int(
-        512, "FELIX_SUBSCRIBER_QUEUE_CAPACITY", "FELIX_SUB_QUEUE_CAPACITY", minimum=1
+        512,
+        "FELIX_SUBSCRIBER_QUEUE_CAPACITY",
+        "FELIX_SUB_QUEUE_CAPACITY",
+        minimum=1,
+        doc="Event batches queued per subscriber (a client's queue_capacity is clamped).",
     )
     subscriber_queue_capacity_max: int = _int(
-        4096, "FELIX_SUBSCRIBER_QUEUE_CAPACITY_MAX", minimum=1
+        4096,
+        "FELIX_SUBSCRIBER_QUEUE_CAPACITY_MAX",
+        minimum=1,
+        doc="The most a subscribe's queue_capacity may ask for.",
     )
     subscriber_queue_policy: SubscriberQueuePolicy = _enum(
-        SubscriberQueuePolicy.DROP_NEW, "FELIX_SUB_QUEUE_POLICY"
+        SubscriberQueuePolicy.DROP_NEW,
+        "FELIX_SUB_QUEUE_POLICY",
+        doc="A full subscriber queue drops the new batch (drop_new), the oldest (drop_old), "
+        "or makes the tenant's worker wait for room (block, loses nothing).",
     )
-    subscriber_writer_lanes: int = _int(4, "FELIX_SUB_WRITER_LANES", minimum=1)
-    subscriber_lane_queue_depth: int = _int(64, "FELIX_SUB_LANE_QUEUE_DEPTH", minimum=1)
-    max_subscriber_writer_lanes: int = _int(8, "FELIX_MAX_SUB_WRITER_LANES", minimum=1)
-    subscriber_lane_shard: LaneShard = _enum(LaneShard.AUTO, "FELIX_SUB_LANE_SHARD")
-    event_batch_max_events: int = _int(64, "FELIX_EVENT_BATCH_MAX_EVENTS", minimum=1)
-    event_batch_max_bytes: int = _int(65536, "FELIX_EVENT_BATCH_MAX_BYTES", minimum=1)
-    event_batch_max_delay_us: int = _int(250, "FELIX_EVENT_BATCH_MAX_DELAY_US")
-    fanout_batch_size: int = _int(64, "FELIX_FANOUT_BATCH", minimum=1)
-    max_subscriptions_per_conn: int = _int(4096, "FELIX_MAX_SUBSCRIPTIONS_PER_CONN", minimum=1)
+    subscriber_writer_lanes: int = _int(
+        4,
+        "FELIX_SUB_WRITER_LANES",
+        minimum=1,
+        doc="Outbound writer lanes.",
+        ignored=_NO_LANES,
+    )
+    subscriber_lane_queue_depth: int = _int(
+        64,
+        "FELIX_SUB_LANE_QUEUE_DEPTH",
+        minimum=1,
+        doc="Per-lane queue depth.",
+        ignored=_NO_LANES,
+    )
+    max_subscriber_writer_lanes: int = _int(
+        8,
+        "FELIX_MAX_SUB_WRITER_LANES",
+        minimum=1,
+        doc="Safety clamp on subscriber_writer_lanes.",
+        ignored=_NO_LANES,
+    )
+    subscriber_lane_shard: LaneShard = _enum(
+        LaneShard.AUTO,
+        "FELIX_SUB_LANE_SHARD",
+        doc="How subscriptions are spread over writer lanes.",
+        ignored=_NO_LANES,
+    )
+    event_batch_max_events: int = _int(
+        64, "FELIX_EVENT_BATCH_MAX_EVENTS", minimum=1, doc="Events per delivered event batch."
+    )
+    event_batch_max_bytes: int = _int(
+        65536,
+        "FELIX_EVENT_BATCH_MAX_BYTES",
+        minimum=1,
+        doc="Payload bytes per delivered event batch (one bigger event still goes alone).",
+    )
+    event_batch_max_delay_us: int = _int(
+        250,
+        "FELIX_EVENT_BATCH_MAX_DELAY_US",
+        doc="Under load, a worker pass stops taking more queued publishes once this long "
+        "has gone by since its first append, so no record waits longer (plus one append) "
+        "to be batched; 0 flushes every publish batch on its own.",
+    )
+    fanout_batch_size: int = _int(
+        64,
+        "FELIX_FANOUT_BATCH",
+        minimum=1,
+        doc="Fanout operations batched together.",
+        ignored=_IGNORED_FANOUT,
+    )
+    max_subscriptions_per_conn: int = _int(
+        4096,
+        "FELIX_MAX_SUBSCRIPTIONS_PER_CONN",
+        minimum=1,
+        doc="Subscriptions per connection and identity.",
+    )
     max_subscriptions_per_conn_total: int = _int(
-        16384, "FELIX_MAX_SUBSCRIPTIONS_PER_CONN_TOTAL", minimum=1
+        16384,
+        "FELIX_MAX_SUBSCRIPTIONS_PER_CONN_TOTAL",
+        minimum=1,
+        doc="Subscriptions per connection across identities.",
     )
 
     # Durable storage: on by default in <data_dir>/durable; set FELIX_DURABLE_STORAGE_DIR
     # to an empty value to run in memory only (no durable streams, groups or counters).
-    durable_storage_dir: Path | None = _optional_path("FELIX_DURABLE_STORAGE_DIR")
-    durable_fsync_mode: FsyncMode = _enum(FsyncMode.PERIODIC, "FELIX_DURABLE_FSYNC_MODE")
-    durable_max_records_per_read: int = _int(10000, "FELIX_DURABLE_MAX_RECORDS_PER_READ", minimum=1)
-    # Retention defaults for durable streams that set none of their own (0 = unbounded);
-    # whole sealed segments go, oldest first, never the active one.
+    durable_storage_dir: Path | None = _optional_path(
+        "FELIX_DURABLE_STORAGE_DIR",
+        doc="Where durable logs live (default <data_dir>/durable); an empty value runs in "
+        "memory only: no durable streams, consumer groups, counters or watches.",
+    )
+    durable_fsync_mode: FsyncMode = _enum(
+        FsyncMode.PERIODIC,
+        "FELIX_DURABLE_FSYNC_MODE",
+        doc="When logs are fsynced: never (none), on a timer (periodic), or before a write "
+        "is acknowledged or delivered (on_commit).",
+    )
+    durable_max_records_per_read: int = _int(
+        10000,
+        "FELIX_DURABLE_MAX_RECORDS_PER_READ",
+        minimum=1,
+        doc="The most records one stream_read page returns.",
+    )
     durable_retention_max_age_ms: int = _int(
-        0, "FELIX_DURABLE_RETENTION_MAX_AGE_MS", maximum=2**63 - 1
+        0,
+        "FELIX_DURABLE_RETENTION_MAX_AGE_MS",
+        maximum=2**63 - 1,
+        doc="Default retention by age for durable streams that set none (0: unbounded); "
+        "whole sealed segments go, oldest first.",
     )
     durable_retention_max_bytes: int = _int(
-        0, "FELIX_DURABLE_RETENTION_MAX_BYTES", maximum=2**63 - 1
+        0,
+        "FELIX_DURABLE_RETENTION_MAX_BYTES",
+        maximum=2**63 - 1,
+        doc="Default retention by size for durable streams that set none (0: unbounded).",
     )
 
     # Consumer groups.
-    group_visibility_timeout_ms: int = _int(30000, "FELIX_GROUP_VISIBILITY_TIMEOUT_MS", minimum=1)
-    group_max_attempts: int = _int(5, "FELIX_GROUP_MAX_ATTEMPTS", minimum=1)
-    group_max_wait_ms: int = _int(30000, "FELIX_GROUP_MAX_WAIT_MS")
-    group_max_in_flight: int = _int(10000, "FELIX_GROUP_MAX_IN_FLIGHT", minimum=1)
-    group_max_visibility_ms: int = _int(43_200_000, "FELIX_GROUP_MAX_VISIBILITY_MS", minimum=1)
+    group_visibility_timeout_ms: int = _int(
+        30000,
+        "FELIX_GROUP_VISIBILITY_TIMEOUT_MS",
+        minimum=1,
+        doc="How long a polled record stays claimed before it is owed again.",
+    )
+    group_max_attempts: int = _int(
+        5,
+        "FELIX_GROUP_MAX_ATTEMPTS",
+        minimum=1,
+        doc="Deliveries of a record before it becomes a dead letter.",
+    )
+    group_max_wait_ms: int = _int(
+        30000, "FELIX_GROUP_MAX_WAIT_MS", doc="The longest a group poll waits for records."
+    )
+    group_max_in_flight: int = _int(
+        10000,
+        "FELIX_GROUP_MAX_IN_FLIGHT",
+        minimum=1,
+        doc="Claimed, unsettled records per group.",
+    )
+    group_max_visibility_ms: int = _int(
+        43_200_000,
+        "FELIX_GROUP_MAX_VISIBILITY_MS",
+        minimum=1,
+        doc="The longest visibility a poll or extend may ask for (never below "
+        "group_visibility_timeout_ms).",
+    )
 
     # Process.
-    data_dir: Path = _path(_DEFAULT_DATA_DIR, "FELIX_DATA_DIR")
-    # How long a draining broker waits for in-flight work before closing (our choice).
-    drain_timeout_ms: int = _int(10000, "FELIX_DRAIN_TIMEOUT_MS")
+    data_dir: Path = _path(
+        _DEFAULT_DATA_DIR,
+        "FELIX_DATA_DIR",
+        doc="Folder for keys, certificates and state (relative to the working folder).",
+    )
+    drain_timeout_ms: int = _int(
+        10000,
+        "FELIX_DRAIN_TIMEOUT_MS",
+        doc="How long a draining broker waits for in-flight work before closing.",
+    )
 
     # Control plane: with a URL, the catalog and the tenants' token keys come from it
     # (the config-file catalog and the development issuer are then not used).
-    controlplane_url: str | None = _optional_url("FELIX_CONTROLPLANE_URL")
-    # A file holding the control plane's sync token (FELIX_CONTROLPLANE_SYNC_TOKEN
-    # gives the token itself, for containers that inject secrets as variables).
-    controlplane_sync_token_file: Path | None = _optional_path("FELIX_CONTROLPLANE_SYNC_TOKEN_FILE")
-    controlplane_ca: Path | None = _optional_path("FELIX_CONTROLPLANE_CA")
+    controlplane_url: str | None = _optional_url(
+        "FELIX_CONTROLPLANE_URL",
+        doc="Take the catalog and the tenants' token keys from this control plane.",
+    )
+    controlplane_sync_token_file: Path | None = _optional_path(
+        "FELIX_CONTROLPLANE_SYNC_TOKEN_FILE",
+        doc="A file holding the control plane's sync token (or set "
+        "FELIX_CONTROLPLANE_SYNC_TOKEN to the token itself).",
+    )
+    controlplane_ca: Path | None = _optional_path(
+        "FELIX_CONTROLPLANE_CA", doc="The CA certificate to trust for the control plane."
+    )
 
     catalog: StaticCatalog = field(default_factory=default_catalog)
 
@@ -346,10 +631,22 @@ class BrokerConfig:
         """The visibility cap, never below the visibility timeout (facts §12)."""
         return max(self.group_max_visibility_ms, self.group_visibility_timeout_ms)
 
-    @property
-    def effective_subscriber_writer_lanes(self) -> int:
-        """Writer lanes after the ``max_subscriber_writer_lanes`` safety clamp."""
-        return min(self.subscriber_writer_lanes, self.max_subscriber_writer_lanes)
+    def ignored_knobs(self) -> dict[str, str]:
+        """Knobs set to something other than their default that this broker ignores,
+        with the reason."""
+        out: dict[str, str] = {}
+        for f in dataclasses.fields(self):
+            knob = f.metadata.get("knob")
+            ignored = knob.ignored if knob is not None else None
+            if ignored is not None and getattr(self, f.name) != f.default:
+                out[f.name] = ignored
+        return out
+
+
+def warn_ignored_knobs(config: BrokerConfig) -> None:
+    """Warn once (at start) for every ignored knob the operator set."""
+    for key, why in config.ignored_knobs().items():
+        _log.warning("%s is set, but this broker ignores it: %s", key, why)
 
 
 _KNOBS: dict[str, _Knob] = {

@@ -6,7 +6,8 @@ each ``/metrics`` shows only its own broker.
 
 Names follow one scheme, ``felix_<area>_<what>[_<unit>]``, where the area is
 the capability that counts (``connections``, ``auth``, ``request``,
-``stream``, ``storage``, ``group``, ``cache``), ``tenant`` for the series
+``stream``, ``storage``, ``group``, ``cache``, ``task`` for the broker's own
+tasks), ``tenant`` for the series
 labelled by tenant, and ``build`` for :data:`felix_build_info`. Counters end in
 ``_total`` (added by the client library), durations are histograms in seconds
 (``_seconds``) with :data:`LATENCY_BUCKETS`, from 25 µs to 10 s. The names the
@@ -171,6 +172,18 @@ class BrokerMetrics:
             "felix_group_poll_ack_seconds",
             "Time from a record being handed out by a group poll to its ack being durable.",
             buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        # -- broker tasks -------------------------------------------------------------
+        self.publish_inflight_bytes = Gauge(
+            "felix_stream_publish_inflight_bytes",
+            "Publish payload bytes read and not yet appended (bounded by pub_inflight_bytes).",
+            registry=r,
+        )
+        self.task_failures = Counter(
+            "felix_task_failures",
+            "Broker tasks that ended with an unexpected exception, by what started them.",
+            ["type"],
             registry=r,
         )
 

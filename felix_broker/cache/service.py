@@ -6,8 +6,9 @@ is a `CacheShard` (cache_shard.py, which also says the memory bound, eviction
 and compaction policies); this module answers requests and runs watches.
 
 Requests. Every request is answered on the stream it came on and carries its
-request_id, so many may be in flight on one stream: the server runs each as
-its own task and answers go out in completion order. Nothing here blocks the
+request_id, so many may be in flight on one stream: each is registered as a
+concurrent handler (session/dispatch.py), runs as its own task under the
+connection's request bound, and answers go out in completion order. Nothing here blocks the
 event loop for long; a request waits only for the durability of its own write.
 
 Conditional writes. The check and the write are one synchronous step on the
@@ -45,9 +46,8 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from prometheus_client import Counter
 
@@ -64,6 +64,8 @@ from felix_broker.catalog import CacheSpec, Catalog
 from felix_broker.config import BrokerConfig, FsyncMode
 from felix_broker.metrics import BrokerMetrics
 from felix_broker.permissions import Action, cache_object
+from felix_broker.session.context import RequestContext
+from felix_broker.session.dispatch import DispatchTable, Handler
 from felix_broker.session.protocol import StreamProtocol
 from felix_broker.storage import OffsetOutOfRangeError, StorageError
 from felix_transport import Stream, StreamClosedError
@@ -89,30 +91,27 @@ from felix_wire.messages import (
     CounterValue,
     CursorErrorReason,
     EventStreamHello,
-    Message,
     SubscribeCursorError,
     Unsupported,
     VersionCondition,
 )
 from felix_wire.routing import CACHE_MODE, shard_for_key
 
-__all__ = ["CACHE_REQUESTS", "WATCH_ID_BASE", "CacheCall", "CacheLimits", "CacheService"]
+__all__ = ["WATCH_ID_BASE", "CacheLimits", "CacheService"]
 
 _log = logging.getLogger(__name__)
 
-CACHE_REQUESTS = (
-    CachePut,
-    CacheGet,
-    CacheDelete,
-    CachePutIf,
-    CacheDeleteIf,
-    CacheWatch,
-    CounterAdd,
-    CounterGet,
+AnyCacheRequest = (
+    CachePut
+    | CacheGet
+    | CacheDelete
+    | CachePutIf
+    | CacheDeleteIf
+    | CounterAdd
+    | CounterGet
+    | CacheWatch
 )
-CacheRequest = (
-    CachePut | CacheGet | CacheDelete | CachePutIf | CacheDeleteIf | CounterAdd | CounterGet
-)
+R = TypeVar("R", bound=AnyCacheRequest)
 
 # Watch ids share the connection's event-stream hellos with the engine's
 # subscription ids, which count from 1; starting far above keeps them apart.
@@ -127,16 +126,6 @@ _MEMORY_FEATURES = int(Feature.FEATURE_CACHE_DELETE | Feature.FEATURE_CACHE_COND
 _DURABLE_FEATURES = _MEMORY_FEATURES | int(
     Feature.FEATURE_CACHE_WATCH | Feature.FEATURE_CACHE_WATCH_RETAINED | Feature.FEATURE_COUNTERS
 )
-
-
-@dataclass(frozen=True, slots=True)
-class CacheCall:
-    """What a cache request needs from the stream it arrived on."""
-
-    proto: StreamProtocol
-    write: Callable[[bytes], Awaitable[None]]
-    spawn: Callable[[Coroutine[Any, Any, None]], None]  # a task that ends with the connection
-    open_uni_stream: Callable[[], Awaitable[Stream]]  # a broker-opened event stream (watches)
 
 
 class _Refused(Exception):
@@ -219,7 +208,7 @@ class CacheService:
             return
         self._started = True
         if self.durable:
-            for spec in self._config.catalog.caches():
+            for spec in self._catalog.caches():
                 for index in range(spec.shards):
                     scope = (spec.tenant_id, spec.namespace, spec.name, index)
                     if scope not in self._shards:
@@ -323,36 +312,61 @@ class CacheService:
 
     # -- requests -------------------------------------------------------------------
 
-    async def handle(self, request: Message, call: CacheCall) -> None:
-        assert isinstance(request, CACHE_REQUESTS)
-        proto = call.proto
-        try:
-            if isinstance(request, CacheWatch | CounterAdd | CounterGet) and not self.durable:
-                await call.write(self._not_served(proto, request))
-                return
-            try:
-                spec = self._admit(proto, request)
-                if isinstance(request, CacheWatch):
-                    await self._watch(spec, request, call)
-                    return
-                shard = self.shard_of_key(spec, request.key)
-                answer = await self._answer(proto, shard, request)
-            except _Refused as refused:
-                answer = proto.error(refused.code, refused.text)
-            except StorageError as exc:
-                _log.error("cache request failed in storage: %s", exc)
-                answer = proto.error(ErrorCode.STORAGE, f"cache storage failed: {exc}")
-            await call.write(answer)
-        except (StreamClosedError, ConnectionClosedError):
-            return  # the client went; nobody is left to answer
+    def register(self, table: DispatchTable) -> None:
+        """Every cache request runs as its own task (concurrent): answers go out in
+        completion order, matched by request_id, so one slow request holds back no other."""
+        read, write = Action.CACHE_READ, Action.CACHE_WRITE
+        table.register(CacheGet, self._handler(self._get, read), concurrent=True)
+        table.register(CachePut, self._handler(self._put_request, write), concurrent=True)
+        table.register(CacheDelete, self._handler(self._delete, write), concurrent=True)
+        table.register(CachePutIf, self._handler(self._put_if, write), concurrent=True)
+        table.register(CacheDeleteIf, self._handler(self._delete_if, write), concurrent=True)
+        # Counters and watches need the log; without it they are not advertised.
+        table.register(
+            CounterAdd, self._handler(self._counter_add, write, needs_log=True), concurrent=True
+        )
+        table.register(
+            CounterGet, self._handler(self._counter_get, read, needs_log=True), concurrent=True
+        )
+        table.register(
+            CacheWatch, self._handler(self._watch, read, needs_log=True), concurrent=True
+        )
 
-    def _admit(self, proto: StreamProtocol, request: CacheRequest | CacheWatch) -> CacheSpec:
-        """The cache the request names, if this principal may do the request on it."""
-        principal = proto.principal
-        assert principal is not None
+    def _handler(
+        self,
+        op: Callable[[CacheSpec, R, RequestContext], Awaitable[bytes | None]],
+        action: Action,
+        *,
+        needs_log: bool = False,
+    ) -> Handler[R]:
+        """The request handler around `op`: admission, refusals and storage errors
+        answered as error frames; `op` returns its answer (None: it answered itself)."""
+
+        async def handle(request: R, ctx: RequestContext) -> None:
+            proto = ctx.proto
+            try:
+                if needs_log and not self.durable:
+                    await ctx.write(self._not_served(proto, request))
+                    return
+                try:
+                    spec = self._admit(ctx, request, action)
+                    answer = await op(spec, request, ctx)
+                except _Refused as refused:
+                    answer = proto.error(refused.code, refused.text)
+                except StorageError as exc:
+                    _log.error("cache request failed in storage: %s", exc)
+                    answer = proto.error(ErrorCode.STORAGE, f"cache storage failed: {exc}")
+                if answer is not None:
+                    await ctx.write(answer)
+            except (StreamClosedError, ConnectionClosedError):
+                return  # the client went; nobody is left to answer
+
+        return handle
+
+    def _admit(self, ctx: RequestContext, request: AnyCacheRequest, action: Action) -> CacheSpec:
+        """The cache the request names, if this principal may do `action` on it."""
+        principal = ctx.principal
         tenant, namespace, cache = request.tenant_id, request.namespace, request.cache
-        read = isinstance(request, CacheGet | CounterGet | CacheWatch)
-        action = Action.CACHE_READ if read else Action.CACHE_WRITE
         if tenant != principal.tenant_id:
             raise _Refused(ErrorCode.FORBIDDEN, "forbidden: the token is for another tenant")
         spec = self._catalog.cache(tenant, namespace, cache)
@@ -366,89 +380,105 @@ class CacheService:
             raise _Refused(ErrorCode.FORBIDDEN, f"forbidden: {action.value} on {obj}")
         return spec
 
-    def _not_served(self, proto: StreamProtocol, request: Message) -> bytes:
+    def _not_served(self, proto: StreamProtocol, request: AnyCacheRequest) -> bytes:
         """Counters and watches without durable storage: not advertised, so answered
         like any request this broker does not serve."""
         request_type = str(type(request).__struct_config__.tag)
         if proto.negotiated(Feature.FEATURE_UNSUPPORTED):
-            rid = request.request_id if isinstance(request, CounterAdd | CounterGet) else None
+            rid = None if isinstance(request, CacheWatch) else request.request_id
             return proto.message(Unsupported(request_type=request_type, request_id=rid))
         return proto.error(
             ErrorCode.INVALID_REQUEST, f"{request_type} needs durable storage on this broker"
         )
 
-    async def _answer(
-        self, proto: StreamProtocol, shard: CacheShard, request: CacheRequest
+    async def _get(self, spec: CacheSpec, request: CacheGet, ctx: RequestContext) -> bytes:
+        key = request.key
+        entry = self.shard_of_key(spec, key).get(key, now_ms())
+        return ctx.proto.message(
+            CacheValue(
+                tenant_id=request.tenant_id,
+                namespace=request.namespace,
+                cache=request.cache,
+                key=key,
+                value=entry.value if entry is not None else None,
+                request_id=request.request_id,
+                # Shaping drops it for clients that did not offer CACHE_CONDITIONAL.
+                version=entry.version if entry is not None else None,
+            )
+        )
+
+    async def _delete(self, spec: CacheSpec, request: CacheDelete, ctx: RequestContext) -> bytes:
+        key = request.key
+        shard = self.shard_of_key(spec, key)
+        removed, offset = shard.delete(key, now_ms())
+        await shard.wait_durable(offset)
+        return ctx.proto.message(
+            CacheValue(
+                tenant_id=request.tenant_id,
+                namespace=request.namespace,
+                cache=request.cache,
+                key=key,
+                value=removed.value if removed is not None else None,
+                request_id=request.request_id,
+            )
+        )
+
+    async def _put_request(self, spec: CacheSpec, request: CachePut, ctx: RequestContext) -> bytes:
+        shard = self.shard_of_key(spec, request.key)
+        entry = self._put(shard, request.key, request.value, request.ttl_ms)
+        await shard.wait_durable(entry.offset)
+        self._maybe_compact(shard)
+        # decision cache-put-answer: cache_ok always carries a request_id.
+        return ctx.proto.message(CacheOk(request_id=request.request_id or 0))
+
+    async def _put_if(self, spec: CacheSpec, request: CachePutIf, ctx: RequestContext) -> bytes:
+        key = request.key
+        shard = self.shard_of_key(spec, key)
+        condition = request.condition
+        wanted = condition.version if isinstance(condition, VersionCondition) else None
+        await shard.settle(key)
+        try:
+            applied, version, offset = shard.put_if(
+                key, request.value, request.ttl_ms, wanted, now_ms()
+            )
+        except EntryTooLargeError as exc:
+            raise _Refused(ErrorCode.LIMIT_EXCEEDED, str(exc)) from None
+        await shard.wait_durable(offset)
+        self._maybe_compact(shard)
+        return ctx.proto.message(
+            CacheConditionResult(applied=applied, version=version, request_id=request.request_id)
+        )
+
+    async def _delete_if(
+        self, spec: CacheSpec, request: CacheDeleteIf, ctx: RequestContext
     ) -> bytes:
         key = request.key
-        if isinstance(request, CacheGet):
-            entry = shard.get(key, now_ms())
-            return proto.message(
-                CacheValue(
-                    tenant_id=request.tenant_id,
-                    namespace=request.namespace,
-                    cache=request.cache,
-                    key=key,
-                    value=entry.value if entry is not None else None,
-                    request_id=request.request_id,
-                    # Shaping drops it for clients that did not offer CACHE_CONDITIONAL.
-                    version=entry.version if entry is not None else None,
-                )
-            )
-        if isinstance(request, CacheDelete):
-            removed, offset = shard.delete(key, now_ms())
-            await shard.wait_durable(offset)
-            return proto.message(
-                CacheValue(
-                    tenant_id=request.tenant_id,
-                    namespace=request.namespace,
-                    cache=request.cache,
-                    key=key,
-                    value=removed.value if removed is not None else None,
-                    request_id=request.request_id,
-                )
-            )
-        if isinstance(request, CachePut):
-            entry = self._put(shard, key, request.value, request.ttl_ms)
-            await shard.wait_durable(entry.offset)
-            self._maybe_compact(shard)
-            # decision cache-put-answer: cache_ok always carries a request_id.
-            return proto.message(CacheOk(request_id=request.request_id or 0))
-        if isinstance(request, CachePutIf):
-            condition = request.condition
-            wanted = condition.version if isinstance(condition, VersionCondition) else None
-            await shard.settle(key)
-            try:
-                applied, version, offset = shard.put_if(
-                    key, request.value, request.ttl_ms, wanted, now_ms()
-                )
-            except EntryTooLargeError as exc:
-                raise _Refused(ErrorCode.LIMIT_EXCEEDED, str(exc)) from None
-            await shard.wait_durable(offset)
-            self._maybe_compact(shard)
-            return proto.message(
-                CacheConditionResult(
-                    applied=applied, version=version, request_id=request.request_id
-                )
-            )
-        if isinstance(request, CacheDeleteIf):
-            await shard.settle(key)
-            applied, version, offset = shard.delete_if(key, request.version, now_ms())
-            await shard.wait_durable(offset)
-            return proto.message(
-                CacheConditionResult(
-                    applied=applied, version=version, request_id=request.request_id
-                )
-            )
-        if isinstance(request, CounterAdd):
-            try:
-                total, offset = shard.counter_add(key, request.delta)
-            except OverflowError as exc:
-                raise _Refused(ErrorCode.INVALID_REQUEST, str(exc)) from None
-            await shard.wait_durable(offset)
-            self._maybe_compact(shard)
-            return proto.message(CounterValue(value=total, request_id=request.request_id))
-        return proto.message(CounterValue(value=shard.counter(key), request_id=request.request_id))
+        shard = self.shard_of_key(spec, key)
+        await shard.settle(key)
+        applied, version, offset = shard.delete_if(key, request.version, now_ms())
+        await shard.wait_durable(offset)
+        return ctx.proto.message(
+            CacheConditionResult(applied=applied, version=version, request_id=request.request_id)
+        )
+
+    async def _counter_add(
+        self, spec: CacheSpec, request: CounterAdd, ctx: RequestContext
+    ) -> bytes:
+        shard = self.shard_of_key(spec, request.key)
+        try:
+            total, offset = shard.counter_add(request.key, request.delta)
+        except OverflowError as exc:
+            raise _Refused(ErrorCode.INVALID_REQUEST, str(exc)) from None
+        await shard.wait_durable(offset)
+        self._maybe_compact(shard)
+        return ctx.proto.message(CounterValue(value=total, request_id=request.request_id))
+
+    async def _counter_get(
+        self, spec: CacheSpec, request: CounterGet, ctx: RequestContext
+    ) -> bytes:
+        shard = self.shard_of_key(spec, request.key)
+        value = shard.counter(request.key)
+        return ctx.proto.message(CounterValue(value=value, request_id=request.request_id))
 
     def _put(self, shard: CacheShard, key: str, value: bytes, ttl_ms: int | None) -> Entry:
         try:
@@ -458,8 +488,9 @@ class CacheService:
 
     # -- watches --------------------------------------------------------------------
 
-    async def _watch(self, spec: CacheSpec, request: CacheWatch, call: CacheCall) -> None:
-        proto = call.proto
+    async def _watch(self, spec: CacheSpec, request: CacheWatch, ctx: RequestContext) -> None:
+        """Start a watch; it answers itself (cache_watch_started, then its event stream)."""
+        proto = ctx.proto
         if (request.key is None) == (request.prefix is None):
             raise _Refused(
                 ErrorCode.INVALID_REQUEST, "cache_watch needs exactly one of key, prefix"
@@ -493,7 +524,7 @@ class CacheService:
             cursor = SubscribeCursorError(
                 reason=CursorErrorReason.IN_FUTURE, requested=start, available=tail
             )
-            await call.write(proto.message(cursor))
+            await ctx.write(proto.message(cursor))
             return
         # Register, read the tail and take any snapshot in one step: every change
         # from `tail` on reaches the watch's queue, everything before comes from
@@ -513,14 +544,15 @@ class CacheService:
             retained_count=len(snapshot) if request.retained else None,
         )
         try:
-            await call.write(proto.message(started))
-            uni = await call.open_uni_stream()
+            await ctx.write(proto.message(started))
+            uni = await ctx.open_uni_stream()
         except BaseException:
             shard.unregister(watcher)
             raise
         self._watchers.add(watcher)
-        call.spawn(
-            self._deliver(shard, watcher, uni, proto, subscription_id, snapshot, replay_from, tail)
+        ctx.spawn(
+            self._deliver(shard, watcher, uni, proto, subscription_id, snapshot, replay_from, tail),
+            "cache-watch",
         )
 
     async def _deliver(
@@ -593,7 +625,7 @@ class CacheService:
         offset = start
         while offset < end and not watcher.closed:
             try:
-                records = log.read(
+                records = await log.aread(
                     offset, max_records=_REPLAY_RECORDS, max_bytes=_REPLAY_BYTES, end=end
                 )
             except OffsetOutOfRangeError:

@@ -11,8 +11,9 @@ reads payloads from the stream's log, appends the core's durable changes to
 the shard's group log (group_records.py) and waits for them to be durable
 before it answers, so an acknowledged settle survives a crash.
 
-Requests run as their own tasks (the server spawns each), so a long poll holds
-back nothing else on its stream. Every answer carries the request's
+Requests are concurrent handlers (session/dispatch.py): each runs as its own
+task under the connection's request bound, so a long poll holds back nothing
+else on its stream. Every answer carries the request's
 request_id; settles are answered with cache_ok (what the clients accept).
 
 Long polls wait on a per-shard signal fired by the engine once appended
@@ -41,7 +42,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from felix_broker.catalog import Catalog, StreamSpec
 from felix_broker.config import BrokerConfig, FsyncMode
@@ -64,6 +65,8 @@ from felix_broker.groups.state import (
 )
 from felix_broker.metrics import BrokerMetrics
 from felix_broker.permissions import Action, group_object
+from felix_broker.session.context import RequestContext
+from felix_broker.session.dispatch import DispatchTable, Handler
 from felix_broker.session.protocol import StreamProtocol
 from felix_broker.storage import Log, LogConfig, Retention, StorageError
 from felix_broker.storage.format import Record
@@ -92,27 +95,13 @@ from felix_wire.messages import (
     GroupRecords,
     GroupRedrive,
     GroupSeek,
-    Message,
     StartOffset,
 )
 
-__all__ = ["GROUP_FEATURES", "GROUP_REQUESTS", "GroupCall", "GroupService", "GroupServiceLimits"]
+__all__ = ["GROUP_FEATURES", "GroupService", "GroupServiceLimits"]
 
 _log = logging.getLogger(__name__)
 
-GROUP_REQUESTS = (
-    GroupPoll,
-    GroupAck,
-    GroupNack,
-    GroupExtend,
-    GroupDeadLetter,
-    GroupDeadLetters,
-    GroupDiscard,
-    GroupRedrive,
-    GroupSeek,
-    GroupDescribe,
-    GroupDelete,
-)
 GroupRequest = (
     GroupPoll
     | GroupAck
@@ -126,8 +115,7 @@ GroupRequest = (
     | GroupDescribe
     | GroupDelete
 )
-# Seek, delete, redrive and discard change what the group owes: group.manage (Q17).
-_MANAGE = (GroupSeek, GroupDelete, GroupRedrive, GroupDiscard)
+R = TypeVar("R", bound=GroupRequest)
 
 # Every part of this is served wherever the service runs (it runs only with durable
 # storage), so all of it is advertised together.
@@ -162,15 +150,6 @@ class GroupServiceLimits:
     """Seconds between fsyncs of the group logs in fsync mode `periodic`."""
     segment_bytes: int = _MIB
     compact_min_bytes: int = 4 * _MIB
-
-
-@dataclass(frozen=True, slots=True)
-class GroupCall:
-    """What a group request needs from the stream it arrived on."""
-
-    proto: StreamProtocol
-    write: Callable[[bytes], Awaitable[None]]
-    connection: object  # the request's connection: newer connections win reclaims (Q16)
 
 
 class _Refused(Exception):
@@ -283,7 +262,7 @@ class GroupService:
     async def start(self) -> None:
         """Replay every group log on disk, then start upkeep. A shard without one is
         opened on its first group request (so no stream log is opened just for this)."""
-        for spec in self._config.catalog.streams():
+        for spec in self._catalog.streams():
             if spec.durable:
                 for index in range(spec.shards):
                     if self._directory(spec, index).exists():
@@ -488,46 +467,74 @@ class GroupService:
 
     # -- requests -------------------------------------------------------------------
 
-    async def handle(self, request: Message, call: GroupCall) -> None:
-        assert isinstance(request, GROUP_REQUESTS)
-        proto = call.proto
-        outcome = "ok"
-        try:
-            try:
-                if isinstance(request, GroupPoll):
-                    outcome = await self._poll(request, call)
-                    return
-                answer = await self._answer(proto, request)
-            except _Refused as refused:
-                outcome = refused.code.wire
-                answer = proto.error(refused.code, refused.text, retry=refused.retry)
-            except GroupRefusedError as refused:
-                outcome = "stale_claim" if refused.stale else "invalid_request"
-                answer = _refusal(proto, refused)
-            except StorageError as exc:
-                outcome = "storage"
-                _log.error("group request failed in storage: %s", exc)
-                answer = proto.error(ErrorCode.STORAGE, f"group storage failed: {exc}")
-            await call.write(answer)
-        except (StreamClosedError, ConnectionClosedError):
-            return
-        finally:
-            if self._metrics is not None:
-                kind = str(type(request).__struct_config__.tag)
-                self._metrics.group_requests.labels(type=kind, outcome=outcome).inc()
+    def register(self, table: DispatchTable) -> None:
+        """Every group request runs as its own task (concurrent), so a long poll holds
+        back nothing else on its stream."""
+        consume, manage = Action.GROUP_CONSUME, Action.GROUP_MANAGE
+        table.register(GroupPoll, self._handler(self._poll, consume), concurrent=True)
+        table.register(GroupAck, self._handler(self._ack, consume), concurrent=True)
+        table.register(GroupNack, self._handler(self._nack, consume), concurrent=True)
+        table.register(GroupExtend, self._handler(self._extend, consume), concurrent=True)
+        table.register(GroupDeadLetter, self._handler(self._dead_letter, consume), concurrent=True)
+        table.register(
+            GroupDeadLetters, self._handler(self._dead_letters, consume), concurrent=True
+        )
+        table.register(
+            GroupDescribe, self._handler(self._describe_request, consume), concurrent=True
+        )
+        # Seek, delete, redrive and discard change what the group owes: group.manage (Q17).
+        table.register(GroupSeek, self._handler(self._seek, manage), concurrent=True)
+        table.register(GroupDelete, self._handler(self._delete_request, manage), concurrent=True)
+        table.register(GroupRedrive, self._handler(self._redrive, manage), concurrent=True)
+        table.register(GroupDiscard, self._handler(self._discard, manage), concurrent=True)
 
-    def _admit(self, proto: StreamProtocol, request: GroupRequest) -> _ShardGroups:
-        """The shard's groups, if this principal may do the request on the group."""
+    def _handler(
+        self,
+        op: Callable[[_ShardGroups, R, RequestContext], Awaitable[bytes | None]],
+        action: Action,
+    ) -> Handler[R]:
+        """The request handler around `op`: admission, refusals and storage errors
+        answered as error frames, the outcome counted; `op` returns its answer
+        (None: it answered itself, as polls do)."""
+
+        async def handle(request: R, ctx: RequestContext) -> None:
+            proto = ctx.proto
+            outcome = "ok"
+            try:
+                try:
+                    groups = self._admit(ctx, request, action)
+                    answer = await op(groups, request, ctx)
+                except _Refused as refused:
+                    outcome = refused.code.wire
+                    answer = proto.error(refused.code, refused.text, retry=refused.retry)
+                except GroupRefusedError as refused:
+                    outcome = "stale_claim" if refused.stale else "invalid_request"
+                    answer = _refusal(proto, refused)
+                except StorageError as exc:
+                    outcome = "storage"
+                    _log.error("group request failed in storage: %s", exc)
+                    answer = proto.error(ErrorCode.STORAGE, f"group storage failed: {exc}")
+                if answer is not None:
+                    await ctx.write(answer)
+            except (StreamClosedError, ConnectionClosedError):
+                return
+            finally:
+                if self._metrics is not None:
+                    name = str(type(request).__struct_config__.tag)
+                    self._metrics.group_requests.labels(type=name, outcome=outcome).inc()
+
+        return handle
+
+    def _admit(self, ctx: RequestContext, request: GroupRequest, action: Action) -> _ShardGroups:
+        """The shard's groups, if this principal may do `action` on the group."""
         if self._closed:
             raise _Refused(ErrorCode.DRAINING, "the broker is shutting down")
-        principal = proto.principal
-        assert principal is not None
+        principal = ctx.principal
         tenant, namespace, stream = request.tenant_id, request.namespace, request.stream
         if tenant != principal.tenant_id:
             raise _Refused(ErrorCode.FORBIDDEN, "forbidden: the token is for another tenant")
         if not request.group:
             raise _Refused(ErrorCode.INVALID_REQUEST, "a group needs a name")
-        action = Action.GROUP_MANAGE if isinstance(request, _MANAGE) else Action.GROUP_CONSUME
         obj = group_object(tenant, namespace, stream, request.group)
         if not principal.permissions.allows(action, obj):
             raise _Refused(ErrorCode.FORBIDDEN, f"forbidden: {action.value} on {obj}")
@@ -552,47 +559,87 @@ class GroupService:
             raise _Refused(ErrorCode.INVALID_REQUEST, "the group name is too long")
         return self._shard_groups(spec, request.shard)
 
-    async def _answer(self, proto: StreamProtocol, request: GroupRequest) -> bytes:
-        groups = self._admit(proto, request)
-        name = request.group
-        rid = request.request_id
-        now = _now_ms()
-        if isinstance(request, GroupDeadLetters):
-            durable = groups.durable.get(name)
-            offsets = sorted(durable.dead) if durable is not None else []
-            return proto.message(GroupDeadLetterList(offsets=offsets, request_id=rid))
-        if isinstance(request, GroupDescribe):
-            return proto.message(self._describe(groups, name, rid))
-        if isinstance(request, GroupDelete):
-            return proto.message(await self._delete(groups, name, rid))
+    def _live(self, groups: _ShardGroups, name: str) -> GroupState:
         state = self._state(groups, name)
         assert state is not None
-        if isinstance(request, GroupAck):
-            state.ack(now, request.offset, groups.tail)
-        elif isinstance(request, GroupNack):
-            state.nack(now, request.offset, groups.tail, request.delay_ms, request.attempts)
-        elif isinstance(request, GroupDeadLetter):
-            state.dead_letter(now, request.offset, groups.tail)
-        elif isinstance(request, GroupRedrive):
-            state.redrive(request.offset)
-        elif isinstance(request, GroupDiscard):
-            state.discard(request.offset)
-        elif isinstance(request, GroupExtend):
-            granted = state.extend(now, request.offset, request.attempts, request.extend_ms)
-            return proto.message(GroupExtended(visible_ms=granted, request_id=rid))
-        else:
-            assert isinstance(request, GroupSeek)
-            start = request.start
-            target = SeekTarget(
-                earliest=start == "earliest",
-                latest=start == "latest",
-                offset=start.offset if isinstance(start, StartOffset) else None,
-            )
-            position, moved = state.seek(target, request.if_new, groups.log_start, groups.tail)
-            await self._persist(groups, state)
-            return proto.message(GroupPosition(offset=position, moved=moved, request_id=rid))
+        return state
+
+    async def _settled(
+        self, ctx: RequestContext, groups: _ShardGroups, state: GroupState, rid: int
+    ) -> bytes:
+        """Persist what a settle changed; answered with cache_ok once it is durable."""
         await self._persist(groups, state)
-        return proto.message(CacheOk(request_id=rid))
+        return ctx.proto.message(CacheOk(request_id=rid))
+
+    async def _ack(self, groups: _ShardGroups, request: GroupAck, ctx: RequestContext) -> bytes:
+        state = self._live(groups, request.group)
+        state.ack(_now_ms(), request.offset, groups.tail)
+        return await self._settled(ctx, groups, state, request.request_id)
+
+    async def _nack(self, groups: _ShardGroups, request: GroupNack, ctx: RequestContext) -> bytes:
+        state = self._live(groups, request.group)
+        state.nack(_now_ms(), request.offset, groups.tail, request.delay_ms, request.attempts)
+        return await self._settled(ctx, groups, state, request.request_id)
+
+    async def _dead_letter(
+        self, groups: _ShardGroups, request: GroupDeadLetter, ctx: RequestContext
+    ) -> bytes:
+        state = self._live(groups, request.group)
+        state.dead_letter(_now_ms(), request.offset, groups.tail)
+        return await self._settled(ctx, groups, state, request.request_id)
+
+    async def _redrive(
+        self, groups: _ShardGroups, request: GroupRedrive, ctx: RequestContext
+    ) -> bytes:
+        state = self._live(groups, request.group)
+        state.redrive(request.offset)
+        return await self._settled(ctx, groups, state, request.request_id)
+
+    async def _discard(
+        self, groups: _ShardGroups, request: GroupDiscard, ctx: RequestContext
+    ) -> bytes:
+        state = self._live(groups, request.group)
+        state.discard(request.offset)
+        return await self._settled(ctx, groups, state, request.request_id)
+
+    async def _extend(
+        self, groups: _ShardGroups, request: GroupExtend, ctx: RequestContext
+    ) -> bytes:
+        state = self._live(groups, request.group)
+        granted = state.extend(_now_ms(), request.offset, request.attempts, request.extend_ms)
+        return ctx.proto.message(GroupExtended(visible_ms=granted, request_id=request.request_id))
+
+    async def _seek(self, groups: _ShardGroups, request: GroupSeek, ctx: RequestContext) -> bytes:
+        state = self._live(groups, request.group)
+        start = request.start
+        target = SeekTarget(
+            earliest=start == "earliest",
+            latest=start == "latest",
+            offset=start.offset if isinstance(start, StartOffset) else None,
+        )
+        position, moved = state.seek(target, request.if_new, groups.log_start, groups.tail)
+        await self._persist(groups, state)
+        answer = GroupPosition(offset=position, moved=moved, request_id=request.request_id)
+        return ctx.proto.message(answer)
+
+    async def _dead_letters(
+        self, groups: _ShardGroups, request: GroupDeadLetters, ctx: RequestContext
+    ) -> bytes:
+        durable = groups.durable.get(request.group)
+        offsets = sorted(durable.dead) if durable is not None else []
+        return ctx.proto.message(
+            GroupDeadLetterList(offsets=offsets, request_id=request.request_id)
+        )
+
+    async def _describe_request(
+        self, groups: _ShardGroups, request: GroupDescribe, ctx: RequestContext
+    ) -> bytes:
+        return ctx.proto.message(self._describe(groups, request.group, request.request_id))
+
+    async def _delete_request(
+        self, groups: _ShardGroups, request: GroupDelete, ctx: RequestContext
+    ) -> bytes:
+        return ctx.proto.message(await self._delete(groups, request.group, request.request_id))
 
     def _describe(self, groups: _ShardGroups, name: str, rid: int) -> GroupInfo:
         durable = groups.durable.get(name)
@@ -629,51 +676,40 @@ class GroupService:
             seq = self._connections[connection] = self._next_connection
         return seq
 
-    async def _poll(self, request: GroupPoll, call: GroupCall) -> str:
-        """Answer one poll; returns its outcome for the metrics (ok or an error code)."""
-        proto = call.proto
-        principal = proto.principal
-        assert principal is not None
-        try:
-            groups = self._admit(proto, request)
-            member: Member | None = None
-            if request.consumer is not None:
-                if not 1 <= len(request.consumer.encode()) <= MAX_CONSUMER_BYTES:
-                    raise _Refused(
-                        ErrorCode.INVALID_REQUEST,
-                        f"a consumer name is 1 to {MAX_CONSUMER_BYTES} bytes",
-                    )
-                member = (request.consumer, principal.subject)
-            conn = self._connection_seq(call.connection)
-            limit = min(request.max_records, POLL_MAX_RECORDS)
-            loop = asyncio.get_running_loop()
-            wait_s = min(request.wait_ms, self._config.group_max_wait_ms) / 1000
-            deadline = loop.time() + wait_s
-            reclaim = request.reclaim and member is not None
-            while True:
-                state = self._state(groups, request.group)
-                assert state is not None
-                now = _now_ms()
-                if reclaim:
-                    assert member is not None
-                    state.reclaim(now, conn, member, request.visibility_ms)
-                    reclaim = False
-                taken = self._take(groups, state, now, limit, conn, member, request.visibility_ms)
-                await self._persist(groups, state)
-                remaining = deadline - loop.time()
-                if taken or limit == 0 or remaining <= 0:
-                    break
-                next_deadline = state.next_deadline()
-                if next_deadline is not None:
-                    remaining = min(remaining, max(0.0, (next_deadline - now) / 1000) + 0.001)
-                await groups.signal.wait(remaining)
-        except _Refused as refused:
-            await call.write(proto.error(refused.code, refused.text, retry=refused.retry))
-            return refused.code.wire
-        except StorageError as exc:
-            _log.error("group poll failed in storage: %s", exc)
-            await call.write(proto.error(ErrorCode.STORAGE, f"group storage failed: {exc}"))
-            return "storage"
+    async def _poll(self, groups: _ShardGroups, request: GroupPoll, ctx: RequestContext) -> None:
+        """Answer one poll with the records it claimed (possibly none, after its wait)."""
+        proto = ctx.proto
+        principal = ctx.principal
+        member: Member | None = None
+        if request.consumer is not None:
+            if not 1 <= len(request.consumer.encode()) <= MAX_CONSUMER_BYTES:
+                raise _Refused(
+                    ErrorCode.INVALID_REQUEST,
+                    f"a consumer name is 1 to {MAX_CONSUMER_BYTES} bytes",
+                )
+            member = (request.consumer, principal.subject)
+        conn = self._connection_seq(ctx.connection.connection)
+        limit = min(request.max_records, POLL_MAX_RECORDS)
+        loop = asyncio.get_running_loop()
+        wait_s = min(request.wait_ms, self._config.group_max_wait_ms) / 1000
+        deadline = loop.time() + wait_s
+        reclaim = request.reclaim and member is not None
+        while True:
+            state = self._live(groups, request.group)
+            now = _now_ms()
+            if reclaim:
+                assert member is not None
+                state.reclaim(now, conn, member, request.visibility_ms)
+                reclaim = False
+            taken = self._take(groups, state, now, limit, conn, member, request.visibility_ms)
+            await self._persist(groups, state)
+            remaining = deadline - loop.time()
+            if taken or limit == 0 or remaining <= 0:
+                break
+            next_deadline = state.next_deadline()
+            if next_deadline is not None:
+                remaining = min(remaining, max(0.0, (next_deadline - now) / 1000) + 0.001)
+            await groups.signal.wait(remaining)
         records = [
             GroupRecord(
                 offset=record.offset,
@@ -686,7 +722,7 @@ class GroupService:
         ]
         answer = proto.message(GroupRecords(records=records, request_id=request.request_id))
         try:
-            await call.write(answer)
+            await ctx.write(answer)
         except BaseException:
             # The client never got these: hand them back rather than wait out the claim.
             state.release([offer.offset for offer, _ in taken])
@@ -694,7 +730,6 @@ class GroupService:
             raise
         if self._metrics is not None:
             self._metrics.group_records.inc(len(records))
-        return "ok"
 
     def _take(
         self,

@@ -10,7 +10,7 @@ whether the stream has authenticated, and whether to end the stream. It owns:
 - the shaping of every answer to what the client announced (no flag, message or
   field it did not offer ever leaves).
 
-The adapter (`server.py`) executes the requests against the engine and asks the
+The QUIC adapter (`session/quic.py`) hands the requests to the dispatch table; handlers ask the
 core to build their answers (`message`, `error`, `publish_answer`).
 """
 

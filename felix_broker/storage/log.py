@@ -31,7 +31,7 @@ import logging
 import os
 import threading
 from bisect import bisect_left, bisect_right
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Generator, Iterator, Sequence
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
@@ -97,6 +97,36 @@ def _base_offset(segment: Segment) -> int:
 
 def _last_timestamp(segment: Segment) -> int:
     return segment.last_timestamp_us
+
+
+def _scan(
+    files: Iterator[tuple[Segment, int]],
+    from_offset: int,
+    stop: int,
+    max_records: int,
+    max_bytes: int,
+) -> list[Record]:
+    """The records of a read (see `Log.read`) from segments in order, each with a
+    descriptor to read it through."""
+    records: list[Record] = []
+    used = 0
+    offset = from_offset
+    for segment, fd in files:
+        if offset >= stop:
+            break
+        # At most max_records are wanted: the segment reads only their bytes.
+        want = min(stop, offset + max_records - len(records))
+        for record in segment.records_from(fd, offset, end=want):
+            if record.offset >= stop:
+                return records
+            if records and used + len(record.payload) > max_bytes:
+                return records
+            records.append(record)
+            used += len(record.payload)
+            if len(records) >= max_records:
+                return records
+        offset = segment.end_offset
+    return records
 
 
 def _remove_leftovers(directory: Path, bases: set[int]) -> None:
@@ -438,7 +468,65 @@ class Log:
         returned alone, so a reader always makes progress. Never waits: an
         empty list means nothing readable yet. Raises
         :class:`OffsetOutOfRangeError` outside ``[start_offset, next_offset]``.
+        Blocks for the file reads: on the event loop, prefer :meth:`aread`.
         """
+        stop, first = self._read_range(from_offset, max_records, max_bytes, end)
+
+        def files() -> Generator[tuple[Segment, int]]:
+            for segment in self._segments[first:]:
+                fd = segment.fd if segment.fd is not None else os.open(segment.path, os.O_RDONLY)
+                try:
+                    yield segment, fd
+                finally:
+                    if fd != segment.fd:
+                        os.close(fd)
+
+        scan = files()
+        try:
+            return _scan(scan, from_offset, stop, max_records, max_bytes)
+        finally:
+            scan.close()  # closes the descriptor it opened, if any
+
+    async def aread(
+        self, from_offset: int, *, max_records: int, max_bytes: int, end: int | None = None
+    ) -> list[Record]:
+        """:meth:`read` with the file reads and checksums on a worker thread, so a big
+        read (up to megabytes) does not hold the event loop.
+
+        What to read is fixed on the loop: the readable range, and a descriptor of
+        its own (dup or open) for each segment in it, so appends, retention and
+        close meanwhile change nothing the thread sees; the thread closes them.
+        """
+        stop, first = self._read_range(from_offset, max_records, max_bytes, end)
+        files: list[tuple[Segment, int]] = []
+        try:
+            for segment in self._segments[first:]:
+                if segment.base_offset >= stop and files:
+                    break
+                fd = (
+                    os.dup(segment.fd)
+                    if segment.fd is not None
+                    else os.open(segment.path, os.O_RDONLY)
+                )
+                files.append((segment, fd))
+        except BaseException:
+            for _, fd in files:
+                os.close(fd)
+            raise
+
+        def scan() -> list[Record]:
+            try:
+                return _scan(iter(files), from_offset, stop, max_records, max_bytes)
+            finally:
+                for _, fd in files:
+                    os.close(fd)
+
+        return await asyncio.to_thread(scan)
+
+    def _read_range(
+        self, from_offset: int, max_records: int, max_bytes: int, end: int | None
+    ) -> tuple[int, int]:
+        """Check a read; returns where it stops and the index of its first segment."""
         if self._closed:
             raise LogClosedError(f"log {self.directory} is closed")
         if max_records < 1 or max_bytes < 0:
@@ -446,31 +534,7 @@ class Log:
         if not self.start_offset <= from_offset <= self._next_offset:
             raise OffsetOutOfRangeError(from_offset, self.start_offset, self._next_offset)
         stop = self.readable_offset if end is None else min(end, self.readable_offset)
-        records: list[Record] = []
-        used = 0
-        i = bisect_right(self._segments, from_offset, key=_base_offset) - 1
-        offset = from_offset
-        while offset < stop and i < len(self._segments):
-            segment = self._segments[i]
-            fd = segment.fd if segment.fd is not None else os.open(segment.path, os.O_RDONLY)
-            try:
-                # At most max_records are wanted: the segment reads only their bytes.
-                want = min(stop, offset + max_records - len(records))
-                for record in segment.records_from(fd, offset, end=want):
-                    if record.offset >= stop:
-                        return records
-                    if records and used + len(record.payload) > max_bytes:
-                        return records
-                    records.append(record)
-                    used += len(record.payload)
-                    if len(records) >= max_records:
-                        return records
-            finally:
-                if fd != segment.fd:
-                    os.close(fd)
-            offset = segment.end_offset
-            i += 1
-        return records
+        return stop, bisect_right(self._segments, from_offset, key=_base_offset) - 1
 
     def offset_for_time(self, at_us: int) -> int | None:
         """The first readable offset appended at or after ``at_us``.

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from array import array
 from bisect import bisect_left, bisect_right
 from collections import OrderedDict
@@ -146,8 +147,10 @@ class Segment:
         self._entry_times = array("q")
         # position -> (verified batch, where each payload starts), least recent first;
         # at most _TABLE_CACHE_RECORDS records' worth. Written batches never change.
+        # Reads run on the loop and on worker threads (Log.aread): the lock guards it.
         self._tables: OrderedDict[int, tuple[Batch, tuple[int, ...]]] = OrderedDict()
         self._tables_records = 0
+        self._tables_lock = threading.Lock()
 
     @property
     def end_offset(self) -> int:
@@ -398,9 +401,8 @@ class Segment:
         position = self._entry_positions[i] if i >= 0 else HEADER_SIZE
         expected = self._entry_offsets[i] if i >= 0 else self.base_offset
         end = self.size
-        tables = self._tables
         while position < end:
-            cached = tables.get(position)
+            cached = self._table_at(position)
             if cached is None:
                 head = read_batch_head(reader.view(position, BATCH_HEAD_SIZE), 0, end - position)
                 if head is None:
@@ -411,8 +413,6 @@ class Segment:
                 starts = tuple(accumulate(batch.lengths[:-1], initial=position + head.table_end))
                 cached = (batch, starts)
                 self._remember(position, cached)
-            else:
-                tables.move_to_end(position)
             batch, starts = cached
             head = batch.head
             if head.base_offset != expected:
@@ -421,16 +421,26 @@ class Segment:
             position += head.length
             expected = head.end_offset
 
+    def _table_at(self, position: int) -> tuple[Batch, tuple[int, ...]] | None:
+        with self._tables_lock:
+            table = self._tables.get(position)
+            if table is not None:
+                self._tables.move_to_end(position)
+            return table
+
     def _remember(self, position: int, table: tuple[Batch, tuple[int, ...]]) -> None:
         records = len(table[1])
         if records > _TABLE_CACHE_RECORDS:
             return
-        tables = self._tables
-        tables[position] = table
-        self._tables_records += records
-        while self._tables_records > _TABLE_CACHE_RECORDS:
-            _, (_, dropped) = tables.popitem(last=False)
-            self._tables_records -= len(dropped)
+        with self._tables_lock:
+            tables = self._tables
+            if position in tables:
+                return  # another reader got there first
+            tables[position] = table
+            self._tables_records += records
+            while self._tables_records > _TABLE_CACHE_RECORDS:
+                _, (_, dropped) = tables.popitem(last=False)
+                self._tables_records -= len(dropped)
 
     def offset_for_time(self, fd: int, at_us: int) -> int | None:
         """The first offset here appended at or after ``at_us``, via the sparse index."""

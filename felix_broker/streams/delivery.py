@@ -9,18 +9,27 @@ A gap after that means the subscriber's queue dropped records: a client that
 negotiated it gets `subscription_lagged` (resume_from = the position) and the
 stream ends (facts S10); others see the gap in the offsets. On an in-memory
 shard there are no offsets, and frames are written as they come.
+
+History is read off the event loop (`Log.aread`), and every loop over it stops
+when a read makes no progress: a history read that retention overtook ends
+the replay (live delivery takes over; the gap is reported as lagged to a
+client that negotiated it), never spins.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 
+from felix_broker.storage import OffsetOutOfRangeError
 from felix_broker.streams.engine import Chunk, Subscriber, encode_events
 from felix_transport import ConnectionClosedError, Stream, StreamClosedError
 from felix_wire.codec import encode_frame
 from felix_wire.messages import EventStreamHello, SubscriptionLagged
 
 __all__ = ["SubscriptionWriter"]
+
+_log = logging.getLogger(__name__)
 
 
 class SubscriptionWriter:
@@ -60,9 +69,20 @@ class SubscriptionWriter:
                         return
                     if base < position:
                         # Straddles the seam: the rest comes from the log.
-                        while position < end:
-                            history, position = self._history(position, end)
-                            out.extend(history)
+                        reached = await self._fill(out, position, end)
+                        if reached < end:
+                            # The log no longer has [reached, end) (retention removed
+                            # it): the records are lost to this subscriber.
+                            if lagged_capable:
+                                await self._lagged(out, reached)
+                                return
+                            _log.warning(
+                                "subscription %d: records %d-%d left the log before "
+                                "delivery; skipped",
+                                sub.subscription_id,
+                                reached,
+                                end - 1,
+                            )
                     else:
                         out.append(frame)
                     position = end
@@ -97,20 +117,39 @@ class SubscriptionWriter:
             target = head if head is not None else log.readable_offset
             if position >= target:
                 break
-            frames, reached = self._history(position, target)
-            if not frames:
-                break
+            frames, reached = await self._history(position, target)
+            if reached == position:
+                break  # nothing readable here any more: live delivery takes over
             await self.uni.write(b"".join(frames))
             position = reached
         return position
 
-    def _history(self, start: int, end: int) -> tuple[list[bytes], int]:
+    async def _fill(self, out: list[bytes], start: int, end: int) -> int:
+        """History from [start, end) appended to `out`; returns the offset reached,
+        `end` unless the log stopped giving records (each read must make progress,
+        so this ends after at most end - start reads)."""
+        position = start
+        while position < end:
+            frames, reached = await self._history(position, end)
+            if reached <= position:
+                break
+            out.extend(frames)
+            position = reached
+        return position
+
+    async def _history(self, start: int, end: int) -> tuple[list[bytes], int]:
         """Records from [start, end) laid out for the subscriber's variant, as much as
-        one capped read gives, and the offset after the last one."""
+        one capped read gives (read off the event loop), and the offset after the last
+        one; `start` itself when the log has none of them (any more)."""
         sub = self.sub
         log = sub.shard.log
         assert log is not None
-        records = log.read(start, max_records=self._max_records, max_bytes=self._max_bytes, end=end)
+        try:
+            records = await log.aread(
+                start, max_records=self._max_records, max_bytes=self._max_bytes, end=end
+            )
+        except OffsetOutOfRangeError:
+            return [], start
         if not records:
             return [], start
         chunks = [Chunk([r.payload], r.publisher, r.offset, [r.timestamp_us]) for r in records]

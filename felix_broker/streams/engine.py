@@ -16,17 +16,19 @@ Delivery. A flush cuts the appended records into event batches of at most
 batch also starts where the publisher changes, for variants that carry it) and
 encodes each batch ONCE per delivery variant present among the shard's
 subscribers; every subscriber of a variant gets the same bytes. Batches grow
-under load because the worker flushes once per pass over everything queued, so
-`event_batch_max_delay_us` is met by construction: records wait at most one
-worker pass.
+under load because the worker flushes once per pass over what is queued; a
+pass stops taking more once `event_batch_max_delay_us` has gone by since its
+first append, so no record waits longer than that (plus one append) to be
+batched, however deep the queue (0: one publish batch per pass).
 
 Subscribers. Each has a bounded queue of frames (`subscriber_queue_capacity`,
 clamped `queue_capacity` when the client asked). At the bound, `drop_new`
 (default) drops the new frame, `drop_old` drops the oldest queued frame, and
-`block` makes the tenant's worker wait for room (slowing that tenant's
-publishers). Drops are counted per subscriber and in the metrics. A slow
-subscriber never slows the publisher or other subscribers under the drop
-policies.
+`block` queues the frame all the same and makes the tenant's worker wait for
+room before its next pass (slowing that tenant's publishers; a blocked queue
+holds at most its capacity plus one pass's frames, and loses nothing). Drops
+are counted per subscriber and in the metrics. A slow subscriber never slows
+the publisher or other subscribers under the drop policies.
 
 Durable streams append to their shard's log (felix_broker.storage). The worker
 waits for durability per fsync mode before it fans out and acknowledges, so disk
@@ -225,12 +227,19 @@ class Subscriber:
         return len(self._frames)
 
     def offer(self, frame: bytes, records: int, base: int = 0) -> bool:
-        """Queue a frame; False when it had to wait for room (policy `block`)."""
+        """Queue a frame; False when the queue is at its capacity under policy `block`.
+
+        Under `block` the frame is queued all the same (nothing is lost) and the
+        caller must `wait_for_room()` before it offers more than the rest of its
+        current flush: the queue then holds at most `capacity` frames plus one
+        flush's frames.
+        """
         if self.closed:
             return True
         if len(self._frames) >= self.capacity:
             if self.policy is SubscriberQueuePolicy.BLOCK:
                 self._room.clear()
+                self._queue(frame, records, base)
                 return False
             if self.policy is SubscriberQueuePolicy.DROP_OLD:
                 _, old_records, _ = self._frames.popleft()
@@ -239,10 +248,13 @@ class Subscriber:
             else:
                 self._drop(records)
                 return True
+        self._queue(frame, records, base)
+        return True
+
+    def _queue(self, frame: bytes, records: int, base: int) -> None:
         self._frames.append((frame, records, base))
         self._metrics.subscriber_queue_depth.inc()
         self._ready.set()
-        return True
 
     async def wait_for_room(self) -> None:
         while not self.closed and len(self._frames) >= self.capacity:
@@ -392,7 +404,8 @@ class Shard:
 
     def flush(self) -> list[Subscriber]:
         """Encode pending records once per variant and queue them; returns the
-        subscribers that are full under the `block` policy (the caller waits)."""
+        subscribers at or past their capacity under the `block` policy (their
+        frames are queued; the caller waits for their room before the next pass)."""
         for listener in self.listeners:
             listener()
         if not self._pending:
@@ -423,15 +436,18 @@ class Shard:
                         if not sub.offer(frame, count, chunk.base_offset):
                             blocked.append(sub)
         self._pending = []
-        return blocked
+        return list(dict.fromkeys(blocked))
 
 
 class _TenantPipeline:
     """One tenant's bounded publish queue and the worker that drains it."""
 
-    def __init__(self, tenant_id: str, depth: int, metrics: BrokerMetrics) -> None:
+    def __init__(
+        self, tenant_id: str, depth: int, max_delay_us: int, metrics: BrokerMetrics
+    ) -> None:
         self.tenant_id = tenant_id
         self.queue: asyncio.Queue[PublishRequest] = asyncio.Queue(maxsize=depth)
+        self._max_delay_ns = max_delay_us * 1000
         self._metrics = metrics
         self.task = asyncio.get_running_loop().create_task(self._run(), name=f"publish-{tenant_id}")
 
@@ -439,13 +455,24 @@ class _TenantPipeline:
         queue = self.queue
         while True:
             batch = [await queue.get()]
-            while not queue.empty():
-                batch.append(queue.get_nowait())
+            # A pass appends what is queued until event_batch_max_delay_us has gone by
+            # since its first append, then flushes: no record waits longer than that
+            # (plus one append) to be batched, however deep the queue.
+            started = time.monotonic_ns()
             # One time per publish batch, the leader's clock at append (facts S13).
             now = now_micros()
             touched: dict[int, Shard] = {}
             written: list[tuple[PublishRequest, int]] = []
-            for request in batch:
+            at = 0
+            while at < len(batch):
+                request = batch[at]
+                at += 1
+                if (
+                    at == len(batch)
+                    and not queue.empty()
+                    and time.monotonic_ns() - started < self._max_delay_ns
+                ):
+                    batch.append(queue.get_nowait())
                 shard = request.shard
                 try:
                     base = shard.append(request.payloads, request.publisher, now)
@@ -555,7 +582,10 @@ class Engine:
         pipeline = self._pipelines.get(tenant_id)
         if pipeline is None:
             pipeline = self._pipelines[tenant_id] = _TenantPipeline(
-                tenant_id, self.config.pub_queue_depth, self.metrics
+                tenant_id,
+                self.config.pub_queue_depth,
+                self.config.event_batch_max_delay_us,
+                self.metrics,
             )
         try:
             pipeline.queue.put_nowait(request)

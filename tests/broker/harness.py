@@ -9,10 +9,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
+from felix_broker.app import Broker
 from felix_broker.catalog import CacheSpec, Routing, StaticCatalog, StreamSpec
 from felix_broker.cli import full_rights
 from felix_broker.config import load_config
-from felix_broker.server import Broker
 from felix_transport import Connection, Stream, TransportConfig, connect, default_impl
 from felix_wire.codec import Decoded, decode_frame, encode_frame
 from felix_wire.features import Feature

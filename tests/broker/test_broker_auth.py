@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from felix_broker.server import SERVER_FLAGS
+from felix_broker.app import SERVER_FLAGS
 from felix_transport import StreamClosedError
 from felix_wire.frame import encode_header
 from felix_wire.gating import client_auth

@@ -427,7 +427,7 @@ async def test_publish_only_unidirectional_stream(tmp_path: Path) -> None:
 
 
 def test_features_advertised_match_what_is_served() -> None:
-    from felix_broker.server import SERVER_FEATURES
+    from felix_broker.app import SERVER_FEATURES
 
     assert SERVER_FEATURES & Feature.FEATURE_ACK_ON_COMMIT
     assert not SERVER_FEATURES & Feature.FEATURE_SUBSCRIPTION_LAGGED

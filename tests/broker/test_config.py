@@ -318,7 +318,8 @@ def test_derived_values(tmp_path: Path) -> None:
     )
     assert config.effective_pub_conn_total_inflight_bytes == 4000
     assert config.effective_group_max_visibility_ms == 50000
-    assert config.effective_subscriber_writer_lanes == 8
+    assert config.subscriber_writer_lanes == 16
+    assert "subscriber_writer_lanes" in config.ignored_knobs()
 
 
 def test_hostport_parse_round_trip() -> None:

@@ -108,6 +108,7 @@ async def test_metric_names_follow_one_scheme(metrics: BrokerMetrics) -> None:
     areas = [
         "connections",
         "auth",
+        "task",
         "request",
         "stream",
         "storage",

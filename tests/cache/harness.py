@@ -10,12 +10,11 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from felix_broker.cache.service import CacheLimits, CacheService
+from felix_broker.app import Broker
+from felix_broker.cache.service import CacheLimits
 from felix_broker.catalog import CacheSpec, StaticCatalog, StreamSpec
 from felix_broker.cli import full_rights
 from felix_broker.config import load_config
-from felix_broker.metrics import BrokerMetrics
-from felix_broker.server import Broker
 from felix_transport import Connection, Stream, TransportConfig, connect
 from felix_wire.codec import Decoded, decode_frame, encode_frame
 from felix_wire.features import Feature
@@ -52,34 +51,15 @@ def broker_config(tmp: Path, *, durable: bool, **overrides: Any) -> Any:
     return dataclasses.replace(load_config(environ={}, overrides=settings), catalog=catalog())
 
 
-async def use_cache(broker: Broker, limits: CacheLimits | None) -> CacheService:
-    """Start the broker's cache service (the server does not call start() yet), or
-    put a fresh one with other limits in its place."""
-    assert broker.cache is not None
-    if limits is not None:
-        await broker.cache.close()
-        broker.cache = CacheService(
-            config=broker.config,
-            catalog=broker.config.catalog,
-            metrics=BrokerMetrics(),
-            limits=limits,
-        )
-    await broker.cache.start()
-    return broker.cache
-
-
 @asynccontextmanager
 async def cache_broker(
     tmp: Path, *, durable: bool = True, limits: CacheLimits | None = None, **overrides: Any
 ) -> AsyncIterator[Broker]:
-    broker = Broker(broker_config(tmp, durable=durable, **overrides))
+    broker = Broker(broker_config(tmp, durable=durable, **overrides), cache_limits=limits)
     await broker.start()
     try:
-        await use_cache(broker, limits)
         yield broker
     finally:
-        if broker.cache is not None:
-            await broker.cache.close()
         await broker.stop()
 
 

@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
+from felix_broker.app import Broker
 from felix_broker.cache.service import WATCH_ID_BASE, CacheLimits
 from felix_broker.cache.shard import CacheShard
-from felix_broker.server import Broker
 from felix_wire.messages import (
     CacheEvent,
     CacheGet,

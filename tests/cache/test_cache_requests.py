@@ -301,7 +301,7 @@ async def test_ttl_reads_absent_at_once_and_the_pass_deletes(tmp_path: Path) -> 
 
 
 def _shard(broker: object) -> CacheShard:
-    from felix_broker.server import Broker
+    from felix_broker.app import Broker
 
     assert isinstance(broker, Broker) and broker.cache is not None
     spec = broker.config.catalog.cache(TENANT, NS, CACHE)

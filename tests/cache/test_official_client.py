@@ -14,8 +14,8 @@ from typing import Any, TypeVar
 
 import pytest
 
+from felix_broker.app import Broker
 from felix_broker.cache.service import CacheLimits
-from felix_broker.server import Broker
 
 from .harness import CACHE, NS, TENANT, cache_broker, token
 

@@ -23,9 +23,9 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
+from felix_broker.app import Broker
 from felix_broker.catalog.live import CatalogChange, LiveCatalog, TenantJwksVerifier
 from felix_broker.config import load_config
-from felix_broker.server import Broker
 from felix_transport import default_impl
 from felix_wire.messages import (
     AckMode,

@@ -1,0 +1,350 @@
+"""The broker's composition root: builds the services, starts them, stops them.
+
+No request logic lives here. `Broker.start()` prepares TLS and tokens, takes
+the catalog (the config file's, or the control plane's live one), opens the
+HTTP listener (``/ready`` answers 503 until the end of start), recovers the
+logs, builds the capability services, registers their handlers in one
+`DispatchTable` and binds QUIC. Where a request goes from there is
+docs/architecture.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+from pathlib import Path
+from typing import Any, Protocol
+
+from felix_broker.cache.service import CacheLimits, CacheService
+from felix_broker.catalog import Catalog
+from felix_broker.config import BrokerConfig, FsyncMode, warn_ignored_knobs
+from felix_broker.discovery.service import DISCOVERY_FEATURES, DiscoveryService
+from felix_broker.groups.service import GroupService
+from felix_broker.metrics import BrokerMetrics
+from felix_broker.ops_http import Health, HttpListener
+from felix_broker.session.dispatch import DispatchTable
+from felix_broker.session.protocol import AuthRefusedError
+from felix_broker.session.quic import CLOSE_SHUTTING_DOWN, Session
+from felix_broker.storage import LogConfig, LogStore
+from felix_broker.streams.engine import Engine
+from felix_broker.streams.service import STREAM_FEATURES, StreamService
+from felix_broker.tls import TlsMaterial, prepare_tls
+from felix_broker.tokens import DevIssuer, Principal, TokenError, TokenVerifier
+from felix_transport import Server, TransportConfig, serve
+from felix_wire.errors import ErrorCode
+from felix_wire.features import Feature
+from felix_wire.flags import KNOWN_FLAGS, Flag
+from felix_wire.messages import Auth
+
+__all__ = ["SERVER_FEATURES", "SERVER_FLAGS", "Broker", "Verifier"]
+
+_log = logging.getLogger(__name__)
+
+# Frame layouts this broker reads and writes: everything but idempotent publishes.
+SERVER_FLAGS = KNOWN_FLAGS & ~Flag.BINARY_PUBLISH_IDEMPOTENT
+# The session's own features (answers shaped with codes; unknown requests answered).
+SESSION_FEATURES = int(Feature.FEATURE_ERROR_CODES | Feature.FEATURE_UNSUPPORTED)
+# What every broker serves, whatever its storage (cache and groups add theirs).
+SERVER_FEATURES = SESSION_FEATURES | DISCOVERY_FEATURES | STREAM_FEATURES
+
+
+class Verifier(Protocol):
+    """Checks a Felix token for the tenant a stream names (TokenVerifier, or the
+    control plane's TenantJwksVerifier)."""
+
+    def verify(self, token: str, tenant_id: str) -> Principal: ...
+
+
+class Broker:
+    """A standalone Felix broker on asyncio.
+
+    `start()` binds QUIC and HTTP and returns; `quic_port` and `http_port` then
+    say where. `drain()` stops taking work and closes connections with code 0;
+    `stop()` tears everything down.
+    """
+
+    def __init__(
+        self,
+        config: BrokerConfig,
+        *,
+        verifier: Verifier | None = None,
+        cache_limits: CacheLimits | None = None,
+    ) -> None:
+        self.config = config
+        self._cache_limits = cache_limits
+        self.metrics = BrokerMetrics()
+        self.health = Health()
+        self.engine: Engine | None = None
+        self.streams: StreamService | None = None
+        self.cache: CacheService | None = None
+        self.groups: GroupService | None = None
+        self.store: LogStore | None = None
+        # What exists: the config file's catalog, or the control plane's live one.
+        self.catalog: Catalog = config.catalog
+        self.table = DispatchTable()
+        self.session: Session | None = None
+        self._control: list[Any] = []  # control-plane clients to close on stop
+        self.tls: TlsMaterial | None = None
+        self.issuer: DevIssuer | None = None
+        self._verifier = verifier
+        self._features = SESSION_FEATURES
+        self._server: Server | None = None
+        self._http: HttpListener | None = None
+        self._draining = False
+        self._stopped = asyncio.Event()
+
+    # -- life cycle ----------------------------------------------------------------
+
+    async def start(self) -> None:
+        config = self.config
+        warn_ignored_knobs(config)
+        config.data_dir.mkdir(parents=True, exist_ok=True)
+        self.tls = prepare_tls(
+            data_dir=config.data_dir,
+            cert=config.tls_cert,
+            key=config.tls_key,
+            ca=config.tls_ca,
+            cert_export=config.tls_cert_export,
+        )
+        if config.controlplane_url is not None:
+            await self._connect_control_plane(config.controlplane_url)
+        if self._verifier is None:
+            if config.jwks_path is not None:
+                self._verifier = TokenVerifier.from_file(config.jwks_path)
+            else:
+                self.issuer = DevIssuer.load_or_create(config.data_dir)
+                self._verifier = TokenVerifier(self.issuer.jwks())
+        # Listen first: /ready answers 503 while the logs recover.
+        self._http = HttpListener(
+            metrics=self.metrics, health=self.health, backup_offsets=self._backup_offsets
+        )
+        await self._http.start(config.metrics_bind.host, config.metrics_bind.port)
+        if config.durable_enabled:
+            assert config.durable_storage_dir is not None
+            self.store = LogStore(
+                config.durable_storage_dir, config=LogConfig(fsync_mode=config.durable_fsync_mode)
+            )
+            # /ready stays 503 until every log has recovered (a corrupt log stops here).
+            await self.store.recover_all()
+            self.store.start()
+        await self._build_services()
+        transport = TransportConfig.server(
+            self.tls.chain_pem(),
+            self.tls.key_pem(),
+            impl=config.quic_impl.value,
+            require_alpn=config.tls_require_alpn,
+            max_datagram_size=config.max_datagram_size,
+            idle_timeout=config.max_idle_timeout_ms / 1000,
+            connection_receive_window=config.pub_conn_recv_window,
+            stream_receive_window=min(config.pub_stream_recv_window, config.pub_conn_recv_window),
+        )
+        assert self.session is not None
+        self._server = await serve(
+            transport,
+            config.quic_bind.host,
+            config.quic_bind.port,
+            self.session.on_connection,
+            max_connections=config.max_client_connections,
+        )
+        self.health.mark_ready()
+
+    async def _build_services(self) -> None:
+        """Every capability service, its shards recovered, its handlers in the table."""
+        config, catalog, table = self.config, self.catalog, self.table
+        self.engine = Engine(catalog, config, self.metrics, self.store)
+        self.streams = StreamService(
+            config=config, engine=self.engine, metrics=self.metrics, durable=self.store is not None
+        )
+        discovery = DiscoveryService(catalog)
+        self.cache = CacheService(
+            config=config, catalog=catalog, metrics=self.metrics, limits=self._cache_limits
+        )
+        await self.cache.start()  # reloads cache logs, starts the TTL pass
+        services: list[StreamService | DiscoveryService | CacheService | GroupService] = [
+            self.streams,
+            discovery,
+            self.cache,
+        ]
+        if config.durable_enabled:
+            # Consumer groups need durable storage (facts N4, Q1): none without it.
+            self.groups = GroupService(
+                config=config, catalog=catalog, engine=self.engine, metrics=self.metrics
+            )
+            await self.groups.start()  # replays the group logs (cursors, dead letters)
+            services.append(self.groups)
+        for service in services:
+            service.register(table)
+            self._features |= service.features
+        self.session = Session(
+            config=config,
+            metrics=self.metrics,
+            table=table,
+            authenticate=self._authenticate,
+            server_flags=int(SERVER_FLAGS),
+            features=lambda: self._features,
+        )
+        self.session.on_close.append(self.streams.end_connection)
+
+    @property
+    def features(self) -> int:
+        """Every feature this broker advertises (before the per-stream window rule)."""
+        return self._features
+
+    @property
+    def quic_port(self) -> int:
+        assert self._server is not None, "not started"
+        return int(self._server.address[1])
+
+    @property
+    def http_port(self) -> int:
+        assert self._http is not None, "not started"
+        return self._http.port
+
+    @property
+    def ca_path(self) -> Path | None:
+        """The CA certificate clients should trust (None when the operator's
+        certificate came without one)."""
+        assert self.tls is not None, "not started"
+        return self.tls.ca_path
+
+    async def drain(self) -> None:
+        """Stop taking work: /ready turns 503, new auth answers `draining`, queued
+        publishes finish and their answers are written, then every connection
+        closes with code 0."""
+        if self._draining:
+            return
+        self._draining = True
+        self.health.mark_draining()
+        timeout = self.config.drain_timeout_ms / 1000
+        if self.engine is not None:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.engine.drain(), timeout)
+        if self.session is not None:
+            # The drained publishes' answers are queued on their streams: write them.
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self.session.flush_answers(), timeout)
+            self.session.close_all(CLOSE_SHUTTING_DOWN, "broker shutting down")
+            await self.session.wait_closed(timeout)
+
+    async def stop(self) -> None:
+        await self.drain()
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+        if self._http is not None:
+            await self._http.close()
+        if self.cache is not None:
+            await self.cache.close()
+        if self.groups is not None:
+            await self.groups.close()
+        if self.engine is not None:
+            self.engine.close()
+        if self.store is not None:
+            await self.store.aclose()
+        for client in reversed(self._control):
+            await client.close()
+        self._stopped.set()
+
+    async def wait_stopped(self) -> None:
+        await self._stopped.wait()
+
+    def _authenticate(self, auth: Auth) -> Principal:
+        if self._draining:
+            raise AuthRefusedError(ErrorCode.DRAINING, "broker is shutting down", "draining")
+        assert self._verifier is not None
+        try:
+            return self._verifier.verify(auth.token, auth.tenant_id)
+        except TokenError as exc:
+            self.metrics.auth_failures.labels(reason=exc.check).inc()
+            raise AuthRefusedError(ErrorCode.UNAUTHENTICATED, str(exc), exc.check) from None
+
+    # -- control plane ----------------------------------------------------------------
+
+    async def _connect_control_plane(self, url: str) -> None:
+        """Take the catalog and the tenants' token keys from the control plane: a
+        snapshot now (start fails if it cannot be had), then changes as they come."""
+        from felix_broker.catalog.live import LiveCatalog, TenantJwksVerifier
+
+        config = self.config
+        if config.controlplane_sync_token_file is not None:
+            sync_token = config.controlplane_sync_token_file.read_text().strip()
+        else:
+            sync_token = os.environ.get("FELIX_CONTROLPLANE_SYNC_TOKEN", "")
+        if not sync_token:
+            raise ValueError(
+                "controlplane_url needs a sync token: controlplane_sync_token_file "
+                "or FELIX_CONTROLPLANE_SYNC_TOKEN"
+            )
+        ca = str(config.controlplane_ca) if config.controlplane_ca is not None else None
+        catalog = LiveCatalog(url, sync_token=sync_token, ca_file=ca)
+        verifier = TenantJwksVerifier(url, ca_file=ca, known_tenant=catalog.tenant_exists)
+        catalog.add_listener(verifier.on_catalog_change)
+        catalog.add_listener(self.on_catalog_change)
+        await catalog.start()
+        self._control.append(catalog)
+        await verifier.start(catalog.tenant_ids())
+        self._control.append(verifier)
+        self.catalog = catalog
+        self._verifier = verifier
+
+    def on_catalog_change(self, change: Any) -> None:
+        """A stream deleted from the catalog ends its subscriptions (their event streams
+        finish) and forgets its shards, so a stream created again starts afresh."""
+        if not (change.op == "delete" and change.kind == "stream"):
+            return
+        if self.streams is None or self.session is None:
+            return
+        states = list(self.session.connections.values())
+        self.streams.end_stream_subscriptions(states, change.tenant, change.namespace, change.name)
+
+    # -- backup offsets (GET /backup/offsets) -------------------------------------------
+
+    def _backup_offsets(self) -> dict[str, object]:
+        """Every shard's committed log offsets (one past the last record a reader may see).
+
+        A standalone broker leads every shard it serves, at generation 0. Group
+        logs are read before the records' (the seed's rule), so a group offset
+        never names a record past ``records``. In-memory streams and caches are
+        listed under ``skipped`` as ``not_durable``.
+        """
+        groups = self.groups.committed_offsets() if self.groups is not None else {}
+        streams = self.store.offsets() if self.store is not None else {}
+        caches = self.cache.committed_offsets() if self.cache is not None else {}
+        shards: list[dict[str, object]] = []
+        skipped: list[dict[str, object]] = []
+
+        def shard(scope: tuple[str, str, str, int], kind: str) -> dict[str, object]:
+            tenant, namespace, name, index = scope
+            return {
+                "tenant_id": tenant,
+                "namespace": namespace,
+                "name": name,
+                "shard": index,
+                "kind": kind,
+            }
+
+        # What a reader may see: what an fsync covered under on_commit,
+        # everything appended (and so acknowledged) under the other modes.
+        on_commit = self.config.durable_fsync_mode is FsyncMode.ON_COMMIT
+        for key, offsets in streams.items():
+            scope = (key.tenant, key.namespace, key.stream, key.shard)
+            records = offsets.durable if on_commit else offsets.next
+            logs = {"records": records}
+            if scope in groups:
+                logs["group_cursors"] = groups[scope]
+            shards.append(shard(scope, "stream") | {"generation": 0, "logs": logs})
+        for scope, records in sorted(caches.items()):
+            shards.append(shard(scope, "cache") | {"generation": 0, "logs": {"records": records}})
+        for spec in self.catalog.streams():
+            if self.store is None or not spec.durable:
+                for index in range(spec.shards):
+                    scope = (spec.tenant_id, spec.namespace, spec.name, index)
+                    skipped.append(shard(scope, "stream") | {"reason": "not_durable"})
+        if self.cache is None or not self.cache.durable:
+            for cache_spec in self.catalog.caches():
+                for index in range(cache_spec.shards):
+                    scope = (cache_spec.tenant_id, cache_spec.namespace, cache_spec.name, index)
+                    skipped.append(shard(scope, "cache") | {"reason": "not_durable"})
+        return {"node_id": "", "shards": shards, "skipped": skipped}

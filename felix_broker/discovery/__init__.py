@@ -1,0 +1,1 @@
+"""Discovery: how many shards a stream or cache has, and who owns them."""

@@ -1,0 +1,189 @@
+"""What a request handler is given: one `RequestContext` type for every service.
+
+A context names the stream a request arrived on (`StreamIO`: ordered writes and
+the queue of in-order publish answers), the connection it belongs to
+(`ConnectionState`: its tasks, subscriptions and in-flight request bound) and
+the stream's protocol core (principal, negotiated flags and features, and the
+answer builders that shape every frame to what the client announced).
+
+Bounds kept here:
+
+- `StreamIO.answers` holds at most `publish_window` pending publish answers;
+  a publish that finds it full waits, and so does the stream's reader.
+- `ConnectionState.request_slots` admits at most `max_inflight_requests_per_conn`
+  requests running as their own tasks (cache and group requests) per
+  connection; the dispatcher takes a slot before it starts one, so at the bound
+  the stream that carried the next request is not read until one finishes, and
+  QUIC flow control holds the client back.
+
+A task that ends with an exception (a bug: handlers answer every error they
+expect) is logged once, with the request type that started it, and counted in
+`felix_task_failures_total{type}`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from felix_broker.metrics import BrokerMetrics
+from felix_broker.session.protocol import StreamProtocol
+from felix_broker.streams.budget import ByteBudget
+from felix_broker.tokens import Principal
+from felix_transport import Connection, Stream, StreamClosedError
+
+if TYPE_CHECKING:
+    from felix_broker.streams.engine import Subscriber
+
+__all__ = ["STREAM_ABANDONED", "AnswerBuilder", "ConnectionState", "RequestContext", "StreamIO"]
+
+_log = logging.getLogger(__name__)
+
+# Application error code on streams we abandon (RESET_STREAM / STOP_SENDING).
+STREAM_ABANDONED = 1
+
+AnswerBuilder = Callable[[int | None], bytes]
+
+
+class StreamIO:
+    """Ordered writes on one client stream, and its queue of pending publish answers."""
+
+    def __init__(self, stream: Stream, window: int, *, ack_wait: float) -> None:
+        self.stream = stream
+        self._ack_wait = ack_wait  # seconds pending answers may take to go out at the end
+        self._lock = asyncio.Lock()
+        # Answers to acked publishes are written in the order the stream carried the
+        # publishes (PL2); at most `window` may be pending (PL3).
+        self.answers: asyncio.Queue[tuple[asyncio.Future[int] | None, AnswerBuilder]]
+        self.answers = asyncio.Queue(maxsize=max(1, window))
+
+    async def write(self, data: bytes) -> None:
+        async with self._lock:
+            await self.stream.write(data)
+
+    async def finish(self) -> None:
+        """FIN after whatever is being written."""
+        async with self._lock:
+            await self.stream.finish()
+
+    async def flush_answers(self) -> None:
+        """Wait (at most `ack_wait`) until every queued publish answer is written."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.answers.join(), self._ack_wait)
+
+    async def end(self, *, reset: bool) -> None:
+        """End the stream after its pending answers: `reset` abandons it (RESET_STREAM
+        and STOP_SENDING), otherwise FIN and STOP_SENDING(0)."""
+        await self.flush_answers()
+        stream = self.stream
+        if reset:
+            stream.reset(STREAM_ABANDONED)
+            stream.stop_sending(STREAM_ABANDONED)
+            return
+        with contextlib.suppress(StreamClosedError):
+            if stream.writable:
+                await self.finish()
+        stream.stop_sending(0)
+
+    async def answer_writer(self) -> None:
+        """Write each queued publish answer once its publish is settled, in order."""
+        while True:
+            future, build = await self.answers.get()
+            result: int | None = None
+            if future is not None:
+                with contextlib.suppress(Exception):
+                    result = await future
+            await self.write(build(result))
+            self.answers.task_done()
+
+
+@dataclass
+class ConnectionState:
+    """What one client connection holds: its tasks, subscriptions and request bound."""
+
+    connection: Connection
+    preauth: asyncio.Semaphore
+    request_slots: asyncio.Semaphore
+    metrics: BrokerMetrics
+    authenticated: asyncio.Event = field(default_factory=asyncio.Event)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    streams: set[StreamIO] = field(default_factory=set)
+    subscriptions: dict[Subscriber, str] = field(default_factory=dict)  # -> identity
+    # Publish bytes in flight on this connection: per identity, and "" for all of them
+    # (streams/budget.py).
+    publish_bytes: dict[str, ByteBudget] = field(default_factory=dict)
+
+    def spawn(self, coro: Coroutine[Any, Any, None], kind: str) -> asyncio.Task[None]:
+        """Run `coro` until it ends or the connection goes; `kind` names it in logs."""
+        task = asyncio.get_running_loop().create_task(coro, name=kind)
+        self.tasks.add(task)
+        task.add_done_callback(lambda done: self._finished(done, kind))
+        return task
+
+    async def spawn_request(self, coro: Coroutine[Any, Any, None], kind: str) -> None:
+        """Run a request as its own task once a request slot is free (waits at the bound)."""
+        try:
+            await self.request_slots.acquire()
+        except BaseException:
+            coro.close()
+            raise
+        task = self.spawn(coro, kind)
+        task.add_done_callback(lambda _t: self.request_slots.release())
+
+    def _finished(self, task: asyncio.Task[None], kind: str) -> None:
+        self.tasks.discard(task)
+        if task.cancelled():
+            return
+        exc = task.exception()
+        if exc is not None:
+            self.metrics.task_failures.labels(type=kind).inc()
+            _log.error("%s task failed", kind, exc_info=exc)
+
+    def identity_count(self, identity: str) -> int:
+        return sum(1 for owner in self.subscriptions.values() if owner == identity)
+
+
+@dataclass(frozen=True, slots=True)
+class RequestContext:
+    """One request's view of its stream and connection, shared by every service."""
+
+    proto: StreamProtocol
+    io: StreamIO
+    connection: ConnectionState
+
+    @property
+    def principal(self) -> Principal:
+        principal = self.proto.principal
+        assert principal is not None, "requests are dispatched only after auth"
+        return principal
+
+    def negotiated(self, feature: int) -> bool:
+        """Both sides announced `feature`."""
+        return self.proto.negotiated(feature)
+
+    def serves(self, feature: int) -> bool:
+        """This broker advertised `feature` on the request's stream."""
+        return bool(self.proto.server_features & feature)
+
+    async def write(self, data: bytes) -> None:
+        """Write an answer on the request's stream (after anything being written)."""
+        await self.io.write(data)
+
+    async def answer_in_order(
+        self, settled: asyncio.Future[int] | None, build: AnswerBuilder
+    ) -> None:
+        """Queue a publish answer: written after every earlier one on this stream, once
+        `settled` resolves (its result, or None on failure, goes to `build`)."""
+        await self.io.answers.put((settled, build))
+
+    def spawn(self, coro: Coroutine[Any, Any, None], kind: str) -> None:
+        """A task that lives as long as the connection (an event stream's writer)."""
+        self.connection.spawn(coro, kind)
+
+    def open_uni_stream(self) -> Awaitable[Stream]:
+        """A broker-opened unidirectional stream (subscriptions and watches)."""
+        return self.connection.connection.open_uni_stream()

@@ -1,0 +1,154 @@
+"""One dispatch table from request type to handler, shared by every service.
+
+Each capability service registers its handlers at start (`register` methods in
+streams/, cache/, groups/, discovery/); the session hands every request that
+passed the protocol core to `DispatchTable.dispatch`, which looks the request's
+exact type up (generated message classes, and the binary `PublishBatchFrame`)
+and runs its handler with the request's `RequestContext`.
+
+Two ways to run a handler:
+
+- inline (the default): awaited by the stream's reader, so requests on one
+  stream run in the order they came (publishes and their answers, PL2);
+- concurrent: run as its own task under the connection's request bound
+  (`ConnectionState.spawn_request`), so one slow request (a long poll, a write
+  waiting for fsync) holds back nothing else; answers then go out in
+  completion order, matched by request_id.
+
+A known client request type with no handler is answered as not served:
+`unsupported` to a client that negotiated FEATURE_UNSUPPORTED, otherwise an
+`invalid_request` error. Which types are deliberately never served, and why,
+is `NOT_SERVED`; tests check that the two together cover the catalogue.
+
+The serve / forward / redirect seam. Every request passes `Placement.place`
+before its handler runs: the one place where, per request, a broker decides
+whether it serves the request here, forwards it to the shard's owner, or
+redirects the client. A standalone broker owns every shard, so its placement
+(`STANDALONE`) always answers `SERVE_HERE`; the cluster supplies another
+`Placement` and the decisions that go with it.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Coroutine, Mapping
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
+
+from felix_broker.session.context import RequestContext
+from felix_wire.binary import PublishBatchFrame
+from felix_wire.errors import ErrorCode
+from felix_wire.features import Feature
+from felix_wire.messages import Message, Unsupported
+
+__all__ = [
+    "NOT_SERVED",
+    "STANDALONE",
+    "DispatchTable",
+    "Handler",
+    "Placement",
+    "PlacementDecision",
+    "Request",
+    "Standalone",
+    "not_served_answer",
+    "type_name",
+]
+
+Request = Message | PublishBatchFrame
+R = TypeVar("R", bound=Request)
+Handler = Callable[[R, RequestContext], Coroutine[Any, Any, None]]
+
+# Client-to-broker message types this broker never dispatches, and why. A type in
+# the catalogue that is neither handled nor listed here fails the completeness test.
+NOT_SERVED: Mapping[str, str] = {
+    "auth": "consumed by the session protocol itself (session/protocol.py), never dispatched",
+    "producer_init": "idempotent producers are not implemented (FEATURE_IDEMPOTENT_PRODUCER "
+    "is not advertised)",
+    "publish_idempotent": "idempotent producers are not implemented (FEATURE_IDEMPOTENT_PRODUCER "
+    "is not advertised)",
+    "publish_if": "conditional publishes are not implemented (FEATURE_PUBLISH_CONDITIONAL "
+    "is not advertised)",
+    "commit": "atomic commits are not implemented (FEATURE_ATOMIC_COMMIT is not advertised)",
+    "state_get": "atomic commits are not implemented (FEATURE_ATOMIC_COMMIT is not advertised)",
+    "topology": "cluster only: a standalone broker has no topology (FEATURE_TOPOLOGY)",
+    "shard_inspect": "inspection is not implemented (FEATURE_INSPECT is not advertised)",
+    "subscriptions_list": "inspection is not implemented (FEATURE_INSPECT is not advertised)",
+}
+
+
+def type_name(kind: type[Any]) -> str:
+    """The wire name of a request type (the binary publish frame is `publish_batch_frame`)."""
+    if kind is PublishBatchFrame:
+        return "publish_batch_frame"
+    return str(kind.__struct_config__.tag)
+
+
+class PlacementDecision(enum.Enum):
+    """What a broker does with one request (see the module docs)."""
+
+    SERVE_HERE = "serve_here"
+
+
+class Placement(Protocol):
+    """Decides, per request, where it is served."""
+
+    def place(self, request: Request, ctx: RequestContext) -> PlacementDecision: ...
+
+
+class Standalone:
+    """A standalone broker owns every shard it knows: everything is served here."""
+
+    def place(self, request: Request, ctx: RequestContext) -> PlacementDecision:
+        return PlacementDecision.SERVE_HERE
+
+
+STANDALONE = Standalone()
+
+
+@dataclass(frozen=True, slots=True)
+class _Route:
+    handler: Callable[[Any, RequestContext], Coroutine[Any, Any, None]]
+    concurrent: bool
+    name: str
+
+
+class DispatchTable:
+    """Request type -> handler. Registering a type twice is a programming error."""
+
+    def __init__(self, placement: Placement = STANDALONE) -> None:
+        # Keyed by the request's exact class (generated classes are never subclassed).
+        self._routes: dict[type[Any], _Route] = {}
+        self._placement = placement
+
+    def register(self, kind: type[R], handler: Handler[R], *, concurrent: bool = False) -> None:
+        if kind in self._routes:
+            raise ValueError(f"{type_name(kind)} already has a handler")
+        self._routes[kind] = _Route(handler, concurrent, type_name(kind))
+
+    def handled(self) -> frozenset[str]:
+        """The wire names of every type with a handler."""
+        return frozenset(route.name for route in self._routes.values())
+
+    async def dispatch(self, request: Request, ctx: RequestContext) -> None:
+        route = self._routes.get(type(request))
+        if route is None:
+            assert not isinstance(request, PublishBatchFrame)  # always has a route
+            await ctx.write(not_served_answer(ctx, request))
+            return
+        decision = self._placement.place(request, ctx)
+        assert decision is PlacementDecision.SERVE_HERE
+        if route.concurrent:
+            await ctx.connection.spawn_request(route.handler(request, ctx), route.name)
+        else:
+            await route.handler(request, ctx)
+
+
+def not_served_answer(ctx: RequestContext, request: Message, reason: str | None = None) -> bytes:
+    """A known request this broker does not serve (its feature is not advertised)."""
+    request_type = str(type(request).__struct_config__.tag)
+    proto = ctx.proto
+    if proto.negotiated(Feature.FEATURE_UNSUPPORTED):
+        request_id = getattr(request, "request_id", None)
+        return proto.message(Unsupported(request_type=request_type, request_id=request_id))
+    text = reason or f"{request_type} is not served by this broker"
+    return proto.error(ErrorCode.INVALID_REQUEST, text)

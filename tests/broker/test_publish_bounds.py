@@ -1,0 +1,115 @@
+"""Bounds on the publish path: event_batch_max_delay_us limits how long a pass of the
+tenant's worker takes more before it flushes, and the publish byte budgets
+(pub_conn_inflight_bytes, pub_conn_total_inflight_bytes, pub_inflight_bytes)
+bound what is read and not yet appended."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import pytest
+
+from felix_broker.catalog import StaticCatalog, StreamSpec
+from felix_broker.config import load_config
+from felix_broker.metrics import BrokerMetrics
+from felix_broker.streams.budget import ByteBudget
+from felix_broker.streams.engine import Engine, PublishRequest
+from felix_wire.codec import encode_frame
+from felix_wire.features import Capabilities
+from felix_wire.messages import AckMode, AuthOk, Publish, PublishOk
+
+from .harness import NS, TENANT, WireClient, running_broker
+
+SPEC = StreamSpec("t1", "default", "orders", shards=1)
+
+
+async def _frames_for_ten_queued_publishes(tmp: Path, max_delay_us: int) -> int:
+    config = load_config(
+        environ={},
+        overrides={"durable_storage_dir": "", "event_batch_max_delay_us": max_delay_us},
+        cwd=tmp,
+    )
+    engine = Engine(StaticCatalog(streams=[SPEC], caches=[]), config, BrokerMetrics())
+    shard = engine.shard(SPEC, 0)
+    sub = engine.subscribe(shard, Capabilities())
+    # All ten are queued before the worker runs once (publish does not yield here).
+    done = [
+        await engine.publish(PublishRequest(shard, [b"x"], None), acked=True) for _ in range(10)
+    ]
+    await asyncio.wait_for(asyncio.gather(*done), 5)
+    frames = await asyncio.wait_for(sub.next_frames(), 5)
+    engine.close()
+    assert sum(count for _, count, _ in frames) == 10
+    return len(frames)
+
+
+async def test_max_delay_zero_flushes_every_publish_on_its_own(tmp_path: Path) -> None:
+    assert await _frames_for_ten_queued_publishes(tmp_path, 0) == 10
+
+
+async def test_a_long_max_delay_batches_what_is_queued(tmp_path: Path) -> None:
+    assert await _frames_for_ten_queued_publishes(tmp_path, 10_000_000) == 1
+
+
+async def test_byte_budget_waits_in_order_and_admits_an_oversized_holder_alone() -> None:
+    budget = ByteBudget(100)
+    await budget.acquire(60)
+    second = asyncio.create_task(budget.acquire(60))
+    third = asyncio.create_task(budget.acquire(10))
+    await asyncio.sleep(0)
+    # 10 bytes would fit, but the 60 ahead of it waits first (no overtaking).
+    assert not second.done() and not third.done() and budget.held == 60
+    budget.release(60)
+    await asyncio.wait_for(asyncio.gather(second, third), 1)
+    assert budget.held == 70
+    big = asyncio.create_task(budget.acquire(500))
+    await asyncio.sleep(0)
+    assert not big.done()
+    budget.release(70)
+    await asyncio.wait_for(big, 1)
+    assert budget.held == 500  # bigger than the budget: admitted alone
+    budget.release(500)
+    assert budget.held == 0
+
+
+async def test_a_cancelled_waiter_gives_way() -> None:
+    budget = ByteBudget(10)
+    await budget.acquire(10)
+    stuck = asyncio.create_task(budget.acquire(10))
+    behind = asyncio.create_task(budget.acquire(1))
+    await asyncio.sleep(0)
+    stuck.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await stuck
+    budget.release(10)
+    await asyncio.wait_for(behind, 1)
+    assert budget.held == 1
+
+
+async def test_tiny_publish_budgets_still_let_every_publish_through(tmp_path: Path) -> None:
+    async with running_broker(
+        tmp_path, pub_conn_inflight_bytes=1, pub_conn_total_inflight_bytes=1, pub_inflight_bytes=1
+    ) as broker:
+        client = await WireClient.connect(broker)
+        stream, ok = await client.authed()
+        assert isinstance(ok, AuthOk), ok
+        burst = b"".join(
+            encode_frame(
+                Publish(
+                    tenant_id=TENANT,
+                    namespace=NS,
+                    stream="orders",
+                    payload=b"payload",
+                    ack=AckMode.PER_MESSAGE,
+                    request_id=i,
+                )
+            )
+            for i in range(50)
+        )
+        await stream.send(burst)
+        answers = [await stream.recv() for _ in range(50)]
+        assert [a.request_id for a in answers if isinstance(a, PublishOk)] == list(range(50))
+        gauge = broker.metrics.registry.get_sample_value("felix_stream_publish_inflight_bytes")
+        assert gauge == 0
+        client.close()
