@@ -85,7 +85,7 @@ def main() -> None:
                 "group": "profile",
                 "n": args.n,
                 "op": args.op,
-                "records": 64_000,
+                "records": int(40_000 * args.seconds),
                 "samples": 5_000,
             }
             client = subprocess.Popen(
