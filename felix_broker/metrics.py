@@ -24,7 +24,10 @@ instead of looking labels up per call.
 
 from __future__ import annotations
 
+import os
 import platform
+import time
+from collections.abc import Callable
 from importlib import metadata
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, Info, generate_latest
@@ -194,6 +197,20 @@ class BrokerMetrics:
             child = self.request_seconds.labels(type=message_type)
             self._request_children[message_type] = child
         return child
+
+    def timed_fsync(self) -> Callable[[int], None]:
+        """An ``os.fsync`` that observes its duration in ``felix_storage_fsync_seconds``
+        (what the logs are given to sync with; thread-safe, as the fsync threads call it)."""
+        observe = self.fsync_seconds.observe
+
+        def fsync(fd: int) -> None:
+            started = time.perf_counter()
+            try:
+                os.fsync(fd)
+            finally:
+                observe(time.perf_counter() - started)
+
+        return fsync
 
     def exposition(self) -> bytes:
         """The registry in Prometheus text format."""

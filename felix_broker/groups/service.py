@@ -37,6 +37,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
@@ -225,6 +226,7 @@ class GroupService:
         assert config.durable_enabled, "consumer groups need durable storage"
         self._config = config
         self._metrics = metrics
+        self._fsync = os.fsync if metrics is None else metrics.timed_fsync()
         self._catalog = catalog
         self._engine = engine
         self.limits = limits or GroupServiceLimits()
@@ -343,6 +345,7 @@ class GroupService:
                 fsync_mode=self._config.durable_fsync_mode,
                 fsync_interval=self.limits.fsync_interval,
             ),
+            fsync=self._fsync,
         )
         durable: dict[str, GroupDurable] = {}
         last_stamp = 0
@@ -573,8 +576,12 @@ class GroupService:
 
     async def _ack(self, groups: _ShardGroups, request: GroupAck, ctx: RequestContext) -> bytes:
         state = self._live(groups, request.group)
-        state.ack(_now_ms(), request.offset, groups.tail)
-        return await self._settled(ctx, groups, state, request.request_id)
+        handed = state.ack(_now_ms(), request.offset, groups.tail)
+        answer = await self._settled(ctx, groups, state, request.request_id)
+        if handed is not None and self._metrics is not None:
+            # Handed out -> acknowledged and durable (answered right after this).
+            self._metrics.group_poll_ack_seconds.observe(time.perf_counter() - handed)
+        return answer
 
     async def _nack(self, groups: _ShardGroups, request: GroupNack, ctx: RequestContext) -> bytes:
         state = self._live(groups, request.group)
@@ -749,7 +756,8 @@ class GroupService:
         if not offers:
             return []
         taken = _read(groups, offers)
-        state.claim(now, [offer for offer, _ in taken], conn, member, visibility_ms)
+        offers_taken = [offer for offer, _ in taken]
+        state.claim(now, offers_taken, conn, member, visibility_ms, time.perf_counter())
         return taken
 
 

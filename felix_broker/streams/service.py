@@ -24,6 +24,7 @@ connection goes, or when its stream is deleted from the catalog.
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 
 from felix_broker.catalog import StreamSpec
@@ -182,6 +183,7 @@ class StreamService:
         request_id: int | None,
         binary: bool,
     ) -> None:
+        started = time.perf_counter()
         proto = ctx.proto
         if proto.publish_only:
             request_id = None  # nothing is ever answered on a publish-only stream (T7)
@@ -234,8 +236,11 @@ class StreamService:
         after_write = self._config.ack_on_commit or proto.negotiated(Feature.FEATURE_ACK_ON_COMMIT)
         rid = request_id
         durable = shard.durable
+        ack_seconds = self._metrics.publish_ack_seconds
 
         def answer(offset: int | None) -> bytes:
+            # Built just before it is written: received -> (appended, synced) -> answered.
+            ack_seconds.observe(time.perf_counter() - started)
             if offset is None and after_write:
                 # The write failed after the publish was queued: it may or may not be on disk.
                 return proto.publish_answer(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import platform
 import time
 import urllib.request
 from pathlib import Path
@@ -11,6 +12,8 @@ from typing import Any
 
 import pytest
 
+from felix_broker.metrics import build_version
+from felix_transport import default_impl
 from felix_wire.codec import encode_frame
 from felix_wire.features import Feature
 from felix_wire.messages import (
@@ -52,6 +55,11 @@ from ..broker.harness import (
 
 pytestmark = pytest.mark.timeout(60)
 
+BUILD_LABELS = {
+    "version": build_version(),
+    "python": platform.python_version(),
+    "implementation": platform.python_implementation(),
+}
 SCOPE: dict[str, Any] = {"tenant_id": TENANT, "namespace": NS, "stream": "log", "shard": 0}
 
 
@@ -207,6 +215,31 @@ async def test_the_acks_of_one_pass_share_one_group_log_write_and_are_durable_fi
         assert sum(appends) == 32 and len(appends) <= 4, appends
         info = await s.call(GroupDescribe)
         assert isinstance(info, GroupInfo) and info.committed == 32
+
+
+async def test_latency_histograms_see_requests_publishes_fsyncs_and_poll_to_ack(
+    tmp_path: Path,
+) -> None:
+    async with running_broker(tmp_path, durable_fsync_mode="on_commit") as broker:
+        s = await session(broker)
+        await s.publish(b"a", b"b", b"c")
+        records: list[Any] = []
+        for _ in range(50):
+            records += await s.poll(3 - len(records), wait_ms=200)
+            if len(records) == 3:
+                break
+        for record in records:
+            assert isinstance(await s.call(GroupAck, offset=record.offset), CacheOk)
+        value = broker.metrics.registry.get_sample_value
+        assert value("felix_group_poll_ack_seconds_count") == 3
+        assert value("felix_request_seconds_count", {"type": "group_ack"}) == 3
+        assert value("felix_request_seconds_count", {"type": "group_poll"}) >= 1
+        assert value("felix_request_seconds_count", {"type": "publish"}) == 3
+        assert value("felix_stream_publish_ack_seconds_count") == 3
+        fsyncs = value("felix_storage_fsync_seconds_count")
+        assert fsyncs is not None and fsyncs >= 1  # on_commit: the group log's, at least
+        build = value("felix_build_info", {**BUILD_LABELS, "quic_impl": default_impl()})
+        assert build == 1.0
 
 
 async def test_gated_fields_are_dropped_for_a_client_that_did_not_offer_them(
