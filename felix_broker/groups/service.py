@@ -45,6 +45,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
 
+from prometheus_client import Counter
+
 from felix_broker.catalog import Catalog, StreamSpec
 from felix_broker.config import BrokerConfig, FsyncMode
 from felix_broker.groups.records import (
@@ -227,6 +229,8 @@ class GroupService:
         self._config = config
         self._metrics = metrics
         self._fsync = os.fsync if metrics is None else metrics.timed_fsync()
+        # (request type, outcome) -> its counter child; outcomes are ok or error codes.
+        self._request_counts: dict[tuple[type[Any], str], Counter] = {}
         self._catalog = catalog
         self._engine = engine
         self.limits = limits or GroupServiceLimits()
@@ -522,9 +526,7 @@ class GroupService:
             except (StreamClosedError, ConnectionClosedError):
                 return
             finally:
-                if self._metrics is not None:
-                    name = str(type(request).__struct_config__.tag)
-                    self._metrics.group_requests.labels(type=name, outcome=outcome).inc()
+                self._count(type(request), outcome)
 
         return handle
 
@@ -675,6 +677,17 @@ class GroupService:
         return GroupDeleted(existed=existed, request_id=rid)
 
     # -- polls ----------------------------------------------------------------------
+
+    def _count(self, kind: type[Any], outcome: str) -> None:
+        """Count one answered request; label children are looked up once per pair."""
+        if self._metrics is None:
+            return
+        child = self._request_counts.get((kind, outcome))
+        if child is None:
+            name = str(kind.__struct_config__.tag)
+            child = self._metrics.group_requests.labels(type=name, outcome=outcome)
+            self._request_counts[(kind, outcome)] = child
+        child.inc()
 
     def _connection_seq(self, connection: object) -> int:
         seq = self._connections.get(connection)

@@ -463,6 +463,7 @@ class _TenantPipeline:
             now = now_micros()
             touched: dict[int, Shard] = {}
             written: list[tuple[PublishRequest, int]] = []
+            appended_records = appended_bytes = 0
             at = 0
             while at < len(batch):
                 request = batch[at]
@@ -485,8 +486,12 @@ class _TenantPipeline:
                     continue
                 touched[id(shard)] = shard
                 written.append((request, base))
-                self._metrics.publishes.inc(len(request.payloads))
-                self._metrics.published_bytes.inc(request.size)
+                appended_records += len(request.payloads)
+                appended_bytes += request.size
+            # Counted once per pass, not per publish (each inc takes a lock).
+            if appended_records:
+                self._metrics.publishes.inc(appended_records)
+                self._metrics.published_bytes.inc(appended_bytes)
             # Append -> durable (per fsync mode) -> fan out -> acknowledge: disk order is
             # delivery order. Waiting here holds this tenant's next pass, so everything
             # queued meanwhile shares the next fsync (group commit).

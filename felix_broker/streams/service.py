@@ -104,6 +104,8 @@ class StreamService:
         self._metrics = metrics
         self._durable = durable
         self._inflight = ByteBudget(config.pub_inflight_bytes)  # the whole broker's
+        # Read at scrape time: nothing to count per publish.
+        metrics.publish_inflight_bytes.set_function(lambda: self._inflight.held)
 
     @property
     def features(self) -> int:
@@ -274,8 +276,6 @@ class StreamService:
             for budget in held:
                 budget.release(size)
             raise
-        gauge = self._metrics.publish_inflight_bytes
-        gauge.inc(size)
         released = False
 
         def release() -> None:
@@ -284,7 +284,6 @@ class StreamService:
                 released = True
                 for budget in held:
                     budget.release(size)
-                gauge.dec(size)
 
         return release
 
