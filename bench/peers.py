@@ -89,6 +89,8 @@ catalog:
 
 Cell = dict[str, Any]
 Figures = dict[str, float]
+# (row label, system, metric) -> round -> value
+Results = dict[tuple[str, str, str], dict[int, float]]
 
 
 # --- servers --------------------------------------------------------------------------
@@ -420,33 +422,44 @@ async def felix_latency(target: dict[str, Any], samples: int) -> Figures:
     subscriber, publisher = await felix_client(target), await felix_client(target)
     sub = await subscriber.subscribe(FAN).open()
     times: list[float] = []
+    lost = 0
     for i in range(samples + 50):
         start = time.perf_counter()
         await publisher.publish(FAN, PAYLOAD, ack=AckMode.NONE)
-        await sub.next(timeout=5)
+        try:
+            await sub.next(timeout=2)
+        except TimeoutError:
+            lost += 1  # reported; a lost record is no sample
+            continue
         if i >= 50:  # the first ones warm connections up
             times.append(time.perf_counter() - start)
     await publisher.aclose()
     await subscriber.aclose()
-    return quantiles(times)
+    return {**quantiles(times), "lost": lost}
 
 
 async def nats_latency(target: dict[str, Any], samples: int) -> Figures:
     import nats
+    import nats.errors
 
     subscriber, publisher = await nats.connect(target["url"]), await nats.connect(target["url"])
     sub = await subscriber.subscribe(FAN)
     await subscriber.flush()
     times: list[float] = []
+    lost = 0
     for i in range(samples + 50):
         start = time.perf_counter()
         await publisher.publish(FAN, PAYLOAD)
-        await sub.next_msg(timeout=5)
+        try:
+            await sub.next_msg(timeout=2)
+        except nats.errors.TimeoutError:
+            lost += 1
+            continue
         if i >= 50:
             times.append(time.perf_counter() - start)
     await publisher.close()
     await subscriber.close()
-    return quantiles(times)
+    return {**quantiles(times), "lost": lost}
 
 
 async def felix_durable(target: dict[str, Any], inflight: int, seconds: float) -> Figures:
@@ -844,7 +857,7 @@ def run(args: argparse.Namespace) -> None:
             f"{rounds} round(s), {seconds:.1f} s per timed cell, a fresh client process per cell;"
             " median (min-max) over rounds"
         )
-        results: dict[tuple[str, str, str], list[float]] = {}
+        results: Results = {}
         for index in range(rounds):
             for row_number, row in enumerate(table):
                 systems = [s for s in row.systems if s in servers]
@@ -861,30 +874,24 @@ def run(args: argparse.Namespace) -> None:
                         "group": f"g{index}x{row_number}{system.replace('-', '')}",
                         **row.params,
                     }
-                    figures = cell_process(cell)
+                    try:
+                        figures = cell_process(cell)
+                    except (RuntimeError, subprocess.TimeoutExpired) as exc:
+                        print(f"  note: {row.label} on {system}, round {index + 1}, failed: {exc}")
+                        continue
                     for metric in row.metrics:
-                        results.setdefault((row.label, system, metric), []).append(figures[metric])
+                        results.setdefault((row.label, system, metric), {})[index] = figures[metric]
                     if figures.get("lost"):
                         print(f"  note: {row.label} on {system} lost {figures['lost']:.0f} records")
         report(table, results, servers, rounds)
 
 
-def report(
-    table: list[Row],
-    results: dict[tuple[str, str, str], list[float]],
-    servers: dict[str, Server],
-    rounds: int,
-) -> None:
+def report(table: list[Row], results: Results, servers: dict[str, Server], rounds: int) -> None:
     peers_present = [p for p in ("nats", "redis") if p in servers]
     base = "felix-base" in servers
     head = f"{'workload':<38} {'system':<16} {'figure':>26}"
     ratio_heads = "".join(f" {'Felix/' + p:>20}" for p in peers_present)
     print(head + ratio_heads + (f" {'Felix/felix-base':>20}" if base else ""))
-
-    def ratio(values: list[float], peer: str, key: tuple[str, str]) -> str:
-        theirs = results.get((key[0], peer, key[1]), [])
-        return f" {fmt_ratio([a / b for a, b in zip(values, theirs, strict=False) if b]):>20}"
-
     for row in table:
         for metric in row.metrics:
             unit = "records/s" if row.work in ("pubsub", "workqueue") else "ops/s"
@@ -894,15 +901,20 @@ def report(
             if base:
                 systems.insert(1, "felix-base")
             for system in systems:
-                values = results.get((row.label, system, metric), [])
-                if not values:
+                mine = results.get((row.label, system, metric), {})
+                if not mine:
                     continue
-                line = f"{row.label:<38} {system:<16} {fmt(values) + ' ' + unit:>26}"
-                if system.startswith("felix") and system != "felix-base":
-                    for peer in peers_present:
-                        line += ratio(values, peer, (row.label, metric))
-                    if base and system == "felix":
-                        line += ratio(values, "felix-base", (row.label, metric))
+                line = f"{row.label:<38} {system:<16} {fmt(list(mine.values())) + ' ' + unit:>26}"
+                others: list[str] = list(peers_present) if system.startswith("felix") else []
+                if system == "felix-base":
+                    others = []
+                elif base and system == "felix":
+                    others.append("felix-base")
+                for other in others:
+                    theirs = results.get((row.label, other, metric), {})
+                    # Ratios of the same round only: both ran minutes apart at most.
+                    ratios = [mine[r] / theirs[r] for r in sorted(mine) if theirs.get(r)]
+                    line += f" {fmt_ratio(ratios):>20}"
                 print(line)
     print(
         "ratios are per round (same-run), median (min-max) of "
