@@ -43,8 +43,11 @@ async def test_settled_answers_go_out_in_order_and_together(
             for i in range(1, 65)
         )
         await stream.send(burst)  # 64 acked publishes in flight at once
-        answers = [await stream.recv() for _ in range(64)]
-        assert all(isinstance(a, PublishOk) for a in answers), answers
+        answers: list[PublishOk] = []
+        for _ in range(64):
+            answer = await stream.recv()
+            assert isinstance(answer, PublishOk), answer
+            answers.append(answer)
         assert [a.request_id for a in answers] == list(range(1, 65))  # in order (PL2)
         offsets = [a.offset for a in answers]  # a durable stream: after the write
         assert None not in offsets and len(set(offsets)) == 64
