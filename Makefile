@@ -61,6 +61,7 @@ bench: setup $(BENCH_STAMP)
 	$(PY) bench/cache.py --quick
 	$(PY) bench/client.py --quick
 	$(PY) bench/groups.py --quick
+	$(PY) bench/read_stall.py --quick
 	$(PY) bench/peers.py --quick
 
 run: setup
