@@ -148,7 +148,7 @@ async def test_publish_bytes_in_flight_stay_within_the_connection_budget(tmp_pat
         highest, full_for = 0.0, 0
         for _ in range(500):
             await asyncio.sleep(0.02)
-            held = broker.metrics.registry.get_sample_value("felix_broker_publish_inflight_bytes")
+            held = broker.metrics.registry.get_sample_value("felix_stream_publish_inflight_bytes")
             assert held is not None and held <= 3 * mib, held
             highest = max(highest, held)
             full_for = full_for + 1 if held >= 2 * mib else 0
