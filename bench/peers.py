@@ -41,7 +41,8 @@ the median of the rounds with min-max, and the ratio Felix/peer per round
 (median and min-max). For throughput a ratio above 1 means Felix is faster;
 for latency a ratio above 1 means Felix is slower. The machine these run on is
 shared: compare ratios from one run, not absolute figures across runs. A full
-run takes about 10 minutes (half again with ``--baseline``), ``--quick`` about 2.
+run takes about 10 minutes (half again with ``--baseline``), ``--quick`` about
+2 minutes.
 """
 
 from __future__ import annotations
