@@ -79,7 +79,7 @@ class Broker:
     ) -> None:
         self.config = config
         self._cache_limits = cache_limits
-        self.metrics = BrokerMetrics()
+        self.metrics = BrokerMetrics(quic_impl=config.quic_impl.value)
         self.health = Health()
         self.engine: Engine | None = None
         self.streams: StreamService | None = None
@@ -88,7 +88,7 @@ class Broker:
         self.store: LogStore | None = None
         # What exists: the config file's catalog, or the control plane's live one.
         self.catalog: Catalog = config.catalog
-        self.table = DispatchTable()
+        self.table = DispatchTable(metrics=self.metrics)
         self.session: Session | None = None
         self._control: list[Any] = []  # control-plane clients to close on stop
         self.tls: TlsMaterial | None = None
@@ -129,7 +129,9 @@ class Broker:
         if config.durable_enabled:
             assert config.durable_storage_dir is not None
             self.store = LogStore(
-                config.durable_storage_dir, config=LogConfig(fsync_mode=config.durable_fsync_mode)
+                config.durable_storage_dir,
+                config=LogConfig(fsync_mode=config.durable_fsync_mode),
+                fsync=self.metrics.timed_fsync(),
             )
             # /ready stays 503 until every log has recovered (a corrupt log stops here).
             await self.store.recover_all()
