@@ -36,6 +36,7 @@ from felix_broker.streams.width import StreamWidths
 from felix_broker.tls import TlsMaterial, prepare_tls
 from felix_common.tokens import DevIssuer, Principal, TokenError, TokenVerifier
 from felix_transport import Server, TransportConfig, serve
+from felix_wire import frame
 from felix_wire.errors import ErrorCode
 from felix_wire.features import Feature
 from felix_wire.flags import KNOWN_FLAGS
@@ -78,7 +79,7 @@ class Broker:
     ) -> None:
         self.config = config
         self._cache_limits = cache_limits
-        self.metrics = BrokerMetrics()
+        self.metrics = BrokerMetrics(quic_impl=config.quic_impl.value)
         self.health = Health()
         self.engine: Engine | None = None
         self.streams: StreamService | None = None
@@ -87,7 +88,7 @@ class Broker:
         self.store: LogStore | None = None
         # What exists: the config file's catalog, or the control plane's live one.
         self.catalog: Catalog = config.catalog
-        self.table = DispatchTable()
+        self.table = DispatchTable(metrics=self.metrics)
         self.session: Session | None = None
         self._control: list[Any] = []  # control-plane clients to close on stop
         self.tls: TlsMaterial | None = None
@@ -128,7 +129,9 @@ class Broker:
         if config.durable_enabled:
             assert config.durable_storage_dir is not None
             self.store = LogStore(
-                config.durable_storage_dir, config=LogConfig(fsync_mode=config.durable_fsync_mode)
+                config.durable_storage_dir,
+                config=LogConfig(fsync_mode=config.durable_fsync_mode),
+                fsync=self.metrics.timed_fsync(),
             )
             # /ready stays 503 until every log has recovered (a corrupt log stops here).
             await self.store.recover_all()
@@ -137,6 +140,10 @@ class Broker:
             # After the engine replayed every log's marks on worker threads: no
             # retention pass may delete a segment while one is being read.
             self.store.start()
+        stream_window = min(config.pub_stream_recv_window, config.pub_conn_recv_window)
+        preauth_window = max(
+            4096, min(stream_window, config.preauth_max_frame_bytes + frame.HEADER_SIZE)
+        )
         transport = TransportConfig.server(
             self.tls.chain_pem(),
             self.tls.key_pem(),
@@ -145,7 +152,13 @@ class Broker:
             max_datagram_size=config.max_datagram_size,
             idle_timeout=config.max_idle_timeout_ms / 1000,
             connection_receive_window=config.pub_conn_recv_window,
-            stream_receive_window=min(config.pub_stream_recv_window, config.pub_conn_recv_window),
+            stream_receive_window=stream_window,
+            # Until a connection's first stream authenticates (Session trusts it then).
+            preauth_stream_window=preauth_window,
+            preauth_connection_budget=max(preauth_window, config.preauth_conn_recv_budget),
+            preauth_global_budget=max(
+                preauth_window, config.preauth_conn_recv_budget, config.preauth_recv_budget
+            ),
         )
         assert self.session is not None
         self._server = await serve(
@@ -155,7 +168,18 @@ class Broker:
             self.session.on_connection,
             max_connections=config.max_client_connections,
         )
+        self.health.failed_logs = self.failed_logs
+        self.metrics.failed_logs.set_function(self.failed_logs)
         self.health.mark_ready()
+
+    def failed_logs(self) -> int:
+        """Logs of every kind in the failed state (``/ready`` and ``/metrics``)."""
+        count = len(self.store.failed_logs()) if self.store is not None else 0
+        if self.cache is not None:
+            count += self.cache.failed_logs()
+        if self.groups is not None:
+            count += self.groups.failed_logs()
+        return count
 
     async def _build_services(self) -> None:
         """Every capability service, its shards recovered, its handlers in the table."""
