@@ -277,16 +277,19 @@ class Channel:
             try:
                 await self._stream.write(frame)
             except StreamClosedError as exc:
+                self._unwait(future)
                 self.abandon(ConnectionLostError(f"{self.label}: {exc}"))
                 raise ConnectionLostError(f"{self.label}: {exc}") from exc
             except Exception as exc:
                 # The transport failed underneath (a connection closing as it was
                 # written to): the stream is as lost as after StreamClosedError.
+                self._unwait(future)
                 self.abandon(ConnectionLostError(f"{self.label}: {exc}"))
                 raise ConnectionLostError(f"{self.label}: write failed: {exc}") from exc
             except asyncio.CancelledError:
                 # Whether the frame left is unknown, so answers without a request id
                 # could no longer be matched by position: retire the stream.
+                self._unwait(future)
                 self.abandon(ConnectionLostError(f"{self.label}: a write was cancelled"))
                 raise
             return future
@@ -304,6 +307,12 @@ class Channel:
         except asyncio.CancelledError:
             self._drop(future)
             raise
+
+    def _unwait(self, future: asyncio.Future[Answer] | None) -> None:
+        """A request whose write failed: the caller gets the write's error, so its
+        answer future is cancelled rather than failed unseen."""
+        if future is not None:
+            self._drop(future)
 
     def _drop(self, future: asyncio.Future[Answer]) -> None:
         """The caller gave up: a late answer is then dropped as unsolicited."""
