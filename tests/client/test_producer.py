@@ -270,3 +270,21 @@ async def _unknown_after_restart(broker: _Broker, producer: felix_client.Produce
             await producer.publish(b"m3")
         with pytest.raises(felix_client.ProducerClosedError):
             await producer.publish(b"m4")
+
+
+async def test_resending_gives_up_after_resend_timeout(broker: _Broker) -> None:
+    async with _client(broker) as client:
+        producer = client.producer("log", resend_timeout=3.0)
+        with pytest.raises(felix_client.ProducerClosedError):  # leaving says so too
+            async with producer:
+                assert await producer.publish(b"before") is not None
+                await asyncio.to_thread(broker.kill)  # and never back
+                started = asyncio.get_running_loop().time()
+                with pytest.raises(
+                    (felix_client.ConnectionLostError, felix_client.ClientTimeoutError)
+                ):
+                    await producer.publish(b"after")
+                # The answer timeout (2 s), then resends for resend_timeout (3 s).
+                assert asyncio.get_running_loop().time() - started < 15
+                with pytest.raises(felix_client.ProducerClosedError):
+                    await producer.publish(b"later")
