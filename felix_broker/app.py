@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from felix_broker.cache.service import CacheLimits, CacheService
 from felix_broker.catalog import Catalog
@@ -37,6 +37,9 @@ from felix_wire.errors import ErrorCode
 from felix_wire.features import Feature
 from felix_wire.flags import KNOWN_FLAGS, Flag
 from felix_wire.messages import Auth
+
+if TYPE_CHECKING:  # the fleet (and so etcd) is imported only by a broker that joins one
+    from felix_broker.fleet.node import FleetNode
 
 __all__ = ["SERVER_FEATURES", "SERVER_FLAGS", "Broker", "Verifier"]
 
@@ -94,6 +97,9 @@ class Broker:
         self._http: HttpListener | None = None
         self._draining = False
         self._stopped = asyncio.Event()
+        # The fleet this broker is a member of (FELIX_NODE_ID): its routing view is
+        # `fleet.view.snapshot`. None for a standalone broker.
+        self.fleet: FleetNode | None = None
 
     # -- life cycle ----------------------------------------------------------------
 
@@ -148,7 +154,28 @@ class Broker:
             self.session.on_connection,
             max_connections=config.max_client_connections,
         )
+        if config.node_id:
+            await self._join_fleet()
         self.health.mark_ready()
+
+    async def _join_fleet(self) -> None:
+        """Read the fleet's assignments, then register this broker under its lease."""
+        from felix_broker.fleet.node import FleetNode
+
+        config = self.config
+        client_addr = config.client_advertise_addr
+        if not client_addr and config.quic_bind.host not in ("", "0.0.0.0", "::"):
+            client_addr = str(type(config.quic_bind)(config.quic_bind.host, self.quic_port))
+        self.fleet = FleetNode(
+            node_id=config.node_id,
+            endpoints=[(e.host, e.port) for e in config.etcd_endpoints],
+            prefix=config.etcd_prefix,
+            lease_ttl_ms=config.node_lease_ttl_ms,
+            client_addr=client_addr,
+            peer_addr=config.peer_advertise_addr,
+            features=[],
+        )
+        await self.fleet.start()
 
     async def _build_services(self) -> None:
         """Every capability service, its shards recovered, its handlers in the table."""
@@ -230,6 +257,8 @@ class Broker:
 
     async def stop(self) -> None:
         await self.drain()
+        if self.fleet is not None:
+            await self.fleet.stop()  # revokes the lease: the placer re-places at once
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()

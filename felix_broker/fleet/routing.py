@@ -145,6 +145,20 @@ class RoutingSnapshot:
             return self
         return replace(self, routes=MappingProxyType(routes))
 
+    def fenced(self, reason: str = "fenced") -> RoutingSnapshot:
+        """The same view with every shard this broker leads made unavailable (its lease
+        is lost): generations unchanged, so nothing newer is mistaken for older."""
+        changed = {
+            shard: replace(route, state=AssignmentState.UNAVAILABLE, reason=reason)
+            for shard, route in self.routes.items()
+            if route.leader == self.node_id and route.state is AssignmentState.ACTIVE
+        }
+        if not changed:
+            return self
+        routes = dict(self.routes)
+        routes.update(changed)
+        return replace(self, routes=MappingProxyType(routes))
+
     def without_route(self, shard: ShardId, generation: int) -> RoutingSnapshot:
         """A deleted assignment key (its deletion's revision is `generation`): dropped
         only if it is newer than what is held."""

@@ -1,0 +1,210 @@
+"""A broker's membership: its record under its own etcd lease, kept alive as its heartbeat.
+
+`Membership.start()` registers ``P/members/{node_id}`` in one transaction that
+creates the key (``create_revision == 0``) under a fresh lease and advances
+``P/incarnations/{node_id}``, so every registration of a node carries a new,
+larger incarnation. A key still held by an earlier lease of the same node (a
+restart faster than the TTL) is waited out, bounded by the TTL.
+
+The keepalive runs every third of the TTL. The lease is judged lost, and the
+`FleetView` fenced at once (every shard led here stops being served), when
+
+- etcd answers a keepalive with TTL 0 (it expired the lease), or
+- no keepalive has succeeded for TTL − ε since the last successful one was
+  *sent* (ε = TTL/4), measured on a suspend-aware clock.
+
+Since etcd counts the TTL from when it *received* that keepalive, the broker
+stops serving before etcd can expire the lease and the placer can hand its
+shards to another broker. Once etcd answers again, the broker revokes the old
+lease (if it still exists), registers with a new incarnation, reads the
+assignments afresh (so it never serves from a view older than its new
+registration), and only then serves again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import time
+from collections.abc import Awaitable, Callable
+
+import msgspec
+
+from felix_broker.fleet.assignments import FleetView
+from felix_broker.fleet.etcd import Compare, EtcdClient, EtcdUnavailableError, Put
+from felix_broker.fleet.records import Keyspace, MemberRecord, encode
+
+__all__ = ["Membership", "NodeIdInUseError", "lease_clock"]
+
+_log = logging.getLogger(__name__)
+
+
+def lease_clock() -> float:
+    """Seconds on a clock that keeps counting while the host is suspended."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    if boottime is not None:
+        return time.clock_gettime(boottime)
+    return time.monotonic()
+
+
+class NodeIdInUseError(RuntimeError):
+    """Another live broker is registered under this node id."""
+
+
+class Membership:
+    """Registers this broker and holds its lease; fences `view` while it is lost."""
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        keys: Keyspace,
+        record: MemberRecord,
+        *,
+        ttl_ms: int,
+        view: FleetView,
+        catch_up: Callable[[], Awaitable[None]],
+        clock: Callable[[], float] = lease_clock,
+    ) -> None:
+        if ttl_ms < 1000:
+            raise ValueError(f"the node lease TTL must be at least 1000 ms, got {ttl_ms}")
+        self._client = client
+        self._keys = keys
+        self._record = record
+        self._ttl = ttl_ms / 1000
+        self._ttl_s = math.ceil(self._ttl)  # etcd counts lease TTLs in whole seconds
+        self._margin = self._ttl / 4
+        self._interval = self._ttl / 3
+        self._view = view
+        self._catch_up = catch_up
+        self._clock = clock
+        self._lease = 0
+        self._deadline = 0.0
+        self._held = False
+        self.incarnation = 0
+        self.losses = 0  # how many times the lease was lost
+        self._task: asyncio.Task[None] | None = None
+
+    @property
+    def node_id(self) -> str:
+        return self._record.node_id
+
+    @property
+    def held(self) -> bool:
+        """Whether this broker holds its lease (and so may serve what it leads)."""
+        return self._held
+
+    @property
+    def lease_id(self) -> int:
+        return self._lease
+
+    async def start(self) -> None:
+        """Register (waiting out an older lease of this node id, bounded by the TTL),
+        then keep the lease alive in the background."""
+        bound = self._clock() + self._ttl_s + self._ttl
+        while not await self._register():
+            if self._clock() > bound:
+                raise NodeIdInUseError(
+                    f"node id {self.node_id!r} is registered by another live broker"
+                )
+            await asyncio.sleep(self._interval / 2)
+        self._task = asyncio.create_task(self._run(), name="fleet-membership")
+
+    async def stop(self) -> None:
+        """Stop the keepalive and revoke the lease: the placer sees this broker go now."""
+        if self._task is not None:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+            self._task = None
+        self._held = False
+        self._view.fence()
+        if self._lease:
+            with contextlib.suppress(EtcdUnavailableError):
+                await self._client.revoke(self._lease)
+            self._lease = 0
+
+    async def _register(self) -> bool:
+        """One registration attempt; False when the member key is held by a live lease."""
+        client, keys = self._client, self._keys
+        member_key = keys.member(self.node_id)
+        counter_key = keys.incarnation(self.node_id)
+        counter = await client.get(counter_key)
+        incarnation = (int(counter.value) if counter is not None else 0) + 1
+        lease = await client.grant(self._ttl_s)
+        sent = self._clock()
+        record = msgspec.structs.replace(self._record, incarnation=incarnation)
+        ok, _ = await client.txn(
+            [
+                Compare(member_key, "create_revision", "==", 0),
+                Compare(
+                    counter_key,
+                    "mod_revision",
+                    "==",
+                    0 if counter is None else counter.mod_revision,
+                ),
+            ],
+            [Put(member_key, encode(record), lease), Put(counter_key, str(incarnation).encode())],
+        )
+        if not ok:
+            with contextlib.suppress(EtcdUnavailableError):
+                await client.revoke(lease)
+            return False
+        self._lease = lease
+        self._deadline = sent + self._ttl - self._margin
+        self.incarnation = incarnation
+        self._held = True
+        _log.info("registered node %s, incarnation %d", self.node_id, incarnation)
+        return True
+
+    def _lose(self, why: str) -> None:
+        if not self._held:
+            return
+        self._held = False
+        self.losses += 1
+        self._view.fence()
+        _log.warning("node %s lost its lease (%s): serving nothing it leads", self.node_id, why)
+
+    async def _run(self) -> None:
+        while True:
+            if self._held:
+                await self._keep_alive()
+            else:
+                await self._rejoin()
+
+    async def _keep_alive(self) -> None:
+        now = self._clock()
+        if now >= self._deadline:
+            self._lose("no keepalive answered within the TTL")
+            return
+        sent = now
+        try:
+            remaining = await asyncio.wait_for(
+                self._client.keepalive(self._lease), timeout=max(0.01, self._deadline - sent)
+            )
+        except (EtcdUnavailableError, TimeoutError) as exc:
+            _log.debug("keepalive failed: %s", exc)
+            # Try again soon, but never sleep past the deadline.
+            await asyncio.sleep(max(0.0, min(self._interval / 2, self._deadline - self._clock())))
+            return
+        if remaining <= 0:
+            self._lose("etcd expired the lease")
+            return
+        self._deadline = sent + self._ttl - self._margin
+        await asyncio.sleep(max(0.0, sent + self._interval - self._clock()))
+
+    async def _rejoin(self) -> None:
+        try:
+            if self._lease:
+                # Our old key, if etcd still has it, goes with its lease.
+                await self._client.revoke(self._lease)
+                self._lease = 0
+            if await self._register():
+                await self._catch_up()
+                if self._held:
+                    self._view.unfence()
+                    return
+        except EtcdUnavailableError as exc:
+            _log.debug("rejoin failed: %s", exc)
+        await asyncio.sleep(self._interval)
