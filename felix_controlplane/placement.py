@@ -46,6 +46,7 @@ from felix_broker.fleet.etcd import (
     Compare,
     Delete,
     EtcdClient,
+    EtcdRequestError,
     EtcdUnavailableError,
     Put,
 )
@@ -241,7 +242,7 @@ class Placer:
     async def _release(self) -> None:
         lease, self._lease = self._lease, 0
         if lease:
-            with contextlib.suppress(EtcdUnavailableError, asyncio.CancelledError):
+            with contextlib.suppress(EtcdUnavailableError, EtcdRequestError):
                 await self._client.revoke(lease)
 
     async def _campaign(self) -> bool:
@@ -275,9 +276,8 @@ class Placer:
         finally:
             for task in (keepalive, members, passes):
                 task.cancel()
-            for task in (keepalive, members, passes):
-                with contextlib.suppress(asyncio.CancelledError, EtcdUnavailableError):
-                    await task
+            # Collects the children's ends; a cancellation of this task still propagates.
+            await asyncio.gather(keepalive, members, passes, return_exceptions=True)
             _log.info("placer %s no longer holds placement", self.holder_id)
             await self._release()
 

@@ -115,8 +115,7 @@ class Membership:
         """Stop the keepalive and revoke the lease: the placer sees this broker go now."""
         if self._task is not None:
             self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await self._task
+            await asyncio.gather(self._task, return_exceptions=True)
             self._task = None
         self._held = False
         self._view.fence()

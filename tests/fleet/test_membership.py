@@ -3,8 +3,6 @@ a lost lease fencing what it leads, and re-registration."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from felix_broker.fleet.etcd import EtcdClient
