@@ -289,9 +289,8 @@ class Placer:
             if sent >= deadline:
                 return
             try:
-                left = await asyncio.wait_for(
-                    self._client.keepalive(self._lease), timeout=max(0.01, deadline - sent)
-                )
+                async with asyncio.timeout(max(0.01, deadline - sent)):
+                    left = await self._client.keepalive(self._lease)
             except (EtcdUnavailableError, TimeoutError):
                 await asyncio.sleep(max(0.0, min(interval / 2, deadline - lease_clock())))
                 continue
@@ -311,7 +310,8 @@ class Placer:
             if not await self.reconcile():
                 return
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self._interval)
+                async with asyncio.timeout(self._interval):
+                    await self._wake.wait()
             self._wake.clear()
 
     async def reconcile(self) -> bool:

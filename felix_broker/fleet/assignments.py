@@ -211,5 +211,8 @@ class AssignmentWatcher:
                 continue
             except EtcdUnavailableError as exc:
                 _log.debug("assignment watch broke: %s", exc)
+            except Exception:  # the watch must outlive any one failure
+                _log.exception("assignment watch failed")
+                must_read = True
             await asyncio.sleep(delay)
             delay = min(delay * 2, _RETRY_CAP_S)

@@ -39,11 +39,13 @@ _log = logging.getLogger(__name__)
 
 
 class EtcdUnavailableError(Exception):
-    """etcd did not answer (down, unreachable, or slower than the call's bound)."""
+    """An etcd call failed: etcd down, unreachable, slower than the call's bound, or
+    refusing it (`EtcdRequestError`). Callers retry."""
 
 
-class EtcdRequestError(Exception):
-    """etcd answered and refused the request (e.g. an unknown lease)."""
+class EtcdRequestError(EtcdUnavailableError):
+    """etcd answered and refused the request (an unknown lease, no leader yet during a
+    restart, ...): the call failed like any other, but the endpoint is not to blame."""
 
 
 class CompactedError(Exception):
@@ -133,6 +135,12 @@ def _kv(raw: Any) -> KeyValue:
     )
 
 
+def _cancelled_here() -> bool:
+    """Whether the running task was asked to stop (as opposed to gRPC cancelling a call)."""
+    task = asyncio.current_task()
+    return task is None or task.cancelling() > 0
+
+
 _UNAVAILABLE = (
     aetcd.exceptions.ConnectionFailedError,
     aetcd.exceptions.ConnectionTimeoutError,
@@ -153,6 +161,7 @@ class EtcdClient:
         self._index = 0
         self._timeout = timeout_s
         self._client = self._new_client()
+        self._closing: set[asyncio.Task[None]] = set()
 
     @property
     def endpoint(self) -> str:
@@ -164,32 +173,53 @@ class EtcdClient:
         timeout = max(1, round(self._timeout))
         return aetcd.Client(host=host, port=port, timeout=timeout)
 
-    async def _failover(self) -> None:
-        """After a failed call: drop the channel and use the next endpoint."""
-        old = self._client
+    def _failover(self, failed: Any) -> None:
+        """After a failed call on `failed`: use the next endpoint. The old channel is
+        closed once the calls still on it have had their time (closing it at once
+        would cancel them)."""
+        if failed is not self._client:
+            return  # another call has moved on already
         self._index = (self._index + 1) % len(self._endpoints)
         self._client = self._new_client()
+        task = asyncio.get_running_loop().create_task(self._close_later(failed))
+        self._closing.add(task)
+        task.add_done_callback(self._closing.discard)
+
+    async def _close_later(self, client: Any) -> None:
+        await asyncio.sleep(self._timeout)
         try:
-            await asyncio.wait_for(old.close(), self._timeout)
+            async with asyncio.timeout(self._timeout):
+                await client.close()
         except Exception:  # a broken channel may fail to close; it is dropped either way
             _log.debug("closing a failed etcd channel", exc_info=True)
 
     async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        client = self._client
         try:
-            return await asyncio.wait_for(
-                getattr(self._client, name)(*args, **kwargs), self._timeout
-            )
+            # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation.
+            async with asyncio.timeout(self._timeout):
+                return await getattr(client, name)(*args, **kwargs)
         except aetcd.exceptions.RevisionCompactedError as exc:
             raise CompactedError(int(exc.compacted_revision)) from None
         except _UNAVAILABLE as exc:
-            await self._failover()
+            self._failover(client)
             raise EtcdUnavailableError(f"etcd {name}: {exc}") from exc
         except aetcd.exceptions.ClientError as exc:
             raise EtcdRequestError(f"etcd {name}: {exc}") from exc
+        except asyncio.CancelledError:
+            if _cancelled_here():
+                raise
+            # gRPC cancels a call whose channel closed under it: a failed call, not ours.
+            self._failover(client)
+            raise EtcdUnavailableError(f"etcd {name}: the channel closed") from None
 
     async def close(self) -> None:
+        for task in list(self._closing):
+            task.cancel()
+        await asyncio.gather(*self._closing, return_exceptions=True)
         try:
-            await asyncio.wait_for(self._client.close(), self._timeout)
+            async with asyncio.timeout(self._timeout):
+                await self._client.close()
         except Exception:
             _log.debug("closing the etcd channel", exc_info=True)
 
@@ -287,6 +317,7 @@ class EtcdClient:
         Ends by raising: `CompactedError` when `start_revision` is compacted,
         `EtcdUnavailableError` when the stream breaks. Cancel the consumer to stop.
         """
+        client = self._client
         watch = await self._call("watch_prefix", prefix.encode(), start_revision=start_revision)
         try:
             async for event in watch:
@@ -301,11 +332,17 @@ class EtcdClient:
         except aetcd.exceptions.RevisionCompactedError as exc:
             raise CompactedError(int(exc.compacted_revision)) from None
         except (*_UNAVAILABLE, aetcd.exceptions.ClientError) as exc:
-            await self._failover()
+            self._failover(client)
             raise EtcdUnavailableError(f"etcd watch: {exc}") from exc
+        except asyncio.CancelledError:
+            if _cancelled_here():
+                raise
+            self._failover(client)
+            raise EtcdUnavailableError("etcd watch: the channel closed") from None
         finally:
             try:
-                await asyncio.wait_for(watch.cancel(), self._timeout)
+                async with asyncio.timeout(self._timeout):
+                    await watch.cancel()
             except Exception:
                 _log.debug("cancelling an etcd watch", exc_info=True)
         # The stream ended without an error (the client was closed).

@@ -31,6 +31,11 @@ ETCD_INSTALL_HINT = "etcd not found: install it with `apt-get install -y etcd-se
 
 _START_TIMEOUT_S = 20.0
 _STOP_TIMEOUT_S = 5.0
+_PORT_ATTEMPTS = 5
+
+
+class _PortTakenError(Exception):
+    pass
 
 
 class EtcdNotFoundError(RuntimeError):
@@ -69,6 +74,7 @@ class EtcdProcess:
         self.client_port = _free_port()
         self.peer_port = _free_port()
         self._process: subprocess.Popen[bytes] | None = None
+        self._started = False  # once started, the ports are the cluster's: never changed
         self._log_path = self.data_dir / "etcd.log"
 
     @property
@@ -85,8 +91,24 @@ class EtcdProcess:
         return self._process is not None and self._process.poll() is None
 
     def start(self) -> None:
+        """Start (or start again on the same ports). At the first start a port taken
+        meanwhile by another program is replaced by a fresh one (bounded attempts)."""
         if self.running:
             return
+        for _ in range(_PORT_ATTEMPTS):
+            try:
+                self._start_once()
+                self._started = True
+                return
+            except _PortTakenError:
+                if self._started:
+                    raise RuntimeError(
+                        f"etcd's port was taken meanwhile: {self.log_tail()}"
+                    ) from None
+                self.client_port, self.peer_port = _free_port(), _free_port()
+        raise RuntimeError(f"etcd found no free port in {_PORT_ATTEMPTS} attempts")
+
+    def _start_once(self) -> None:
         client = f"http://127.0.0.1:{self.client_port}"
         peer = f"http://127.0.0.1:{self.peer_port}"
         args = [
@@ -111,6 +133,8 @@ class EtcdProcess:
             "50",
             "--election-timeout",
             "500",
+            "--logger",
+            "zap",
             "--log-level",
             "warn",
         ]
@@ -130,7 +154,11 @@ class EtcdProcess:
         while True:
             assert self._process is not None
             if self._process.poll() is not None:
-                raise RuntimeError(f"etcd exited at start: {self.log_tail()}")
+                self._process = None
+                tail = self.log_tail()
+                if "address already in use" in tail[-400:]:
+                    raise _PortTakenError(tail)
+                raise RuntimeError(f"etcd exited at start: {tail}")
             with (
                 contextlib.suppress(OSError, urllib.error.URLError, ValueError),
                 urllib.request.urlopen(url, timeout=1) as answer,

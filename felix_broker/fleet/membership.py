@@ -92,7 +92,7 @@ class Membership:
 
     @property
     def held(self) -> bool:
-        """Whether this broker holds its lease (and so may serve what it leads)."""
+        """Whether this broker holds its lease and serves what it leads."""
         return self._held
 
     @property
@@ -103,8 +103,17 @@ class Membership:
         """Register (waiting out an older lease of this node id, bounded by the TTL),
         then keep the lease alive in the background."""
         bound = self._clock() + self._ttl_s + self._ttl
-        while not await self._register():
+        while True:
+            try:
+                if await self._register():
+                    self._held = True
+                    break
+                failure: Exception | None = None
+            except EtcdUnavailableError as exc:
+                failure = exc
             if self._clock() > bound:
+                if failure is not None:
+                    raise failure
                 raise NodeIdInUseError(
                     f"node id {self.node_id!r} is registered by another live broker"
                 )
@@ -153,7 +162,6 @@ class Membership:
         self._lease = lease
         self._deadline = sent + self._ttl - self._margin
         self.incarnation = incarnation
-        self._held = True
         _log.info("registered node %s, incarnation %d", self.node_id, incarnation)
         return True
 
@@ -167,10 +175,15 @@ class Membership:
 
     async def _run(self) -> None:
         while True:
-            if self._held:
-                await self._keep_alive()
-            else:
-                await self._rejoin()
+            try:
+                if self._held:
+                    await self._keep_alive()
+                else:
+                    await self._rejoin()
+            except Exception:  # the heartbeat must outlive any one failure
+                _log.exception("node %s: membership step failed", self.node_id)
+                self._lose("membership step failed")
+                await asyncio.sleep(self._interval)
 
     async def _keep_alive(self) -> None:
         now = self._clock()
@@ -179,9 +192,8 @@ class Membership:
             return
         sent = now
         try:
-            remaining = await asyncio.wait_for(
-                self._client.keepalive(self._lease), timeout=max(0.01, self._deadline - sent)
-            )
+            async with asyncio.timeout(max(0.01, self._deadline - sent)):
+                remaining = await self._client.keepalive(self._lease)
         except (EtcdUnavailableError, TimeoutError) as exc:
             _log.debug("keepalive failed: %s", exc)
             # Try again soon, but never sleep past the deadline.
@@ -200,10 +212,12 @@ class Membership:
                 await self._client.revoke(self._lease)
                 self._lease = 0
             if await self._register():
+                # Serve again only from a view at least as new as the registration.
                 await self._catch_up()
-                if self._held:
-                    self._view.unfence()
-                    return
+                self._held = True
+                self._view.unfence()
+                _log.info("node %s serves again", self.node_id)
+                return
         except EtcdUnavailableError as exc:
             _log.debug("rejoin failed: %s", exc)
         await asyncio.sleep(self._interval)

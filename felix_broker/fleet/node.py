@@ -35,7 +35,7 @@ class FleetNode:
     ) -> None:
         # Every etcd call is bounded by a third of the TTL, so one slow call never
         # eats the lease's margin.
-        self.client = EtcdClient(endpoints, timeout_s=max(0.2, lease_ttl_ms / 3000))
+        self.client = EtcdClient(endpoints, timeout_s=max(0.5, lease_ttl_ms / 3000))
         self.keys = Keyspace(prefix)
         self.view = FleetView(node_id)
         self.watcher = AssignmentWatcher(self.client, self.keys, self.view)

@@ -84,7 +84,9 @@ async def test_an_expired_lease_stops_the_broker_and_its_shards_are_replaced(
     try:
         await a.start()
         tasks.append(asyncio.create_task(p.run()))
-        await eventually(lambda: all(a.view.snapshot.leads(s.shard) for s in SPECS), what="a leads all")
+        await eventually(
+            lambda: all(a.view.snapshot.leads(s.shard) for s in SPECS), what="a leads all"
+        )
         await b.start()
         tasks += [asyncio.create_task(writer(a, log)), asyncio.create_task(writer(b, log))]
         await asyncio.sleep(0.3)
@@ -99,8 +101,10 @@ async def test_an_expired_lease_stops_the_broker_and_its_shards_are_replaced(
         )
         for shard in DURABLE:  # kept for a, not served empty by b
             await eventually(
-                lambda shard=shard: (r := b.view.snapshot.route(shard)) is not None
-                and r.state is AssignmentState.UNAVAILABLE,
+                lambda shard=shard: (
+                    (r := b.view.snapshot.route(shard)) is not None
+                    and r.state is AssignmentState.UNAVAILABLE
+                ),
                 what="durable shard unavailable",
             )
             route = b.view.snapshot.route(shard)
