@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
 from dataclasses import dataclass
 
@@ -62,7 +63,7 @@ def check_no_two_leaders(log: list[Accepted]) -> None:
         periods.setdefault(shard, []).append((min(times), max(times), node_id, generation))
     for shard, spans_of in periods.items():
         spans_of.sort()
-        for (_, end, n1, g1), (start, _, n2, g2) in zip(spans_of, spans_of[1:], strict=False):
+        for (_, end, n1, g1), (start, _, n2, g2) in itertools.pairwise(spans_of):
             assert g1 < g2, (shard, g1, g2)
             if n1 != n2:
                 assert end < start, f"{shard}: {n1}@{g1} until {end}, {n2}@{g2} from {start}"
