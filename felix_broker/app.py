@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from felix_broker.cache.service import CacheLimits, CacheService
 from felix_broker.catalog import Catalog
@@ -37,6 +37,10 @@ from felix_wire.errors import ErrorCode
 from felix_wire.features import Feature
 from felix_wire.flags import KNOWN_FLAGS, Flag
 from felix_wire.messages import Auth
+
+if TYPE_CHECKING:
+    from felix_broker.fleet.node import FleetNode
+    from felix_broker.fleet.peer import PeerDialer, PeerListener
 
 __all__ = ["SERVER_FEATURES", "SERVER_FLAGS", "Broker", "Verifier"]
 
@@ -71,8 +75,14 @@ class Broker:
         *,
         verifier: Verifier | None = None,
         cache_limits: CacheLimits | None = None,
+        fleet: FleetNode | None = None,
     ) -> None:
         self.config = config
+        # A fleet member (FleetNode) forwards and redirects what it does not lead;
+        # without one the broker is standalone and imports nothing of the fleet.
+        self.fleet = fleet
+        self.peer_listener: PeerListener | None = None
+        self.peer_dialer: PeerDialer | None = None
         self._cache_limits = cache_limits
         self.metrics = BrokerMetrics()
         self.health = Health()
@@ -152,12 +162,13 @@ class Broker:
 
     async def _build_services(self) -> None:
         """Every capability service, its shards recovered, its handlers in the table."""
-        config, catalog, table = self.config, self.catalog, self.table
+        config, catalog = self.config, self.catalog
+        discovery = self._fleet_seam() if self.fleet is not None else DiscoveryService(catalog)
+        table = self.table
         self.engine = Engine(catalog, config, self.metrics, self.store)
         self.streams = StreamService(
             config=config, engine=self.engine, metrics=self.metrics, durable=self.store is not None
         )
-        discovery = DiscoveryService(catalog)
         self.cache = CacheService(
             config=config, catalog=catalog, metrics=self.metrics, limits=self._cache_limits
         )
@@ -186,6 +197,60 @@ class Broker:
             features=lambda: self._features,
         )
         self.session.on_close.append(self.streams.end_connection)
+        if self.fleet is not None:
+            await self._start_peer_listener()
+
+    # -- the fleet ----------------------------------------------------------------------
+
+    def _fleet_seam(self) -> DiscoveryService:
+        """A fleet member's dispatch table (cluster placement) and discovery."""
+        from felix_broker.fleet.discovery import ClusterDiscovery
+        from felix_broker.fleet.peer import PeerDialer
+        from felix_broker.fleet.placement import ClusterPlacement
+
+        fleet = self.fleet
+        assert fleet is not None
+        self.peer_dialer = PeerDialer(fleet.tls, fleet.limits, impl=self.config.quic_impl.value)
+        placement = ClusterPlacement(
+            view=fleet.view,
+            catalog=lambda: self.catalog,
+            dialer=self.peer_dialer,
+            ack_on_commit=self.config.ack_on_commit,
+        )
+        self.table = DispatchTable(placement)
+        return ClusterDiscovery(self.catalog, fleet.view)
+
+    async def _start_peer_listener(self) -> None:
+        from felix_broker.fleet.owner import OwnerService
+        from felix_broker.fleet.peer import PeerListener
+
+        fleet, config = self.fleet, self.config
+        assert fleet is not None and self._verifier is not None
+        owner = OwnerService(
+            view=fleet.view,
+            catalog=lambda: self.catalog,
+            engine=self._engine,
+            table=self.table,
+            verify=self._verifier.verify,
+            authenticate=self._authenticate,
+            server_flags=int(SERVER_FLAGS),
+            features=lambda: self._features,
+            max_frame_bytes=config.max_frame_bytes,
+            metrics=self.metrics,
+        )
+        self.peer_listener = PeerListener(fleet.tls, owner.handle, fleet.limits)
+        await self.peer_listener.start(fleet.peer_host, fleet.peer_port)
+
+    def _engine(self) -> Engine:
+        assert self.engine is not None, "not started"
+        return self.engine
+
+    @property
+    def peer_addr(self) -> str:
+        """host:port of the peer listener (a fleet member only)."""
+        assert self.peer_listener is not None, "not a started fleet member"
+        host, port = self.peer_listener.address
+        return f"{host}:{port}"
 
     @property
     def features(self) -> int:
@@ -230,6 +295,10 @@ class Broker:
 
     async def stop(self) -> None:
         await self.drain()
+        if self.peer_listener is not None:
+            await self.peer_listener.close()
+        if self.peer_dialer is not None:
+            await self.peer_dialer.close()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
