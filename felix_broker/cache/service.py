@@ -552,7 +552,7 @@ class CacheService:
         self._watchers.add(watcher)
         ctx.spawn(
             self._deliver(shard, watcher, uni, proto, subscription_id, snapshot, replay_from, tail),
-            "cache-watch",
+            "cache_watch_delivery",
         )
 
     async def _deliver(

@@ -89,7 +89,7 @@ class Session:
         self._metrics.connections.inc()
         self._metrics.connections_accepted.inc()
         if config.auth_timeout_ms > 0:
-            state.spawn(self._auth_timeout(state), "auth-timeout")
+            state.spawn(self._auth_timeout(state), "auth_timeout")
         try:
             while True:
                 try:

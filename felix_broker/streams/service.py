@@ -23,6 +23,7 @@ connection goes, or when its stream is deleted from the catalog.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable
 
@@ -86,6 +87,8 @@ STREAM_FEATURES = int(
 DURABLE_FEATURES = int(Feature.FEATURE_STREAM_READ | Feature.FEATURE_RECORD_TIMESTAMPS)
 
 READ_MAX_BYTES = 4 * 1024 * 1024  # a stream_read page's payload cap (R1)
+# Pages of fewer records are encoded on the event loop (a thread hop costs more).
+_ENCODE_ON_LOOP_RECORDS = 64
 
 
 def refusal(
@@ -368,7 +371,8 @@ class StreamService:
             Flag.EVENT_BATCH_OFFSETS, Feature.FEATURE_SUBSCRIPTION_LAGGED
         )
         ctx.spawn(
-            self._deliver(state, sub, uni, start if shard.durable else None, lagged), "deliver"
+            self._deliver(state, sub, uni, start if shard.durable else None, lagged),
+            "subscription_delivery",
         )
 
     async def _deliver(
@@ -487,9 +491,11 @@ class StreamService:
             for r in records
         ]
         next_offset = records[-1].offset + 1 if records else first
-        return proto.message(
-            StreamRecords(records=page, next_offset=next_offset, request_id=request.request_id)
-        )
+        answer = StreamRecords(records=page, next_offset=next_offset, request_id=request.request_id)
+        if len(records) < _ENCODE_ON_LOOP_RECORDS:
+            return proto.message(answer)
+        # Encoding megabytes (base64 in JSON) is loop time too: a worker thread does it.
+        return await asyncio.to_thread(proto.message, answer)
 
     async def offset_for_time(self, request: OffsetForTime, ctx: RequestContext) -> None:
         """The first offset appended at or after a time (R2)."""

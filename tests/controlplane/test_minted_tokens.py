@@ -12,7 +12,7 @@ from felix_common.permissions import stream_object
 from felix_common.tokens import TokenVerifier
 from felix_wire.messages import AuthOk, PublishOk
 
-from ..broker.harness import WireClient
+from ..support.wire import WireClient
 from .support import call, control_plane
 from .test_broker import auth, publish, stack
 
