@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -47,7 +48,7 @@ from felix_broker.fleet.routing import (
     ShardId,
     ShardKind,
 )
-from felix_broker.session.context import RequestContext
+from felix_broker.session.context import RequestContext, StreamIO
 from felix_broker.session.dispatch import PlacementDecision, Request
 from felix_broker.streams.service import publish_answer_id, refusal
 from felix_common.permissions import Action, stream_object
@@ -265,7 +266,8 @@ class ClusterPlacement:
         self._dialer = dialer
         self._ack_on_commit = ack_on_commit
         # Forwarded publishes of one client stream go one after the other (ordering).
-        self._stream_locks: dict[int, asyncio.Lock] = {}
+        self._stream_locks: weakref.WeakKeyDictionary[StreamIO, asyncio.Lock]
+        self._stream_locks = weakref.WeakKeyDictionary()
 
     # -- the decision ----------------------------------------------------------------
 
@@ -413,7 +415,9 @@ class ClusterPlacement:
             )
             return
         after_write = self._ack_on_commit or proto.negotiated(Feature.FEATURE_ACK_ON_COMMIT)
-        lock = self._stream_locks.setdefault(id(ctx.io), asyncio.Lock())
+        lock = self._stream_locks.get(ctx.io)
+        if lock is None:
+            lock = self._stream_locks[ctx.io] = asyncio.Lock()
         async with lock:
             outcome = await self._forward(
                 ctx,
