@@ -27,10 +27,10 @@ drift: codegen
 
 lint: setup
 	$(PY) -m ruff check .
-	$(PY) -m ruff format --check codegen felix_broker felix_controlplane felix_transport felix_client conformance tests bench tools
+	$(PY) -m ruff format --check codegen felix_common felix_broker felix_controlplane felix_transport felix_client conformance tests bench tools
 
 types: setup
-	$(PY) -m mypy codegen/felix_codegen felix_broker felix_controlplane felix_transport felix_client conformance/felix_conformance bench tools
+	$(PY) -m mypy codegen/felix_codegen felix_common felix_broker felix_controlplane felix_transport felix_client conformance/felix_conformance bench tools
 
 layering: setup
 	$(VENV)/bin/lint-imports
@@ -38,10 +38,10 @@ layering: setup
 unit: setup
 	$(PY) -m pytest
 
-# The broker's and client's QUIC tests again on the other stack (the transport tests cover both
+# The broker's, client's and fleet's QUIC tests again on the other stack (the transport tests cover both
 # stacks in one run; qh3 is the default everywhere else).
 unit-aioquic: setup
-	FELIX_QUIC_IMPL=aioquic $(PY) -m pytest -q tests/broker tests/client
+	FELIX_QUIC_IMPL=aioquic $(PY) -m pytest -q tests/broker tests/client tests/fleet
 
 # The whole test suite: what CI runs.
 test: drift lint types layering unit unit-aioquic
@@ -54,6 +54,7 @@ bench: setup
 	$(PY) bench/cache.py --quick
 	$(PY) bench/client.py --quick
 	$(PY) bench/groups.py --quick
+	$(PY) bench/read_stall.py --quick
 
 run: setup
 	$(VENV)/bin/felix-broker

@@ -31,7 +31,7 @@ from felix_broker.storage import LogConfig, LogStore
 from felix_broker.streams.engine import Engine
 from felix_broker.streams.service import STREAM_FEATURES, StreamService
 from felix_broker.tls import TlsMaterial, prepare_tls
-from felix_broker.tokens import DevIssuer, Principal, TokenError, TokenVerifier
+from felix_common.tokens import DevIssuer, Principal, TokenError, TokenVerifier
 from felix_transport import Server, TransportConfig, serve
 from felix_wire.errors import ErrorCode
 from felix_wire.features import Feature
@@ -39,7 +39,9 @@ from felix_wire.flags import KNOWN_FLAGS, Flag
 from felix_wire.messages import Auth
 
 if TYPE_CHECKING:  # the fleet (and so etcd) is imported only by a broker that joins one
+    from felix_broker.fleet.etcd_node import EtcdNode
     from felix_broker.fleet.node import FleetNode
+    from felix_broker.fleet.peer import PeerDialer, PeerListener
 
 __all__ = ["SERVER_FEATURES", "SERVER_FLAGS", "Broker", "Verifier"]
 
@@ -74,8 +76,14 @@ class Broker:
         *,
         verifier: Verifier | None = None,
         cache_limits: CacheLimits | None = None,
+        fleet: FleetNode | None = None,
     ) -> None:
         self.config = config
+        # A fleet member (FleetNode) forwards and redirects what it does not lead;
+        # without one the broker is standalone and imports nothing of the fleet.
+        self.fleet = fleet
+        self.peer_listener: PeerListener | None = None
+        self.peer_dialer: PeerDialer | None = None
         self._cache_limits = cache_limits
         self.metrics = BrokerMetrics()
         self.health = Health()
@@ -97,9 +105,9 @@ class Broker:
         self._http: HttpListener | None = None
         self._draining = False
         self._stopped = asyncio.Event()
-        # The fleet this broker is a member of (FELIX_NODE_ID): its routing view is
-        # `fleet.view.snapshot`. None for a standalone broker.
-        self.fleet: FleetNode | None = None
+        # Membership and assignments in etcd (FELIX_NODE_ID and FELIX_ETCD_ENDPOINTS):
+        # they feed the fleet's view (`fleet.view`, or `etcd.view` without a peer setup).
+        self.etcd: EtcdNode | None = None
 
     # -- life cycle ----------------------------------------------------------------
 
@@ -159,32 +167,47 @@ class Broker:
         self.health.mark_ready()
 
     async def _join_fleet(self) -> None:
-        """Read the fleet's assignments, then register this broker under its lease."""
-        from felix_broker.fleet.node import FleetNode
+        """Read the fleet's assignments into the routing view, then register this
+        broker under its lease (client and peer addresses as bound or advertised)."""
+        from felix_broker.fleet.etcd_node import EtcdNode
+        from felix_broker.fleet.routing import RoutingSnapshot
+        from felix_broker.fleet.view import FleetView
 
         config = self.config
+        if self.fleet is not None and self.fleet.node_id != config.node_id:
+            raise ValueError(
+                f"node_id {config.node_id!r} is not the peer certificate's {self.fleet.node_id!r}"
+            )
         client_addr = config.client_advertise_addr
         if not client_addr and config.quic_bind.host not in ("", "0.0.0.0", "::"):
             client_addr = str(type(config.quic_bind)(config.quic_bind.host, self.quic_port))
-        self.fleet = FleetNode(
-            node_id=config.node_id,
+        peer_addr = config.peer_advertise_addr
+        if not peer_addr and self.peer_listener is not None:
+            peer_addr = self.peer_addr
+        if self.fleet is not None:
+            view = self.fleet.view
+        else:
+            view = FleetView(RoutingSnapshot(config.node_id))
+        self.etcd = EtcdNode(
+            view=view,
             endpoints=[(e.host, e.port) for e in config.etcd_endpoints],
             prefix=config.etcd_prefix,
             lease_ttl_ms=config.node_lease_ttl_ms,
             client_addr=client_addr,
-            peer_addr=config.peer_advertise_addr,
+            peer_addr=peer_addr,
             features=[],
         )
-        await self.fleet.start()
+        await self.etcd.start()
 
     async def _build_services(self) -> None:
         """Every capability service, its shards recovered, its handlers in the table."""
-        config, catalog, table = self.config, self.catalog, self.table
+        config, catalog = self.config, self.catalog
+        discovery = self._fleet_seam() if self.fleet is not None else DiscoveryService(catalog)
+        table = self.table
         self.engine = Engine(catalog, config, self.metrics, self.store)
         self.streams = StreamService(
             config=config, engine=self.engine, metrics=self.metrics, durable=self.store is not None
         )
-        discovery = DiscoveryService(catalog)
         self.cache = CacheService(
             config=config, catalog=catalog, metrics=self.metrics, limits=self._cache_limits
         )
@@ -213,6 +236,60 @@ class Broker:
             features=lambda: self._features,
         )
         self.session.on_close.append(self.streams.end_connection)
+        if self.fleet is not None:
+            await self._start_peer_listener()
+
+    # -- the fleet ----------------------------------------------------------------------
+
+    def _fleet_seam(self) -> DiscoveryService:
+        """A fleet member's dispatch table (cluster placement) and discovery."""
+        from felix_broker.fleet.discovery import ClusterDiscovery
+        from felix_broker.fleet.peer import PeerDialer
+        from felix_broker.fleet.placement import ClusterPlacement
+
+        fleet = self.fleet
+        assert fleet is not None
+        self.peer_dialer = PeerDialer(fleet.tls, fleet.limits, impl=self.config.quic_impl.value)
+        placement = ClusterPlacement(
+            view=fleet.view,
+            catalog=lambda: self.catalog,
+            dialer=self.peer_dialer,
+            ack_on_commit=self.config.ack_on_commit,
+        )
+        self.table = DispatchTable(placement)
+        return ClusterDiscovery(self.catalog, fleet.view)
+
+    async def _start_peer_listener(self) -> None:
+        from felix_broker.fleet.owner import OwnerService
+        from felix_broker.fleet.peer import PeerListener
+
+        fleet, config = self.fleet, self.config
+        assert fleet is not None and self._verifier is not None
+        owner = OwnerService(
+            view=fleet.view,
+            catalog=lambda: self.catalog,
+            engine=self._engine,
+            table=self.table,
+            verify=self._verifier.verify,
+            authenticate=self._authenticate,
+            server_flags=int(SERVER_FLAGS),
+            features=lambda: self._features,
+            max_frame_bytes=config.max_frame_bytes,
+            metrics=self.metrics,
+        )
+        self.peer_listener = PeerListener(fleet.tls, owner.handle, fleet.limits)
+        await self.peer_listener.start(fleet.peer_host, fleet.peer_port)
+
+    def _engine(self) -> Engine:
+        assert self.engine is not None, "not started"
+        return self.engine
+
+    @property
+    def peer_addr(self) -> str:
+        """host:port of the peer listener (a fleet member only)."""
+        assert self.peer_listener is not None, "not a started fleet member"
+        host, port = self.peer_listener.address
+        return f"{host}:{port}"
 
     @property
     def features(self) -> int:
@@ -257,8 +334,12 @@ class Broker:
 
     async def stop(self) -> None:
         await self.drain()
-        if self.fleet is not None:
-            await self.fleet.stop()  # revokes the lease: the placer re-places at once
+        if self.etcd is not None:
+            await self.etcd.stop()  # revokes the lease: the placer re-places at once
+        if self.peer_listener is not None:
+            await self.peer_listener.close()
+        if self.peer_dialer is not None:
+            await self.peer_dialer.close()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()

@@ -13,18 +13,20 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import logging
 import secrets
+import shlex
 import signal
 import sys
 import tempfile
-import time
-import urllib.request
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+import aiohttp
+from aiohttp import web
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from felix_broker.app import Broker
@@ -37,10 +39,10 @@ from felix_broker.config import (
     config_from_args,
     load_config,
 )
-from felix_broker.tokens import DevIssuer
-from felix_controlplane.api import ControlPlane, Settings
-from felix_controlplane.http11 import HttpServer
-from felix_controlplane.store import SqliteStore
+from felix_common import safejson
+from felix_common.files import replace_file
+from felix_common.http import HttpServer
+from felix_common.tokens import DevIssuer
 
 __all__ = ["full_rights", "main"]
 
@@ -134,10 +136,42 @@ async def _serve(config: BrokerConfig) -> int:
         flush=True,
     )
     print(f"felix-broker: CA certificate {broker.ca_path}", flush=True)
-    print("felix-broker: a token: felix-broker token --tenant t1", flush=True)
+    print(f"felix-broker: {token_hint(config)}", flush=True)
     await stop.wait()
     await broker.stop()
     return 0
+
+
+def token_hint(config: BrokerConfig, *, cwd: Path | None = None) -> str:
+    """How to get a token this broker accepts, for how it was started (the start
+    banner's last line). The order is the broker's: a control plane's keys win over
+    ``jwks_path``, which wins over the development issuer."""
+    if config.controlplane_url is not None:
+        url = config.controlplane_url.rstrip("/")
+        return (
+            f"a token: from the control plane at {url}: POST {url}/v1/tenants/TENANT/tokens "
+            "with a tenant admin token, or .../token/exchange with an identity provider's "
+            "token (development tokens are refused)"
+        )
+    if config.jwks_path is not None:
+        return (
+            f"a token: from the issuer whose keys are in {config.jwks_path} "
+            "(development tokens are refused)"
+        )
+    catalog = config.catalog
+    tenants = sorted(
+        {s.tenant_id for s in catalog.streams()} | {c.tenant_id for c in catalog.caches()}
+    )
+    tenant = tenants[0] if tenants else "TENANT"
+    # The development issuer's key is in the data folder: the token command needs the
+    # same one (the environment beats a config file, so this works for every start).
+    default_dir = (cwd or Path.cwd()) / "felix-data"
+    env = (
+        ""
+        if config.data_dir == default_dir
+        else f"FELIX_DATA_DIR={shlex.quote(str(config.data_dir))} "
+    )
+    return f"a token: {env}felix-broker token --tenant {shlex.quote(tenant)}"
 
 
 FIXTURE_TENANT = "t1"
@@ -155,12 +189,12 @@ def fixture_catalog() -> StaticCatalog:
     )
 
 
-Minter = Callable[[str, str, list[str], int], str]
+Minter = Callable[[str, str, list[str], int], Awaitable[str]]
 """(tenant, subject, perms, ttl seconds) -> a signed Felix token."""
 
 
 def _dev_minter(issuer: DevIssuer) -> Minter:
-    def mint(tenant: str, subject: str, perms: list[str], ttl: int) -> str:
+    async def mint(tenant: str, subject: str, perms: list[str], ttl: int) -> str:
         return issuer.mint(tenant, subject=subject, perms=perms, ttl_seconds=ttl)
 
     return mint
@@ -187,23 +221,23 @@ async def _fixture(out: Path, ca_file: Path, *, control_plane: bool) -> int:
     config = _with_catalog(load_config(overrides=overrides), fixture_catalog())
     broker = Broker(config)
     await broker.start()
+    mint: Minter
     if plane is not None:
-        mint = plane.minter()
+        mint = plane.mint
     else:
         assert broker.issuer is not None
         mint = _dev_minter(broker.issuer)
     forger = _dev_minter(DevIssuer(Ed25519PrivateKey.generate()))
-    control = await asyncio.start_server(
-        lambda r, w: _token_endpoint(r, w, mint, forger), "127.0.0.1", 0
-    )
-    control_port = control.sockets[0].getsockname()[1]
+    control = HttpServer(functools.partial(_token_endpoint, mint=mint, forger=forger))
+    await control.start("127.0.0.1", 0)
+    control_port = control.port
     tenant = FIXTURE_TENANT
     document: dict[str, Any] = {
         "addrs": [f"127.0.0.1:{broker.quic_port}"],
         "tenant_id": tenant,
         "namespace": FIXTURE_NAMESPACE,
-        "token": mint(tenant, "fixture", full_rights(tenant), 86400),
-        "unauthorized_token": mint(tenant, "nobody", [], 86400),
+        "token": await mint(tenant, "fixture", full_rights(tenant), 86400),
+        "unauthorized_token": await mint(tenant, "nobody", [], 86400),
         "ca_file": str(ca_file),
         "durable_stream": "durable",
         "memory_stream": "memory",
@@ -222,105 +256,137 @@ async def _fixture(out: Path, ca_file: Path, *, control_plane: bool) -> int:
         await stop.wait()
         await broker.stop()
     finally:
-        control.close()
-        await control.wait_closed()
+        await control.close()
         if plane is not None:
             await plane.close()
     return 0
 
 
+class _ControlPlaneError(Exception):
+    """The fixture's control plane refused a call or did not start."""
+
+
 class _FixtureControlPlane:
-    """A control plane in the fixture's process, with the fixture's tenant, streams
-    and caches created through its own API (so the broker learns them by syncing)."""
+    """A control plane beside the fixture's broker, run as its own process
+    (``felix-controlplane``, as a user runs it), with the fixture's tenant, streams
+    and caches created through its API (so the broker learns them by syncing) and
+    tokens minted by the tenant's administrator (``POST /v1/tenants/T/tokens``)."""
 
     def __init__(
         self,
-        url: str,
-        admin_token: str,
+        process: asyncio.subprocess.Process,
+        session: aiohttp.ClientSession,
+        urls: dict[str, str],
         sync_token_file: Path,
-        control: ControlPlane,
-        servers: tuple[HttpServer, HttpServer],
-        store: SqliteStore,
     ) -> None:
-        self.url = url
-        self.admin_token = admin_token
+        self._process = process
+        self._session = session
+        self.url = urls["url"]
+        self.admin_url = urls["admin_url"]
         self.sync_token_file = sync_token_file
-        self._control = control
-        self._servers = servers
-        self._store = store
+        self.admin_token = ""
 
     @classmethod
     async def start(cls, data_dir: Path) -> _FixtureControlPlane:
-        sync_token = secrets.token_urlsafe(32)
-        bootstrap = secrets.token_urlsafe(32)
-        store = SqliteStore(data_dir / "controlplane.db")
-        control = ControlPlane(store, Settings(sync_token=sync_token, bootstrap_secret=bootstrap))
-        public = HttpServer(control.handle)
-        admin = HttpServer(control.handle_admin)
-        await public.start("127.0.0.1", 0)
-        await admin.start("127.0.0.1", 0)
-        url = f"http://127.0.0.1:{public.port}"
-        answer = await _post(
-            f"http://127.0.0.1:{admin.port}/v1/bootstrap",
-            bootstrap,
-            {"tenant": FIXTURE_TENANT, "admin": {"subjects": [f"admin@{FIXTURE_TENANT}"]}},
+        sync_file = data_dir / "controlplane.sync-token"
+        bootstrap_file = data_dir / "controlplane.bootstrap-secret"
+        for path in (sync_file, bootstrap_file):
+            replace_file(path, secrets.token_urlsafe(32).encode(), mode=0o600)
+        ready = data_dir / "controlplane.ready.json"
+        process = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "felix_controlplane.cli",
+            *("--db", str(data_dir / "controlplane.db")),
+            *("--bind", "127.0.0.1:0", "--admin-bind", "127.0.0.1:0"),
+            *("--sync-token-file", str(sync_file)),
+            *("--bootstrap-secret-file", str(bootstrap_file)),
+            *("--max-token-ttl", "86400", "--ready-file", str(ready)),
+            *("--log-level", "WARNING"),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.DEVNULL,
         )
-        token = str(answer["admin_token"])
-        tenant_url = f"{url}/v1/tenants/{FIXTURE_TENANT}"
-        await _post(f"{tenant_url}/namespaces", token, {"name": FIXTURE_NAMESPACE})
+        session = aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=10))
+        try:
+            async with asyncio.timeout(30):
+                while not ready.exists():
+                    if process.returncode is not None:
+                        raise _ControlPlaneError(
+                            f"felix-controlplane exited with status {process.returncode}"
+                        )
+                    await asyncio.sleep(0.05)
+            plane = cls(process, session, json.loads(ready.read_text()), sync_file)
+            await plane._populate(bootstrap_file.read_text().strip())
+        except BaseException:
+            await session.close()
+            await _end(process)
+            raise
+        return plane
+
+    async def _populate(self, bootstrap_secret: str) -> None:
+        tenant = FIXTURE_TENANT
+        answer = await self._post(
+            f"{self.admin_url}/v1/bootstrap",
+            bootstrap_secret,
+            {"tenant": tenant, "admin": {"subjects": [f"admin@{tenant}"]}},
+        )
+        # The bootstrap token lives 15 minutes; the fixture lives as long as a test run.
+        minted = await self._post(
+            f"{self.url}/v1/tenants/{tenant}/tokens",
+            str(answer["admin_token"]),
+            {
+                "subject": f"admin@{tenant}",
+                "perms": answer["policy"]["permissions"],
+                "audience": "felix-controlplane",
+                "ttl_seconds": 86400,
+            },
+        )
+        self.admin_token = str(minted["token"])
+        tenant_url = f"{self.url}/v1/tenants/{tenant}"
+        await self._post(f"{tenant_url}/namespaces", self.admin_token, {"name": FIXTURE_NAMESPACE})
         ns_url = f"{tenant_url}/namespaces/{FIXTURE_NAMESPACE}"
         for spec in fixture_catalog().streams():
-            body = {"name": spec.name, "shards": spec.shards}
+            body: dict[str, Any] = {"name": spec.name, "shards": spec.shards}
             body["durability"] = "durable" if spec.durable else "memory"
-            await _post(f"{ns_url}/streams", token, body)
+            await self._post(f"{ns_url}/streams", self.admin_token, body)
         for cache in fixture_catalog().caches():
-            await _post(f"{ns_url}/caches", token, {"name": cache.name, "shards": cache.shards})
-        sync_file = data_dir / "controlplane.sync-token"
-        sync_file.write_text(sync_token)
-        sync_file.chmod(0o600)
-        return cls(url, token, sync_file, control, (public, admin), store)
+            body = {"name": cache.name, "shards": cache.shards}
+            await self._post(f"{ns_url}/caches", self.admin_token, body)
 
-    def minter(self) -> Minter:
-        keys = self._control.keys
+    async def mint(self, tenant: str, subject: str, perms: list[str], ttl: int) -> str:
+        answer = await self._post(
+            f"{self.url}/v1/tenants/{tenant}/tokens",
+            self.admin_token,
+            {"subject": subject, "perms": perms, "ttl_seconds": ttl},
+        )
+        return str(answer["token"])
 
-        def mint(tenant: str, subject: str, perms: list[str], ttl: int) -> str:
-            now = int(time.time())
-            claims = {
-                "iss": "felix-auth",
-                "aud": "felix-broker",
-                "sub": subject,
-                "tid": tenant,
-                "perms": perms,
-                "iat": now,
-                "nbf": now,
-                "exp": now + ttl,
-            }
-            token: str = keys.sign(tenant, claims, now)
-            return token
-
-        return mint
+    async def _post(self, url: str, token: str, body: dict[str, Any]) -> dict[str, Any]:
+        headers = {"Authorization": f"Bearer {token}"}
+        try:
+            async with self._session.post(url, json=body, headers=headers) as response:
+                answer: dict[str, Any] = await response.json(content_type=None)
+        except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+            raise _ControlPlaneError(f"POST {url}: {exc}") from None
+        if response.status >= 300:
+            raise _ControlPlaneError(f"POST {url}: {response.status} {answer.get('message')}")
+        return answer
 
     async def close(self) -> None:
-        for server in self._servers:
-            await server.close()
-        self._store.close()
+        await self._session.close()
+        await _end(self._process)
 
 
-async def _post(url: str, token: str, body: dict[str, Any]) -> dict[str, Any]:
-    """One JSON POST (off the event loop: the server may run on this loop)."""
-
-    def call() -> dict[str, Any]:
-        request = urllib.request.Request(
-            url,
-            data=json.dumps(body).encode(),
-            method="POST",
-            headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"},
-        )
-        with urllib.request.urlopen(request, timeout=10) as response:
-            answer: dict[str, Any] = json.loads(response.read() or b"{}")
-            return answer
-
-    return await asyncio.to_thread(call)
+async def _end(process: asyncio.subprocess.Process) -> None:
+    """SIGTERM, then SIGKILL if it has not exited within 10 s."""
+    if process.returncode is None:
+        process.terminate()
+        try:
+            async with asyncio.timeout(10):
+                await process.wait()
+        except TimeoutError:
+            process.kill()
+            await process.wait()
 
 
 def _with_catalog(config: BrokerConfig, catalog: StaticCatalog) -> BrokerConfig:
@@ -330,45 +396,23 @@ def _with_catalog(config: BrokerConfig, catalog: StaticCatalog) -> BrokerConfig:
 
 
 async def _token_endpoint(
-    reader: asyncio.StreamReader, writer: asyncio.StreamWriter, mint: Minter, forger: Minter
-) -> None:
+    request: web.BaseRequest, *, mint: Minter, forger: Minter
+) -> web.StreamResponse:
     """POST /tokens {"ttl_secs": N, "forged": bool} -> {"token": "..."} (tests mint tokens here)."""
-    status, body = 404, {"error": "not found"}
+    if (request.method, request.path) != ("POST", "/tokens"):
+        return web.json_response({"error": "not found"}, status=404)
     try:
-        head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 5)
-        lines = head.decode("latin-1").split("\r\n")
-        method, path, _ = lines[0].split(" ", 2)
-        length = 0
-        for line in lines[1:]:
-            name, _, value = line.partition(":")
-            if name.strip().lower() == "content-length":
-                length = min(int(value.strip()), 65536)
-        raw = await asyncio.wait_for(reader.readexactly(length), 5) if length else b"{}"
-        if method == "POST" and path == "/tokens":
-            request = json.loads(raw or b"{}")
-            ttl = int(request.get("ttl_secs", 3600))
-            perms = request.get("perms", full_rights(FIXTURE_TENANT))
-            signer = forger if request.get("forged") else mint
-            token = signer(FIXTURE_TENANT, str(request.get("subject", "fixture")), perms, ttl)
-            status, body = 200, {"token": token}
-    except (
-        ValueError,
-        asyncio.IncompleteReadError,
-        asyncio.LimitOverrunError,
-        TimeoutError,
-    ) as exc:
-        status, body = 400, {"error": str(exc)}
-    payload = json.dumps(body).encode()
-    reason = {200: "OK", 400: "Bad Request", 404: "Not Found"}[status]
-    writer.write(
-        f"HTTP/1.1 {status} {reason}\r\nContent-Type: application/json\r\n"
-        f"Content-Length: {len(payload)}\r\nConnection: close\r\n\r\n".encode()
-        + payload
-    )
-    try:
-        await writer.drain()
-    finally:
-        writer.close()
+        raw = await request.content.read(65536) if request.can_read_body else b""
+        body = safejson.loads(raw or b"{}")
+        if not isinstance(body, dict):
+            raise ValueError("expected a JSON object")
+        ttl = int(body.get("ttl_secs", 3600))
+        perms = body.get("perms", full_rights(FIXTURE_TENANT))
+        signer = forger if body.get("forged") else mint
+        token = await signer(FIXTURE_TENANT, str(body.get("subject", "fixture")), perms, ttl)
+    except (ValueError, TypeError, _ControlPlaneError) as exc:
+        return web.json_response({"error": str(exc)}, status=400)
+    return web.json_response({"token": token})
 
 
 if __name__ == "__main__":

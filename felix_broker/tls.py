@@ -23,7 +23,7 @@ from cryptography import x509
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import serialization
 
-from felix_broker._files import replace_file, warn_if_readable_by_others
+from felix_common.files import replace_file, warn_if_readable_by_others
 from felix_transport.certs import CertKeyPair, generate_ca, generate_leaf
 
 __all__ = ["TLS_DIR", "TlsMaterial", "prepare_tls"]

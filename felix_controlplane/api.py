@@ -15,11 +15,13 @@ Public listener (all paths under ``/v1``):
 ``DELETE /tenants/{t}/keys/{kid}`` (revoke)                tenant admin
 ``GET /tenants/{t}/.well-known/jwks.json``                 public
 ``POST /tenants/{t}/token/exchange``                       upstream OIDC bearer
+``POST /tenants/{t}/tokens``                               tenant admin (mint a token)
 ``GET /catalog/snapshot``, ``GET /catalog/changes?since=N&wait=S``     broker sync token
 =========================================================  ==========================
 
 Admin calls carry a Felix token with ``aud`` felix-controlplane, verified with
-the broker's own :class:`TokenVerifier` against the tenant's JWKS.
+the same :class:`felix_common.tokens.TokenVerifier` brokers use, against the
+tenant's JWKS.
 
 Admin listener (loopback only, bootstrap secret as bearer):
 ``POST /v1/bootstrap`` creates a tenant with its first signing key, an
@@ -44,11 +46,18 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from felix_broker.permissions import Action, PermissionSet
-from felix_broker.tokens import AUDIENCE, ISSUER, TokenError, TokenVerifier
+import msgspec
+
+from felix_common import feed
+from felix_common.permissions import Action, PermissionSet
+from felix_common.tokens import AUDIENCE, ISSUER, TokenError, TokenVerifier
 from felix_controlplane import model, rbac
-from felix_controlplane.exchange import UpstreamVerifier, validate_identity_provider
-from felix_controlplane.http11 import Request, Response, _BadJsonType, error
+from felix_controlplane.exchange import (
+    UpstreamIdentity,
+    UpstreamVerifier,
+    validate_identity_provider,
+)
+from felix_controlplane.http import BadJson, Request, Response, error
 from felix_controlplane.keys import KeyRing
 from felix_controlplane.model import ApiError
 from felix_controlplane.store import ConflictError, NotFoundError, ResourceKey, Store
@@ -102,10 +111,11 @@ def _paged(items: list[dict[str, Any]], limit: int) -> dict[str, Any]:
 
 
 def _body(request: Request) -> Any:
-    body = request.json()
-    if isinstance(body, _BadJsonType):
-        raise ApiError(400, "bad_request", "the body is not valid JSON")
-    return body
+    """The request's JSON body: call it only once the caller is authenticated."""
+    try:
+        return request.json()
+    except BadJson as exc:
+        raise ApiError(400, "bad_request", str(exc)) from None
 
 
 Route = Callable[[Request, dict[str, str]], Awaitable[Response]]
@@ -145,6 +155,7 @@ class ControlPlane:
             ("DELETE", re.compile(rf"{t}/keys/([A-Za-z0-9_-]{{1,128}})$"), self._revoke_key),
             ("GET", re.compile(rf"{t}/\.well-known/jwks\.json$"), self._jwks),
             ("POST", re.compile(rf"{t}/token/exchange$"), self._exchange),
+            ("POST", re.compile(rf"{t}/tokens$"), self._mint),
             ("GET", re.compile(r"^/v1/catalog/snapshot$"), self._snapshot),
             ("GET", re.compile(r"^/v1/catalog/changes$"), self._changes),
         ]
@@ -152,6 +163,10 @@ class ControlPlane:
             ("POST", re.compile(r"^/v1/bootstrap$"), self._bootstrap),
             ("GET", re.compile(r"^/v1/tenants$"), self._list_tenants),
         ]
+
+    async def close(self) -> None:
+        """End the outbound HTTP session (identity providers' JWKS); the store is the caller's."""
+        await self.upstream.close()
 
     # -- dispatch -------------------------------------------------------------------
 
@@ -187,6 +202,8 @@ class ControlPlane:
                 return await route(request, groups)
             except ApiError as exc:
                 return error(exc.status, exc.code, exc.message)
+            except feed.InvalidDefinition as exc:
+                return error(400, "invalid_definition", str(exc))
             except ConflictError as exc:
                 return error(409, "conflict", str(exc))
             except NotFoundError as exc:
@@ -304,9 +321,9 @@ class ControlPlane:
         raw = _body(request)
         body: dict[str, Any]
         if kind == "stream":
-            body = model.stream_body(model.validate_stream(tenant, ns, raw))
+            body = feed.stream_body(feed.validate_stream(tenant, ns, raw))
         else:
-            body = model.cache_body(model.validate_cache(tenant, ns, raw))
+            body = feed.cache_body(feed.validate_cache(tenant, ns, raw))
         rbac.require(perms, action, f"{kind}:{tenant}/{ns}/{body['name']}")
         await self._run(self.store.create, ResourceKey(tenant, kind, ns, body["name"]), body)
         _log.info("created %s %s/%s/%s", kind, tenant, ns, body["name"])
@@ -400,12 +417,16 @@ class ControlPlane:
 
     # -- token exchange ---------------------------------------------------------------
 
-    def _exchange_sync(self, tenant: str, upstream: str, body: dict[str, Any]) -> dict[str, Any]:
-        store = self.store
-        if not store.tenant_exists(tenant):
+    def _providers(self, tenant: str) -> list[dict[str, Any]]:
+        if not self.store.tenant_exists(tenant):
             raise ApiError(404, "not_found", f"tenant {tenant!r} does not exist")
-        providers = store.list_resources(tenant, "idp", "", "", 1000)
-        identity = self.upstream.verify(upstream, providers)
+        providers: list[dict[str, Any]] = self.store.list_resources(tenant, "idp", "", "", 1000)
+        return providers
+
+    def _exchange_sync(
+        self, tenant: str, identity: UpstreamIdentity, body: dict[str, Any]
+    ) -> dict[str, Any]:
+        store = self.store
         policies = {p["name"]: p for p in store.list_resources(tenant, "policy", "", "", 10000)}
         assignments = store.list_resources(tenant, "assignment", "", "", 10000)
         grants = rbac.effective_grants(policies, assignments, identity.subject, identity.groups)
@@ -450,6 +471,8 @@ class ControlPlane:
         upstream = _bearer(request)
         if upstream is None:
             raise ApiError(401, "unauthenticated", "an upstream OIDC token is required")
+        # Who is asking comes first: a stranger's body is never parsed.
+        identity = await self.upstream.verify(upstream, await self._run(self._providers, g["0"]))
         raw = _body(request)
         body = {} if raw is None else raw
         if not isinstance(body, dict) or set(body) - {
@@ -476,8 +499,74 @@ class ControlPlane:
             or not (1 <= ttl <= self.settings.max_token_ttl)
         ):
             raise model.bad_request(f"ttl_seconds: between 1 and {self.settings.max_token_ttl}")
-        answer = await self._run(self._exchange_sync, g["0"], upstream, body)
+        answer = await self._run(self._exchange_sync, g["0"], identity, body)
         return Response(200, answer)
+
+    # -- tokens minted by a tenant administrator ----------------------------------------
+
+    async def _mint(self, request: Request, g: dict[str, str]) -> Response:
+        """``{"subject", "perms": [...], "ttl_seconds"?, "audience"?}`` -> a signed token.
+
+        A tenant administrator can already grant anything within the tenant (through
+        policies and assignments), so minting any grant of the tenant widens nothing;
+        grants naming other tenants are refused like a policy's. This is the way to a
+        working token without an upstream identity provider (development, automation).
+        """
+        tenant = g["0"]
+        rbac.require_tenant_admin(await self._admin(request, tenant), tenant)
+        body = _body(request)
+        allowed = {"subject", "perms", "ttl_seconds", "audience"}
+        if not isinstance(body, dict) or "subject" not in body or set(body) - allowed:
+            raise model.bad_request(
+                "tokens: expected an object with subject, perms, ttl_seconds?, audience?"
+            )
+        subject = body["subject"]
+        if not isinstance(subject, str) or not 1 <= len(subject) <= 256:
+            raise model.bad_request("subject: 1-256 characters")
+        grants = rbac.validate_grants(tenant, body.get("perms", []), "perms")
+        audience = body.get("audience", AUDIENCE)
+        if audience not in _AUDIENCES:
+            raise model.bad_request(f"audience: one of {', '.join(_AUDIENCES)}")
+        ttl = body.get("ttl_seconds", self.settings.default_token_ttl)
+        if (
+            isinstance(ttl, bool)
+            or not isinstance(ttl, int)
+            or not (1 <= ttl <= self.settings.max_token_ttl)
+        ):
+            raise model.bad_request(f"ttl_seconds: between 1 and {self.settings.max_token_ttl}")
+        now = int(time.time())
+        claims = {
+            "iss": ISSUER,
+            "aud": audience,
+            "sub": subject,
+            "tid": tenant,
+            "perms": grants,
+            "iat": now,
+            "nbf": now,
+            "exp": now + ttl,
+            "jti": secrets.token_urlsafe(16),
+        }
+        token = await self._run(self.keys.sign, tenant, claims, now)
+        _log.info(
+            "tenant %s: minted a %s token for %s (%d grants)",
+            tenant,
+            audience,
+            subject,
+            len(grants),
+        )
+        return Response(
+            201,
+            {
+                "token": token,
+                "token_type": "Bearer",
+                "audience": audience,
+                "subject": subject,
+                "tenant_id": tenant,
+                "perms": grants,
+                "expires_in": ttl,
+                "expires_at": now + ttl,
+            },
+        )
 
     # -- bootstrap --------------------------------------------------------------------
 
@@ -537,23 +626,15 @@ class ControlPlane:
     async def _snapshot(self, request: Request, g: dict[str, str]) -> Response:
         self._require_sync(request)
         snap = await self._run(self.store.snapshot)
-        return Response(
-            200,
-            {
-                "seq": snap.seq,
-                "tenants": snap.tenants,
-                "resources": [
-                    {
-                        "kind": k.kind,
-                        "tenant": k.tenant,
-                        "namespace": k.namespace,
-                        "name": k.name,
-                        "body": body,
-                    }
-                    for k, body in snap.resources
-                ],
-            },
+        document = feed.Snapshot(
+            seq=snap.seq,
+            tenants=snap.tenants,
+            resources=[
+                feed.Resource(k.kind, k.tenant, k.namespace, k.name, body)
+                for k, body in snap.resources
+            ],
         )
+        return Response(200, msgspec.to_builtins(document))
 
     async def _changes(self, request: Request, g: dict[str, str]) -> Response:
         self._require_sync(request)
@@ -573,7 +654,20 @@ class ControlPlane:
                 break
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(changed.wait(), remaining)
-        return Response(
-            200,
-            {"seq": page.seq, "reset": page.reset, "changes": [c.to_json() for c in page.changes]},
+        document = feed.ChangePage(
+            seq=page.seq,
+            reset=page.reset,
+            changes=[
+                feed.Change(
+                    c.seq,
+                    "put" if c.op == "put" else "delete",
+                    c.kind,
+                    c.tenant,
+                    c.namespace,
+                    c.name,
+                    c.body,
+                )
+                for c in page.changes
+            ],
         )
+        return Response(200, msgspec.to_builtins(document))

@@ -1,11 +1,6 @@
 """``felix-controlplane``: run the control plane (SQLite store, public API, loopback admin API).
 
-Usage::
-
-    felix-controlplane [--db PATH] [--bind HOST:PORT] [--admin-bind HOST:PORT]
-                       [--tls-cert PEM --tls-key PEM]
-                       [--sync-token-file FILE] [--bootstrap-secret-file FILE]
-                       [--token-ttl SECONDS] [--max-token-ttl SECONDS] [--log-level LEVEL]
+``felix-controlplane --help`` describes every option and its default.
 
 The broker sync token and the bootstrap secret come from the named files, else
 from ``FELIX_CONTROLPLANE_SYNC_TOKEN`` / ``FELIX_CONTROLPLANE_BOOTSTRAP_SECRET``;
@@ -19,6 +14,7 @@ import argparse
 import asyncio
 import contextlib
 import ipaddress
+import json
 import logging
 import os
 import secrets
@@ -28,12 +24,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from felix_broker._files import create_file_once
+from felix_common.files import create_file_once, replace_file
 from felix_controlplane.api import ControlPlane, Settings
-from felix_controlplane.http11 import HttpServer
+from felix_controlplane.http import HttpServer
 from felix_controlplane.store import DEFAULT_MAX_CHANGES, SqliteStore
 
-__all__ = ["main", "parse_args", "run"]
+__all__ = ["build_parser", "main", "parse_args", "run"]
 
 _log = logging.getLogger(__name__)
 
@@ -45,24 +41,120 @@ def _hostport(value: str) -> tuple[str, int]:
     return host.strip("[]") or "0.0.0.0", int(port)
 
 
-def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="felix-controlplane", description=__doc__.split("\n")[0])
-    parser.add_argument("--db", type=Path, default=Path("felix-controlplane.db"))
-    parser.add_argument("--bind", type=_hostport, default=("127.0.0.1", 8900))
-    parser.add_argument("--admin-bind", type=_hostport, default=("127.0.0.1", 8901))
-    parser.add_argument("--tls-cert", type=Path)
-    parser.add_argument("--tls-key", type=Path)
-    parser.add_argument("--sync-token-file", type=Path)
-    parser.add_argument("--bootstrap-secret-file", type=Path)
-    parser.add_argument("--token-ttl", type=int, default=900)
-    parser.add_argument("--max-token-ttl", type=int, default=3600)
+_DESCRIPTION = """\
+Run the Felix control plane: tenants, namespaces, streams and caches, RBAC, signing
+keys and token exchange, in one SQLite file. The public listener serves the /v1 API
+and the brokers' catalog sync feed; the admin listener (loopback only) serves
+bootstrap with the bootstrap secret as bearer."""
+
+_EPILOG = """\
+secrets: the broker sync token and the bootstrap secret are read from the named files,
+else from FELIX_CONTROLPLANE_SYNC_TOKEN / FELIX_CONTROLPLANE_BOOTSTRAP_SECRET; when
+neither is given, a random one is created beside the database (<db>.sync-token,
+<db>.bootstrap-secret, mode 0600) and its path logged.
+
+a first token without an identity provider:
+  curl -X POST -H "Authorization: Bearer $(cat felix-controlplane.db.bootstrap-secret)" \\
+       -d '{"tenant": "t1", "admin": {"subjects": ["admin"]}}' http://127.0.0.1:8901/v1/bootstrap
+  then POST /v1/tenants/t1/tokens with the admin token (see the README)."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The command line: every option with its help and its default."""
+    parser = argparse.ArgumentParser(
+        prog="felix-controlplane",
+        description=_DESCRIPTION,
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    parser.add_argument(
+        "--db",
+        type=Path,
+        default=Path("felix-controlplane.db"),
+        metavar="PATH",
+        help="the SQLite database (created mode 0600; it holds the tenants' private "
+        "signing keys) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--bind",
+        type=_hostport,
+        default=("127.0.0.1", 8900),
+        metavar="HOST:PORT",
+        help="the public API and sync feed; port 0 picks a free port (default: 127.0.0.1:8900)",
+    )
+    parser.add_argument(
+        "--admin-bind",
+        type=_hostport,
+        default=("127.0.0.1", 8901),
+        metavar="HOST:PORT",
+        help="the admin listener (bootstrap); loopback addresses only (default: 127.0.0.1:8901)",
+    )
+    parser.add_argument(
+        "--tls-cert",
+        type=Path,
+        metavar="PEM",
+        help="serve the public listener over HTTPS with this certificate chain "
+        "(with --tls-key; default: plain HTTP)",
+    )
+    parser.add_argument(
+        "--tls-key", type=Path, metavar="PEM", help="the private key of --tls-cert (default: none)"
+    )
+    parser.add_argument(
+        "--sync-token-file",
+        type=Path,
+        metavar="FILE",
+        help="the broker sync token brokers present to read the catalog "
+        "(default: $FELIX_CONTROLPLANE_SYNC_TOKEN, else <db>.sync-token, created if missing)",
+    )
+    parser.add_argument(
+        "--bootstrap-secret-file",
+        type=Path,
+        metavar="FILE",
+        help="the bearer secret of the admin listener's /v1/bootstrap "
+        "(default: $FELIX_CONTROLPLANE_BOOTSTRAP_SECRET, else <db>.bootstrap-secret, "
+        "created if missing)",
+    )
+    parser.add_argument(
+        "--token-ttl",
+        type=int,
+        default=900,
+        metavar="SECONDS",
+        help="lifetime of issued tokens when a request names none (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--max-token-ttl",
+        type=int,
+        default=3600,
+        metavar="SECONDS",
+        help="the longest lifetime a token request may ask for (default: %(default)s)",
+    )
     parser.add_argument(
         "--max-changes",
         type=int,
         default=DEFAULT_MAX_CHANGES,
-        help="catalog change-log entries kept; a broker further behind reloads the snapshot",
+        metavar="N",
+        help="catalog change-log entries kept; a broker further behind reloads the "
+        "snapshot (default: %(default)s)",
     )
-    parser.add_argument("--log-level", default="INFO")
+    parser.add_argument(
+        "--ready-file",
+        type=Path,
+        metavar="FILE",
+        help='once both listeners are up, write {"url": ..., "admin_url": ...} there as JSON '
+        "(for scripts that bind port 0) (default: none)",
+    )
+    parser.add_argument(
+        "--log-level",
+        default="INFO",
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR"],
+        help="logging level (default: %(default)s)",
+    )
+    return parser
+
+
+def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
+    parser = build_parser()
     args = parser.parse_args(argv)
     if bool(args.tls_cert) != bool(args.tls_key):
         parser.error("--tls-cert and --tls-key go together")
@@ -75,6 +167,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if not loopback:
         parser.error("--admin-bind must be a loopback address (it serves the bootstrap path)")
     return args
+
+
+def _url_host(host: str) -> str:
+    if host in ("0.0.0.0", "::", ""):
+        return "127.0.0.1"
+    return f"[{host}]" if ":" in host else host
 
 
 def _secret(path: Path | None, env: str, default_path: Path) -> str:
@@ -117,11 +215,18 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     admin = HttpServer(plane.handle_admin)
     await public.start(*args.bind)
     await admin.start(*args.admin_bind)
+    scheme = "https" if context else "http"
+    if args.ready_file is not None:
+        document = {
+            "url": f"{scheme}://{_url_host(args.bind[0])}:{public.port}",
+            "admin_url": f"http://{_url_host(args.admin_bind[0])}:{admin.port}",
+        }
+        replace_file(args.ready_file, (json.dumps(document) + "\n").encode(), mode=0o644)
     _log.info(
         "control plane on %s:%d (%s), admin on %s:%d, store %s",
         args.bind[0],
         public.port,
-        "https" if context else "http",
+        scheme,
         args.admin_bind[0],
         admin.port,
         args.db,
@@ -131,6 +236,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     finally:
         await public.close()
         await admin.close()
+        await plane.close()
         store.close()
 
 

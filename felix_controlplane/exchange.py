@@ -15,17 +15,18 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import time
-import urllib.request
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 from urllib.parse import urlparse
 
+import aiohttp
 import jwt
 
+from felix_common import safejson
+from felix_common.http import read_bounded
 from felix_controlplane.model import ApiError, bad_request, check_name
 
 __all__ = [
@@ -102,7 +103,8 @@ class _CachedJwks:
 
 
 class UpstreamVerifier:
-    """Verifies upstream OIDC tokens; blocking (run it in a worker thread)."""
+    """Verifies upstream OIDC tokens, fetching providers' JWKS with aiohttp (one
+    session, created on first use on the running loop; :meth:`close` ends it)."""
 
     def __init__(
         self,
@@ -115,11 +117,22 @@ class UpstreamVerifier:
         self._cache_seconds = cache_seconds
         self._min_refetch = min_refetch_seconds
         self._timeout = timeout
+        self._session: aiohttp.ClientSession | None = None
 
-    def _fetch(self, url: str) -> dict[str, jwt.PyJWK]:
-        request = urllib.request.Request(url, headers={"Accept": "application/json"})
-        with urllib.request.urlopen(request, timeout=self._timeout) as response:
-            document = json.loads(response.read(_MAX_JWKS_BYTES))
+    async def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
+
+    async def _fetch(self, url: str) -> dict[str, jwt.PyJWK]:
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(headers={"Accept": "application/json"})
+        timeout = aiohttp.ClientTimeout(total=self._timeout)
+        async with self._session.get(url, timeout=timeout) as response:
+            if response.status != 200:
+                raise ValueError(f"HTTP {response.status}")
+            raw = await read_bounded(response.content, _MAX_JWKS_BYTES)
+        document = safejson.loads(raw)
         keys: dict[str, jwt.PyJWK] = {}
         for entry in document.get("keys", []) if isinstance(document, dict) else []:
             try:
@@ -129,7 +142,7 @@ class UpstreamVerifier:
             keys[str(entry.get("kid", ""))] = key
         return keys
 
-    def _key(self, url: str, kid: str) -> jwt.PyJWK | None:
+    async def _key(self, url: str, kid: str) -> jwt.PyJWK | None:
         now = time.monotonic()
         cached = self._cache.get(url)
         stale = cached is None or now - cached.fetched_at > self._cache_seconds
@@ -139,10 +152,10 @@ class UpstreamVerifier:
         may_refetch = cached is not None and now - cached.fetched_at >= self._min_refetch
         if stale or (unknown and may_refetch):
             try:
-                cached = _CachedJwks(self._fetch(url), now)
+                cached = _CachedJwks(await self._fetch(url), now)
                 self._cache[url] = cached
-            except (OSError, ValueError) as exc:
-                _log.warning("cannot fetch upstream JWKS %s: %s", url, exc)
+            except (aiohttp.ClientError, TimeoutError, OSError, ValueError) as exc:
+                _log.warning("cannot fetch upstream JWKS %s: %s", url, exc or type(exc).__name__)
                 if cached is None:
                     raise ApiError(
                         503, "upstream_unavailable", "identity provider JWKS unreachable"
@@ -152,7 +165,7 @@ class UpstreamVerifier:
             return next(iter(cached.keys.values()))
         return cached.keys.get(kid)
 
-    def verify(self, token: str, providers: list[dict[str, Any]]) -> UpstreamIdentity:
+    async def verify(self, token: str, providers: list[dict[str, Any]]) -> UpstreamIdentity:
         try:
             header = jwt.get_unverified_header(token)
             unverified = jwt.decode(token, options={"verify_signature": False})
@@ -166,7 +179,7 @@ class UpstreamVerifier:
         if alg not in provider["algorithms"]:
             raise _unauthorized(f"upstream algorithm {alg!r} is not allowed for this issuer")
         kid = header.get("kid")
-        key = self._key(provider["jwks_url"], kid if isinstance(kid, str) else "")
+        key = await self._key(provider["jwks_url"], kid if isinstance(kid, str) else "")
         if key is None:
             raise _unauthorized(f"upstream key id {kid!r} is not in the issuer's JWKS")
         try:

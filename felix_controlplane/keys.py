@@ -7,8 +7,8 @@ in the tenant's JWKS until every token it could have signed has expired
 off a token that was valid when it was issued. Revocation withdraws a key from
 the JWKS at once: tokens it signed stop verifying as soon as brokers refetch.
 
-The key id is the RFC 7638 thumbprint, computed by the broker's own
-``felix_broker.tokens`` helper so both sides name keys identically.
+The key id is the RFC 7638 thumbprint, computed by the shared
+``felix_common.tokens.public_jwk`` so broker and control plane name keys identically.
 """
 
 from __future__ import annotations
@@ -21,8 +21,7 @@ import jwt
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from felix_broker.tokens import ALGORITHM, LEEWAY_SECONDS
-from felix_broker.tokens import _public_jwk as public_jwk
+from felix_common.tokens import ALGORITHM, LEEWAY_SECONDS, public_jwk
 from felix_controlplane.store import NotFoundError, Store, StoredKey
 
 __all__ = ["KeyRing"]

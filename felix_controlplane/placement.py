@@ -42,24 +42,26 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
-from felix_broker.fleet.etcd import (
+from felix_common.etcd import (
     Compare,
     Delete,
     EtcdClient,
     EtcdRequestError,
     EtcdUnavailableError,
     Put,
+    lease_clock,
 )
-from felix_broker.fleet.membership import lease_clock
-from felix_broker.fleet.records import (
-    AssignmentRecord,
+from felix_common.feed import cache_spec, stream_spec
+from felix_common.fleet import (
+    Assignment,
+    AssignmentState,
     Keyspace,
     RecordError,
+    ShardId,
+    ShardKind,
     decode_assignment,
-    encode,
+    encode_record,
 )
-from felix_broker.fleet.routing import AssignmentState, ShardId, ShardKind
-from felix_controlplane.model import cache_spec, stream_spec
 from felix_controlplane.store import Snapshot
 from felix_wire.errors import DETAIL_REASONS, ErrorCode
 
@@ -80,9 +82,13 @@ OWNER_UNAVAILABLE = "owner_unavailable"
 NOT_ASSIGNED = "not_assigned"
 assert {OWNER_UNAVAILABLE, NOT_ASSIGNED} <= set(DETAIL_REASONS[ErrorCode.SHARD_UNAVAILABLE])
 
-_ACTIVE = AssignmentState.ACTIVE.value
-_UNAVAILABLE = AssignmentState.UNAVAILABLE.value
-_IN_A_MOVE = frozenset({AssignmentState.DRAINING.value, AssignmentState.MOVING.value})
+_ACTIVE = AssignmentState.ACTIVE
+_UNAVAILABLE = AssignmentState.UNAVAILABLE
+_IN_A_MOVE = frozenset({AssignmentState.DRAINING, AssignmentState.MOVING})
+
+
+def _record(state: AssignmentState, leader: str | None, reason: str | None = None) -> Assignment:
+    return Assignment(state=state, leader=leader, replicas=[], reason=reason)
 
 
 @dataclass(frozen=True, slots=True)
@@ -97,7 +103,7 @@ class ShardSpec:
 class Held:
     """An assignment as etcd has it: the record and its key's mod_revision."""
 
-    record: AssignmentRecord
+    record: Assignment
     mod_revision: int
 
 
@@ -107,7 +113,7 @@ class Write:
     mod_revision the plan was made from (0: the key must not exist)."""
 
     shard: ShardId
-    record: AssignmentRecord | None
+    record: Assignment | None
     expected: int
 
 
@@ -139,11 +145,11 @@ def plan(
 
     def place(shard: ShardId, expected: int) -> None:
         if not members:
-            record = AssignmentRecord(state=_UNAVAILABLE, reason=NOT_ASSIGNED)
+            record = _record(_UNAVAILABLE, None, NOT_ASSIGNED)
         else:
             leader = _pick(shard, members, load, cap)
             load[leader] += 1
-            record = AssignmentRecord(state=_ACTIVE, leader=leader)
+            record = _record(_ACTIVE, leader)
         writes.append(Write(shard, record, expected))
 
     for shard in sorted(wanted):
@@ -157,14 +163,12 @@ def plan(
             continue
         if record.leader is not None and record.leader in members:
             if record.state == _UNAVAILABLE:  # its broker is back
-                back = AssignmentRecord(state=_ACTIVE, leader=record.leader)
+                back = _record(_ACTIVE, record.leader)
                 writes.append(Write(shard, back, held.mod_revision))
             continue
         if spec.durable and record.leader is not None:
             if record.state != _UNAVAILABLE or record.reason != OWNER_UNAVAILABLE:
-                kept = AssignmentRecord(
-                    state=_UNAVAILABLE, leader=record.leader, reason=OWNER_UNAVAILABLE
-                )
+                kept = _record(_UNAVAILABLE, record.leader, OWNER_UNAVAILABLE)
                 writes.append(Write(shard, kept, held.mod_revision))
             continue
         if not members and record.state == _UNAVAILABLE and record.reason == NOT_ASSIGNED:
@@ -319,7 +323,7 @@ class Placer:
         self.passes += 1
         specs = await self._catalog()
         keys = self._keys
-        _, kvs = await self._client.get_prefix(keys.prefix + "/")
+        _, kvs = await self._client.get_prefix(keys.root)
         members: set[str] = set()
         current: dict[ShardId, Held] = {}
         holder_ok = False
@@ -355,7 +359,7 @@ class Placer:
         )
         holder = Compare(self._keys.placer, "create_revision", "==", self._token)
         op: Put | Delete = (
-            Put(key, encode(write.record)) if write.record is not None else Delete(key)
+            Put(key, encode_record(write.record)) if write.record is not None else Delete(key)
         )
         ok, revision = await self._client.txn([guard, holder], [op])
         if not ok:

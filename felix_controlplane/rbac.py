@@ -1,7 +1,7 @@
 """RBAC: policies (sets of grants), assignments (who gets a policy), narrowing, admin checks.
 
 A policy is ``{"name", "permissions": ["<action>:<kind>:<path>", ...]}`` in
-exactly the syntax of :mod:`felix_broker.permissions` (each grant is parsed by
+exactly the syntax of :mod:`felix_common.permissions` (each grant is parsed by
 it, so a policy can never produce a token a broker would refuse). On top of
 that syntax a policy of tenant T may only name objects of T: the first path
 segment must be T, so neither ``stream.publish:*`` nor ``stream.publish:stream:*``
@@ -26,7 +26,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from felix_broker.permissions import (
+from felix_common.permissions import (
     NODE_VIEW_GRANT,
     Action,
     InvalidPermissionError,
@@ -105,6 +105,13 @@ def _check_grant(tenant: str, grant: object, what: str) -> str:
     if parsed.prefix[0] != tenant:
         raise bad_request(f"{what}: a policy of tenant {tenant!r} may only name its own objects")
     return grant
+
+
+def validate_grants(tenant: str, raw: object, what: str) -> list[str]:
+    """A list of grants of ``tenant`` (possibly empty), each checked like a policy's."""
+    if not isinstance(raw, list):
+        raise bad_request(f"{what}: expected a list of permissions")
+    return [_check_grant(tenant, g, f"{what}[{i}]") for i, g in enumerate(raw)]
 
 
 def _strings(value: object, what: str) -> list[str]:

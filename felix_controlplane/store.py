@@ -98,17 +98,6 @@ class Change:
     name: str
     body: dict[str, Any] | None
 
-    def to_json(self) -> dict[str, Any]:
-        return {
-            "seq": self.seq,
-            "op": self.op,
-            "kind": self.kind,
-            "tenant": self.tenant,
-            "namespace": self.namespace,
-            "name": self.name,
-            "body": self.body,
-        }
-
 
 @dataclass(frozen=True, slots=True)
 class ChangePage:

@@ -34,6 +34,7 @@ REPO = Path(__file__).resolve().parents[1]
 # transcripts and the docs. generated/ is rendered from spec/ and never edited.
 ROOTS = (
     "felix_broker",
+    "felix_common",
     "felix_client",
     "felix_controlplane",
     "felix_transport",

@@ -63,11 +63,11 @@ from felix_broker.cache.watch import Change, Watcher
 from felix_broker.catalog import CacheSpec, Catalog
 from felix_broker.config import BrokerConfig, FsyncMode
 from felix_broker.metrics import BrokerMetrics
-from felix_broker.permissions import Action, cache_object
 from felix_broker.session.context import RequestContext
 from felix_broker.session.dispatch import DispatchTable, Handler
 from felix_broker.session.protocol import StreamProtocol
 from felix_broker.storage import OffsetOutOfRangeError, StorageError
+from felix_common.permissions import Action, cache_object
 from felix_transport import Stream, StreamClosedError
 from felix_transport.events import ConnectionClosedError
 from felix_wire.codec import encode_frame
@@ -552,7 +552,7 @@ class CacheService:
         self._watchers.add(watcher)
         ctx.spawn(
             self._deliver(shard, watcher, uni, proto, subscription_id, snapshot, replay_from, tail),
-            "cache-watch",
+            "cache_watch_delivery",
         )
 
     async def _deliver(

@@ -1,5 +1,9 @@
 """What exists on this broker: tenants, namespaces, streams and caches.
 
+The specs themselves (:class:`StreamSpec`, :class:`CacheSpec`, :class:`Routing`,
+the name rule and limits) are the shared resource model of
+:mod:`felix_common.catalog`, re-exported here as the broker's names for them.
+
 The broker core asks only the small :class:`Catalog` protocol, so the static
 catalog read from the ``catalog:`` section of the YAML config can later be
 replaced by a live control-plane catalog without touching the core.
@@ -31,11 +35,10 @@ declares no catalog, :func:`default_catalog` gives tenant ``t1``, namespace
 
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
-from enum import StrEnum
 from typing import Protocol
+
+from felix_common.catalog import MAX_SHARDS, NAME_RULE, CacheSpec, Routing, StreamSpec, is_name
 
 __all__ = [
     "MAX_SHARDS",
@@ -48,46 +51,6 @@ __all__ = [
     "default_catalog",
     "load_catalog",
 ]
-
-# Names become path segments of permission objects ("stream:t1/ns/orders"),
-# so '/', '*' and ':' must never appear in them; a conservative identifier
-# alphabet keeps them safe in file names and metric labels too.
-_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
-MAX_SHARDS = 65536
-
-
-class Routing(StrEnum):
-    """How a stream maps routing keys onto shards (§10)."""
-
-    MODULO = "modulo"
-    JUMP_HASH = "jump_hash"
-
-
-_ROUTINGS = frozenset(r.value for r in Routing)
-
-
-@dataclass(frozen=True, slots=True)
-class StreamSpec:
-    """One stream: durable or in-memory, its shard count, routing and retention."""
-
-    tenant_id: str
-    namespace: str
-    name: str
-    durable: bool = False
-    shards: int = 1
-    routing: Routing = Routing.MODULO
-    retention_max_age_ms: int | None = None
-    retention_max_bytes: int | None = None
-
-
-@dataclass(frozen=True, slots=True)
-class CacheSpec:
-    """One cache and its shard count."""
-
-    tenant_id: str
-    namespace: str
-    name: str
-    shards: int = 1
 
 
 class Catalog(Protocol):
@@ -191,8 +154,8 @@ def _mapping(
 
 
 def _name(name: str, path: str) -> str:
-    if not _NAME.fullmatch(name):
-        raise CatalogError(path, "names are 1-128 characters of A-Z a-z 0-9 _ . -")
+    if not is_name(name):
+        raise CatalogError(path, NAME_RULE)
     return name
 
 
@@ -216,7 +179,7 @@ def _stream(tenant: str, ns: str, name: str, raw: object, path: str) -> StreamSp
         raise CatalogError(f"{path}.durable", f"expected true or false, got {durable!r}")
     shards = _int(body.get("shards", 1), f"{path}.shards", minimum=1, maximum=MAX_SHARDS)
     routing_raw = body.get("routing", Routing.MODULO.value)
-    if routing_raw not in _ROUTINGS:
+    if routing_raw not in {r.value for r in Routing}:
         raise CatalogError(f"{path}.routing", f"expected modulo or jump_hash, got {routing_raw!r}")
     routing = Routing(str(routing_raw))
     retention = _mapping(

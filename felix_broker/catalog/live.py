@@ -10,7 +10,7 @@ change; a deleted stream is a ``CatalogChange(op="delete", kind="stream", ...)``
 the broker's cue to end that stream's subscriptions.
 
 :class:`TenantJwksVerifier` has the ``verify(token, tenant_id) -> Principal``
-interface of :class:`felix_broker.tokens.TokenVerifier` and does the checks
+interface of :class:`felix_common.tokens.TokenVerifier` and does the checks
 with one: per tenant it fetches ``/v1/tenants/{t}/.well-known/jwks.json`` and
 builds a ``TokenVerifier`` from it. ``verify`` is synchronous (the broker calls
 it inside its protocol step), so it never waits on the network: a tenant whose
@@ -29,25 +29,24 @@ import asyncio
 import contextlib
 import json
 import logging
-import re
 import ssl
 import time
-import urllib.error
-import urllib.request
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Any
-from urllib.parse import quote
+
+import aiohttp
 
 from felix_broker.catalog import CatalogTables
-from felix_broker.tokens import Principal, TokenVerifier, UnknownKeyIdError
-from felix_controlplane.model import ApiError, cache_spec, stream_spec
+from felix_common import feed
+from felix_common.catalog import is_name
+from felix_common.http import BodyTooLarge, read_bounded
+from felix_common.tokens import Principal, TokenVerifier, UnknownKeyIdError
 
 __all__ = ["CatalogChange", "LiveCatalog", "SyncError", "TenantJwksVerifier"]
 
 _log = logging.getLogger(__name__)
 
-_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 _MAX_BODY = 64 << 20
 
 
@@ -74,27 +73,41 @@ class CatalogChange:
         return self.op == "delete"
 
 
-def _ssl_context(ca_file: str | None) -> ssl.SSLContext | None:
-    return ssl.create_default_context(cafile=ca_file) if ca_file else None
+class _ControlPlaneClient:
+    """GETs against the control plane over one aiohttp session (created on first use,
+    on the running loop), each bounded in time and in the size of the answer."""
 
+    def __init__(self, base_url: str, *, token: str | None, ca_file: str | None) -> None:
+        self._base = base_url.rstrip("/")
+        self._headers = {"Accept": "application/json"}
+        if token is not None:
+            self._headers["Authorization"] = f"Bearer {token}"
+        self._ssl: ssl.SSLContext | bool = (
+            ssl.create_default_context(cafile=ca_file) if ca_file else True
+        )
+        self._session: aiohttp.ClientSession | None = None
 
-def _get_json(
-    url: str, *, token: str | None, timeout: float, context: ssl.SSLContext | None
-) -> Any:
-    """Blocking GET returning parsed JSON; run in a worker thread."""
-    headers = {"Accept": "application/json"}
-    if token is not None:
-        headers["Authorization"] = f"Bearer {token}"
-    request = urllib.request.Request(url, headers=headers)
-    try:
-        with urllib.request.urlopen(request, timeout=timeout, context=context) as response:
-            return json.loads(response.read(_MAX_BODY))
-    except urllib.error.HTTPError as exc:
-        if exc.code == 404:
-            raise _NotFound(f"{url}: 404") from None
-        raise SyncError(f"{url}: HTTP {exc.code}") from None
-    except (OSError, ValueError) as exc:
-        raise SyncError(f"{url}: {exc}") from None
+    async def get(self, path: str, timeout: float) -> bytes:
+        """The body of a 200 answer; raise :class:`SyncError` (``_NotFound`` on 404)."""
+        url = self._base + path
+        if self._session is None or self._session.closed:
+            self._session = aiohttp.ClientSession(headers=self._headers)
+        try:
+            async with self._session.get(
+                url, ssl=self._ssl, timeout=aiohttp.ClientTimeout(total=timeout)
+            ) as response:
+                if response.status == 404:
+                    raise _NotFound(f"{url}: 404")
+                if response.status != 200:
+                    raise SyncError(f"{url}: HTTP {response.status}")
+                return await read_bounded(response.content, _MAX_BODY)
+        except (aiohttp.ClientError, TimeoutError, OSError, BodyTooLarge) as exc:
+            raise SyncError(f"{url}: {exc or type(exc).__name__}") from None
+
+    async def close(self) -> None:
+        session, self._session = self._session, None
+        if session is not None:
+            await session.close()
 
 
 class LiveCatalog(CatalogTables):
@@ -110,12 +123,10 @@ class LiveCatalog(CatalogTables):
         max_retry_seconds: float = 30.0,
         ca_file: str | None = None,
     ) -> None:
-        self._base = base_url.rstrip("/")
-        self._token = sync_token
+        self._http = _ControlPlaneClient(base_url, token=sync_token, ca_file=ca_file)
         self._wait = poll_wait_seconds
         self._retry = retry_seconds
         self._max_retry = max_retry_seconds
-        self._context = _ssl_context(ca_file)
         super().__init__()  # the tables the snapshot and the changes fill
         self._listeners: list[Callable[[CatalogChange], None]] = []
         self._seq = 0
@@ -140,7 +151,11 @@ class LiveCatalog(CatalogTables):
 
     async def start(self) -> None:
         """Load the snapshot (raises :class:`SyncError` if unreachable), then follow changes."""
-        await self._load_snapshot(announce=False)
+        try:
+            await self._load_snapshot(announce=False)
+        except BaseException:
+            await self._http.close()
+            raise
         self._task = asyncio.get_running_loop().create_task(self._follow(), name="catalog-sync")
 
     async def close(self) -> None:
@@ -149,6 +164,7 @@ class LiveCatalog(CatalogTables):
             with contextlib.suppress(asyncio.CancelledError):
                 await self._task
             self._task = None
+        await self._http.close()
 
     async def wait_for_seq(self, seq: int, timeout: float) -> None:
         """Wait until changes up to ``seq`` are applied (tests, readiness checks)."""
@@ -157,33 +173,24 @@ class LiveCatalog(CatalogTables):
 
     # -- syncing ---------------------------------------------------------------------------
 
-    async def _get(self, path: str, timeout: float) -> Any:
-        return await asyncio.to_thread(
-            _get_json,
-            self._base + path,
-            token=self._token,
-            timeout=timeout,
-            context=self._context,
-        )
-
     async def _load_snapshot(self, *, announce: bool) -> None:
-        snap = await self._get("/v1/catalog/snapshot", timeout=30.0)
-        if not isinstance(snap, dict) or not isinstance(snap.get("seq"), int):
-            raise SyncError("catalog snapshot is not shaped like one")
+        raw = await self._http.get(feed.SNAPSHOT_PATH, timeout=30.0)
+        try:
+            snap = feed.decode_snapshot(raw)
+        except feed.FeedError as exc:
+            raise SyncError(str(exc)) from None
         before_streams, before_caches = set(self._streams), set(self._caches)
-        self._tenants = {t for t in snap.get("tenants", []) if isinstance(t, str)}
+        self._tenants = set(snap.tenants)
         self._namespaces, self._streams, self._caches = set(), {}, {}
-        for entry in snap.get("resources", []):
-            self._put(
-                entry["kind"], entry["tenant"], entry["namespace"], entry["name"], entry["body"]
-            )
+        for entry in snap.resources:
+            self._put(entry.kind, entry.tenant, entry.namespace, entry.name, entry.body)
         if announce:
             # After a reset only the difference tells the broker what went away.
             for t, ns, name in before_streams - set(self._streams):
                 self._announce(CatalogChange("delete", "stream", t, ns, name))
             for t, ns, name in before_caches - set(self._caches):
                 self._announce(CatalogChange("delete", "cache", t, ns, name))
-        await self._advance(int(snap["seq"]))
+        await self._advance(snap.seq)
         _log.info(
             "catalog snapshot at seq %d: %d tenants, %d streams, %d caches",
             self._seq,
@@ -201,24 +208,25 @@ class LiveCatalog(CatalogTables):
         delay = self._retry
         while True:
             try:
-                page = await self._get(
-                    f"/v1/catalog/changes?since={self._seq}&wait={self._wait}",
+                raw = await self._http.get(
+                    f"{feed.CHANGES_PATH}?since={self._seq}&wait={self._wait}",
                     timeout=self._wait + 10.0,
                 )
-                if page.get("reset"):
+                page = feed.decode_changes(raw)
+                if page.reset:
                     _log.warning(
                         "control plane no longer has the changes after %d; reloading the snapshot",
                         self._seq,
                     )
                     await self._load_snapshot(announce=True)
                     continue
-                for change in page.get("changes", []):
+                for change in page.changes:
                     self._apply(change)
-                await self._advance(max(self._seq, int(page["seq"])))
+                await self._advance(max(self._seq, page.seq))
                 delay = self._retry
             except asyncio.CancelledError:
                 raise
-            except (SyncError, KeyError, TypeError, ValueError, AttributeError) as exc:
+            except (SyncError, feed.FeedError) as exc:
                 # Keep serving the last known catalog; it is only stale, not wrong.
                 _log.warning("catalog sync failed (retry in %.1fs): %s", delay, exc)
                 await asyncio.sleep(delay)
@@ -232,20 +240,23 @@ class LiveCatalog(CatalogTables):
         elif kind in ("stream", "cache"):
             try:
                 if kind == "stream":
-                    self._streams[(tenant, namespace, name)] = stream_spec(tenant, namespace, body)
+                    spec = feed.stream_spec(tenant, namespace, body)
+                    self._streams[(tenant, namespace, name)] = spec
                 else:
-                    self._caches[(tenant, namespace, name)] = cache_spec(tenant, namespace, body)
-            except ApiError as exc:
+                    self._caches[(tenant, namespace, name)] = feed.cache_spec(
+                        tenant, namespace, body
+                    )
+            except feed.InvalidDefinition as exc:
                 # The control plane validated it; a mismatch means versions differ.
                 _log.error("ignoring %s %s/%s/%s: %s", kind, tenant, namespace, name, exc)
                 return
             self._namespaces.add((tenant, namespace))
 
-    def _apply(self, raw: Mapping[str, Any]) -> None:
-        op, kind = str(raw["op"]), str(raw["kind"])
-        tenant, namespace, name = str(raw["tenant"]), str(raw["namespace"]), str(raw["name"])
+    def _apply(self, change: feed.Change) -> None:
+        op, kind = change.op, change.kind
+        tenant, namespace, name = change.tenant, change.namespace, change.name
         if op == "put":
-            self._put(kind, tenant, namespace, name, raw.get("body"))
+            self._put(kind, tenant, namespace, name, change.body)
         elif kind == "tenant":
             self._tenants.discard(tenant)
             self._namespaces = {n for n in self._namespaces if n[0] != tenant}
@@ -281,11 +292,10 @@ class TenantJwksVerifier:
         ca_file: str | None = None,
         known_tenant: Callable[[str], bool] | None = None,
     ) -> None:
-        self._base = base_url.rstrip("/")
+        self._http = _ControlPlaneClient(base_url, token=None, ca_file=ca_file)
         self._min_refetch = min_refetch_seconds
         self._refresh_seconds = refresh_seconds
         self._timeout = timeout
-        self._context = _ssl_context(ca_file)
         # Only tenants the catalog knows may cause a fetch: the tenant id comes
         # from an unauthenticated auth frame.
         self._known_tenant = known_tenant
@@ -311,6 +321,7 @@ class TenantJwksVerifier:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
         self._refresher = None
+        await self._http.close()
 
     def verify(self, token: str, tenant_id: str) -> Principal:
         """Check ``token`` for a client that named ``tenant_id``; raise a ``TokenError``."""
@@ -345,7 +356,7 @@ class TenantJwksVerifier:
             self._last_fetch.pop(change.tenant, None)
 
     def _schedule(self, tenant: str, *, force: bool = False) -> None:
-        if not _NAME.fullmatch(tenant) or tenant in self._inflight:
+        if not is_name(tenant) or tenant in self._inflight:
             return
         if self._known_tenant is not None and not self._known_tenant(tenant) and not force:
             return
@@ -365,12 +376,9 @@ class TenantJwksVerifier:
         if not force and now - self._last_fetch.get(tenant, -1e9) < self._min_refetch:
             return tenant in self._verifiers
         self._last_fetch[tenant] = now
-        url = f"{self._base}/v1/tenants/{quote(tenant, safe='')}/.well-known/jwks.json"
         try:
-            document = await asyncio.to_thread(
-                _get_json, url, token=None, timeout=self._timeout, context=self._context
-            )
-            verifier = TokenVerifier(document)
+            raw = await self._http.get(feed.jwks_path(tenant), timeout=self._timeout)
+            verifier = TokenVerifier(json.loads(raw))
         except _NotFound:
             self._verifiers.pop(tenant, None)
             _log.info("tenant %s has no JWKS (unknown to the control plane)", tenant)

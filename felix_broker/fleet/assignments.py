@@ -1,110 +1,59 @@
-"""The assignment watcher: etcd's members and assignments, as this broker's `RoutingSnapshot`.
+"""The assignment watcher: etcd's members and assignments, as this broker's `FleetView`.
 
-`FleetView` holds the current snapshot and swaps it in one step; readers
-(placement at the dispatch seam, discovery) take `view.snapshot` and never see
-a half-applied change. Two inputs move it:
-
-- `AssignmentWatcher`: reads the whole fleet prefix once (members and
-  assignments at one revision R), then watches from R + 1. Every change is
-  applied by generation (the assignment key's mod_revision): a change at or
-  below the revision already applied is dropped, so an event seen twice (a
-  re-watch after a broken stream, a read racing the watch) changes nothing.
-  A watch that starts below etcd's compaction point reads the prefix again.
-- `fence()` / `unfence()` from the membership: while this broker's lease is
-  lost, the snapshot it serves is the etcd view with every shard it leads made
-  unavailable (``fenced``), whatever the watch brings meanwhile.
-
-Listeners are called with (previous, current) after every swap; `wait_changed`
-is the same notification for a task.
+It reads the whole fleet prefix once (members and assignments at one revision
+R), then watches from R + 1. Every change is applied by generation (the
+assignment key's mod_revision): a change at or below the revision already
+applied is dropped, so an event seen twice (a re-watch after a broken stream,
+a read racing the watch) changes nothing. A watch that starts below etcd's
+compaction point reads the prefix again. A broken watch (etcd away) resumes
+from the last applied revision + 1, retrying with a bounded backoff.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
 
-from felix_broker.fleet.etcd import CompactedError, EtcdClient, EtcdUnavailableError, WatchEvent
-from felix_broker.fleet.records import (
+from felix_broker.fleet.routing import AssignmentState, Member, Route, ShardId
+from felix_broker.fleet.view import FleetView
+from felix_common.etcd import CompactedError, EtcdClient, EtcdUnavailableError, WatchEvent
+from felix_common.fleet import (
+    Assignment,
     Keyspace,
     RecordError,
     decode_assignment,
     decode_member,
-    member_of,
-    route_of,
 )
-from felix_broker.fleet.routing import Member, Route, RoutingSnapshot, ShardId
+from felix_common.fleet import Member as MemberRecord
 
-__all__ = ["AssignmentWatcher", "FleetView", "Listener"]
+__all__ = ["AssignmentWatcher", "member_of", "route_of"]
 
 _log = logging.getLogger(__name__)
 
-Listener = Callable[[RoutingSnapshot, RoutingSnapshot], None]
+
+def member_of(record: MemberRecord) -> Member:
+    return Member(
+        node_id=record.node_id,
+        client_addr=record.client_addr,
+        peer_addr=record.peer_addr,
+        features=frozenset(record.features),
+    )
+
+
+def route_of(record: Assignment, generation: int) -> Route:
+    return Route(
+        generation=generation,
+        state=AssignmentState(str(record.state)),
+        leader=record.leader,
+        replicas=tuple(record.replicas),
+        reason=record.reason,
+        successor=record.successor,
+    )
+
 
 # Between attempts to watch again after etcd failed (doubling up to the cap).
 _RETRY_FIRST_S = 0.05
 _RETRY_CAP_S = 1.0
-
-
-class FleetView:
-    """This broker's routing snapshot: what etcd says, fenced while the lease is lost."""
-
-    def __init__(self, node_id: str) -> None:
-        self._raw = RoutingSnapshot(node_id)
-        self._served = self._raw
-        self._fenced = False
-        self.revision = 0  # the newest etcd revision applied
-        self._listeners: list[Listener] = []
-        self._changed = asyncio.Event()
-
-    @property
-    def snapshot(self) -> RoutingSnapshot:
-        """What this broker serves and routes by now."""
-        return self._served
-
-    @property
-    def raw(self) -> RoutingSnapshot:
-        """What etcd says, without the fence."""
-        return self._raw
-
-    @property
-    def fenced(self) -> bool:
-        return self._fenced
-
-    def add_listener(self, listener: Listener) -> None:
-        self._listeners.append(listener)
-
-    async def wait_changed(self) -> RoutingSnapshot:
-        """Wait for the next swap; the snapshot it swapped in."""
-        await self._changed.wait()
-        return self._served
-
-    def fence(self) -> None:
-        """Stop serving every shard led here, at once, until `unfence`."""
-        self._fenced = True
-        self._publish(self._raw)
-
-    def unfence(self) -> None:
-        self._fenced = False
-        self._publish(self._raw)
-
-    def set_raw(self, raw: RoutingSnapshot) -> None:
-        if raw is not self._raw:
-            self._publish(raw)
-
-    def _publish(self, raw: RoutingSnapshot) -> None:
-        self._raw = raw
-        served = raw.fenced() if self._fenced else raw
-        if served is self._served:
-            return
-        previous, self._served = self._served, served
-        for listener in self._listeners:
-            try:
-                listener(previous, served)
-            except Exception:
-                _log.exception("fleet view listener failed")
-        event, self._changed = self._changed, asyncio.Event()
-        event.set()
 
 
 class AssignmentWatcher:
@@ -114,7 +63,7 @@ class AssignmentWatcher:
         self._client = client
         self._keys = keys
         self._view = view
-        self._root = keys.prefix + "/"
+        self._root = keys.root
         self._task: asyncio.Task[None] | None = None
         self.reads = 0  # full reads of the prefix (the first, then after compaction)
 
@@ -166,7 +115,7 @@ class AssignmentWatcher:
         for shard in [s for s in snap.routes if s not in present]:
             snap = snap.without_route(shard, revision)  # deleted since the last read
         view.revision = revision
-        view.set_raw(snap)
+        view.update(snap)
 
     def apply(self, event: WatchEvent) -> None:
         """One watch event; an event at or below the applied revision is dropped."""
@@ -191,7 +140,7 @@ class AssignmentWatcher:
         except RecordError as exc:
             _log.warning("ignoring a change of %s in etcd: %s", event.key, exc)
         view.revision = event.mod_revision
-        view.set_raw(snap)
+        view.update(snap)
 
     async def _run(self) -> None:
         delay = _RETRY_FIRST_S

@@ -1,10 +1,12 @@
 """A broker's membership: its record under its own etcd lease, kept alive as its heartbeat.
 
 `Membership.start()` registers ``P/members/{node_id}`` in one transaction that
-creates the key (``create_revision == 0``) under a fresh lease and advances
-``P/incarnations/{node_id}``, so every registration of a node carries a new,
-larger incarnation. A key still held by an earlier lease of the same node (a
-restart faster than the TTL) is waited out, bounded by the TTL.
+creates the key (``create_revision == 0``) under a fresh lease. Its incarnation
+is one past the etcd revision read just before: every registration of a node
+(in this process or a later one) carries a larger incarnation than the last,
+since that one's write is at or below the revision read. A key still held by an
+earlier lease of the same node (a restart faster than the TTL) is waited out,
+bounded by the TTL.
 
 The keepalive runs every third of the TTL. The lease is judged lost, and the
 `FleetView` fenced at once (every shard led here stops being served), when
@@ -27,26 +29,17 @@ import asyncio
 import contextlib
 import logging
 import math
-import time
 from collections.abc import Awaitable, Callable
 
 import msgspec
 
-from felix_broker.fleet.assignments import FleetView
-from felix_broker.fleet.etcd import Compare, EtcdClient, EtcdUnavailableError, Put
-from felix_broker.fleet.records import Keyspace, MemberRecord, encode
+from felix_broker.fleet.view import FleetView
+from felix_common.etcd import Compare, EtcdClient, EtcdUnavailableError, Put, lease_clock
+from felix_common.fleet import Keyspace, Member, encode_record
 
-__all__ = ["Membership", "NodeIdInUseError", "lease_clock"]
+__all__ = ["Membership", "NodeIdInUseError"]
 
 _log = logging.getLogger(__name__)
-
-
-def lease_clock() -> float:
-    """Seconds on a clock that keeps counting while the host is suspended."""
-    boottime = getattr(time, "CLOCK_BOOTTIME", None)
-    if boottime is not None:
-        return time.clock_gettime(boottime)
-    return time.monotonic()
 
 
 class NodeIdInUseError(RuntimeError):
@@ -60,7 +53,7 @@ class Membership:
         self,
         client: EtcdClient,
         keys: Keyspace,
-        record: MemberRecord,
+        record: Member,
         *,
         ttl_ms: int,
         view: FleetView,
@@ -137,23 +130,14 @@ class Membership:
         """One registration attempt; False when the member key is held by a live lease."""
         client, keys = self._client, self._keys
         member_key = keys.member(self.node_id)
-        counter_key = keys.incarnation(self.node_id)
-        counter = await client.get(counter_key)
-        incarnation = (int(counter.value) if counter is not None else 0) + 1
+        revision, _ = await client.get_prefix(member_key)
+        incarnation = revision + 1
         lease = await client.grant(self._ttl_s)
         sent = self._clock()
         record = msgspec.structs.replace(self._record, incarnation=incarnation)
         ok, _ = await client.txn(
-            [
-                Compare(member_key, "create_revision", "==", 0),
-                Compare(
-                    counter_key,
-                    "mod_revision",
-                    "==",
-                    0 if counter is None else counter.mod_revision,
-                ),
-            ],
-            [Put(member_key, encode(record), lease), Put(counter_key, str(incarnation).encode())],
+            [Compare(member_key, "create_revision", "==", 0)],
+            [Put(member_key, encode_record(record), lease)],
         )
         if not ok:
             with contextlib.suppress(EtcdUnavailableError):

@@ -1,65 +1,26 @@
-"""A broker's place in the fleet: its etcd client, its membership and its routing view.
-
-Built by the composition root (`felix_broker.app`) only when FELIX_NODE_ID and
-FELIX_ETCD_ENDPOINTS are set. `start()` reads the fleet's assignments (so the
-first snapshot is complete), then registers the broker; `view.snapshot` is what
-placement and discovery read from then on. `stop()` revokes the lease, so the
-placer re-places this broker's shards at once.
-"""
+"""What a broker needs to be a fleet member: its peer identity, its routing view,
+where its peer listener binds and the peer bounds."""
 
 from __future__ import annotations
 
-import logging
+from dataclasses import dataclass, field
 
-from felix_broker.fleet.assignments import AssignmentWatcher, FleetView
-from felix_broker.fleet.etcd import EtcdClient
-from felix_broker.fleet.membership import Membership
-from felix_broker.fleet.records import Keyspace, MemberRecord
+from felix_broker.fleet.peer import PeerLimits, PeerTls
+from felix_broker.fleet.placement import FleetView
 
 __all__ = ["FleetNode"]
 
-_log = logging.getLogger(__name__)
 
-
+@dataclass(frozen=True)
 class FleetNode:
-    def __init__(
-        self,
-        *,
-        node_id: str,
-        endpoints: list[tuple[str, int]],
-        prefix: str,
-        lease_ttl_ms: int,
-        client_addr: str,
-        peer_addr: str,
-        features: list[str],
-    ) -> None:
-        # Every etcd call is bounded by a third of the TTL, so one slow call never
-        # eats the lease's margin.
-        self.client = EtcdClient(endpoints, timeout_s=max(0.5, lease_ttl_ms / 3000))
-        self.keys = Keyspace(prefix)
-        self.view = FleetView(node_id)
-        self.watcher = AssignmentWatcher(self.client, self.keys, self.view)
-        record = MemberRecord(
-            node_id=node_id, client_addr=client_addr, peer_addr=peer_addr, features=features
-        )
-        self.membership = Membership(
-            self.client,
-            self.keys,
-            record,
-            ttl_ms=lease_ttl_ms,
-            view=self.view,
-            catch_up=self.watcher.catch_up,
-        )
+    """A fleet member's setup. `view` is fed by the assignment watcher (or a test)."""
+
+    tls: PeerTls
+    view: FleetView
+    peer_host: str = "127.0.0.1"
+    peer_port: int = 0
+    limits: PeerLimits = field(default_factory=PeerLimits)
 
     @property
     def node_id(self) -> str:
-        return self.membership.node_id
-
-    async def start(self) -> None:
-        await self.watcher.start()
-        await self.membership.start()
-
-    async def stop(self) -> None:
-        await self.membership.stop()
-        await self.watcher.stop()
-        await self.client.close()
+        return self.tls.node_id

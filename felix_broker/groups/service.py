@@ -64,13 +64,13 @@ from felix_broker.groups.state import (
     SeekTarget,
 )
 from felix_broker.metrics import BrokerMetrics
-from felix_broker.permissions import Action, group_object
 from felix_broker.session.context import RequestContext
 from felix_broker.session.dispatch import DispatchTable, Handler
 from felix_broker.session.protocol import StreamProtocol
 from felix_broker.storage import Log, LogConfig, Retention, StorageError
 from felix_broker.storage.format import Record
 from felix_broker.streams.engine import Engine, Shard
+from felix_common.permissions import Action, group_object
 from felix_transport import StreamClosedError
 from felix_transport.events import ConnectionClosedError
 from felix_wire.errors import ErrorCode, RetryClass

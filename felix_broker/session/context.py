@@ -14,7 +14,9 @@ Bounds kept here:
   requests running as their own tasks (cache and group requests) per
   connection; the dispatcher takes a slot before it starts one, so at the bound
   the stream that carried the next request is not read until one finishes, and
-  QUIC flow control holds the client back.
+  QUIC flow control holds the client back. A long poll holds its slot while it
+  waits (at most `group_max_wait_ms`): a client that keeps more long polls open
+  on one connection than the bound delays its other requests by up to that.
 
 A task that ends with an exception (a bug: handlers answer every error they
 expect) is logged once, with the request type that started it, and counted in
@@ -33,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 from felix_broker.metrics import BrokerMetrics
 from felix_broker.session.protocol import StreamProtocol
 from felix_broker.streams.budget import ByteBudget
-from felix_broker.tokens import Principal
+from felix_common.tokens import Principal
 from felix_transport import Connection, Stream, StreamClosedError
 
 if TYPE_CHECKING:
@@ -160,6 +162,13 @@ class RequestContext:
         principal = self.proto.principal
         assert principal is not None, "requests are dispatched only after auth"
         return principal
+
+    @property
+    def token(self) -> str:
+        """The bearer token the stream authenticated with."""
+        token = self.proto.token
+        assert token is not None, "requests are dispatched only after auth"
+        return token
 
     def negotiated(self, feature: int) -> bool:
         """Both sides announced `feature`."""

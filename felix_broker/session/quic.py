@@ -30,7 +30,7 @@ from felix_broker.session.protocol import (
     Send,
     StreamProtocol,
 )
-from felix_broker.tokens import Principal
+from felix_common.tokens import Principal
 from felix_transport import Connection, Stream, StreamClosedError
 from felix_transport.events import ConnectionClosedError
 from felix_wire.features import Feature
@@ -89,7 +89,7 @@ class Session:
         self._metrics.connections.inc()
         self._metrics.connections_accepted.inc()
         if config.auth_timeout_ms > 0:
-            state.spawn(self._auth_timeout(state), "auth-timeout")
+            state.spawn(self._auth_timeout(state), "auth_timeout")
         try:
             while True:
                 try:

@@ -1,1 +1,2 @@
-"""Streams: the shard engine (publish queues, fanout) and a subscription's delivery."""
+"""Streams: the publish/subscribe/read service, the shard engine (publish queues,
+fanout), a subscription's delivery, and the publish byte budgets."""

@@ -23,15 +23,16 @@ connection goes, or when its stream is deleted from the catalog.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Callable
 
 from felix_broker.catalog import StreamSpec
 from felix_broker.config import BrokerConfig
 from felix_broker.metrics import BrokerMetrics
-from felix_broker.permissions import Action, stream_object
 from felix_broker.session.context import ConnectionState, RequestContext
 from felix_broker.session.dispatch import DispatchTable
+from felix_broker.session.protocol import StreamProtocol
 from felix_broker.streams.budget import ByteBudget
 from felix_broker.streams.delivery import SubscriptionWriter
 from felix_broker.streams.engine import (
@@ -42,6 +43,7 @@ from felix_broker.streams.engine import (
     Subscriber,
     publisher_of,
 )
+from felix_common.permissions import Action, stream_object
 from felix_transport import Stream, StreamClosedError
 from felix_transport.events import ConnectionClosedError
 from felix_wire.binary import PublishBatchFrame
@@ -65,7 +67,14 @@ from felix_wire.messages import (
     Subscribed,
 )
 
-__all__ = ["DURABLE_FEATURES", "READ_MAX_BYTES", "STREAM_FEATURES", "StreamService", "refusal"]
+__all__ = [
+    "DURABLE_FEATURES",
+    "READ_MAX_BYTES",
+    "STREAM_FEATURES",
+    "StreamService",
+    "publish_answer_id",
+    "refusal",
+]
 
 # Features the stream service serves on any broker.
 STREAM_FEATURES = int(
@@ -78,6 +87,8 @@ STREAM_FEATURES = int(
 DURABLE_FEATURES = int(Feature.FEATURE_STREAM_READ | Feature.FEATURE_RECORD_TIMESTAMPS)
 
 READ_MAX_BYTES = 4 * 1024 * 1024  # a stream_read page's payload cap (R1)
+# Pages of fewer records are encoded on the event loop (a thread hop costs more).
+_ENCODE_ON_LOOP_RECORDS = 64
 
 
 def refusal(
@@ -90,6 +101,21 @@ def refusal(
     if not principal.permissions.allows(action, obj):
         return ErrorCode.FORBIDDEN, f"forbidden: {action.value} on {obj}"
     return None
+
+
+def publish_answer_id(message: Publish | PublishBatch, proto: StreamProtocol) -> int | None:
+    """The request id a JSON publish is answered by: None when it owes no answer, -1
+    when it owes one but names no request_id (refused invalid_request)."""
+    ack = message.ack or AckMode.NONE
+    wants_answer = ack is not AckMode.NONE or (
+        # decision ack-default: a pipelining client's request_id owes an answer.
+        message.ack is None
+        and message.request_id is not None
+        and proto.negotiated(Feature.FEATURE_PUBLISH_PIPELINE)
+    )
+    if not wants_answer:
+        return None
+    return -1 if message.request_id is None else message.request_id
 
 
 class StreamService:
@@ -147,14 +173,8 @@ class StreamService:
     ) -> None:
         proto = ctx.proto
         self._metrics.json_publishes.labels(frame=frame_type).inc()
-        ack = message.ack or AckMode.NONE
-        wants_answer = ack is not AckMode.NONE or (
-            # decision ack-default: a pipelining client's request_id owes an answer.
-            message.ack is None
-            and message.request_id is not None
-            and proto.negotiated(Feature.FEATURE_PUBLISH_PIPELINE)
-        )
-        if wants_answer and message.request_id is None:
+        request_id = publish_answer_id(message, proto)
+        if request_id == -1:
             await ctx.write(
                 proto.error(ErrorCode.INVALID_REQUEST, "an acked publish needs a request_id")
             )
@@ -166,7 +186,7 @@ class StreamService:
             stream=message.stream,
             payloads=payloads,
             key=message.key,
-            request_id=message.request_id if wants_answer else None,
+            request_id=request_id,
             binary=False,
         )
 
@@ -351,7 +371,8 @@ class StreamService:
             Flag.EVENT_BATCH_OFFSETS, Feature.FEATURE_SUBSCRIPTION_LAGGED
         )
         ctx.spawn(
-            self._deliver(state, sub, uni, start if shard.durable else None, lagged), "deliver"
+            self._deliver(state, sub, uni, start if shard.durable else None, lagged),
+            "subscription_delivery",
         )
 
     async def _deliver(
@@ -470,9 +491,11 @@ class StreamService:
             for r in records
         ]
         next_offset = records[-1].offset + 1 if records else first
-        return proto.message(
-            StreamRecords(records=page, next_offset=next_offset, request_id=request.request_id)
-        )
+        answer = StreamRecords(records=page, next_offset=next_offset, request_id=request.request_id)
+        if len(records) < _ENCODE_ON_LOOP_RECORDS:
+            return proto.message(answer)
+        # Encoding megabytes (base64 in JSON) is loop time too: a worker thread does it.
+        return await asyncio.to_thread(proto.message, answer)
 
     async def offset_for_time(self, request: OffsetForTime, ctx: RequestContext) -> None:
         """The first offset appended at or after a time (R2)."""

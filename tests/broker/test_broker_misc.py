@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from felix_broker.tokens import TokenVerifier
+from felix_common.tokens import TokenVerifier
 from felix_wire.messages import (
     CacheShards,
     CacheShardsView,
@@ -142,7 +142,7 @@ def test_token_command_prints_a_verifiable_token(tmp_path: Path) -> None:
         timeout=30,
     )
     assert result.returncode == 0, result.stderr
-    from felix_broker.tokens import DevIssuer
+    from felix_common.tokens import DevIssuer
 
     principal = TokenVerifier(DevIssuer.load_or_create(tmp_path).jwks()).verify(
         result.stdout.strip(), "acme"

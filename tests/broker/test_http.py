@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -158,7 +159,7 @@ async def test_bad_request_line(listener: HttpListener) -> None:
 
 
 async def test_request_too_large(listener: HttpListener) -> None:
-    raw = b"GET /live HTTP/1.1\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n"
+    raw = b"GET /live HTTP/1.1\r\nHost: x\r\nX-Big: " + b"a" * 20000 + b"\r\n\r\n"
     assert (await _request(listener.port, raw))[0] == 431
 
 
@@ -182,3 +183,28 @@ async def test_close_ends_idle_connections(health: Health, metrics: BrokerMetric
 async def test_port_before_start_is_an_error(health: Health, metrics: BrokerMetrics) -> None:
     with pytest.raises(RuntimeError):
         _ = HttpListener(metrics=metrics, health=health).port
+
+
+async def test_connections_past_the_bound_are_answered_busy(
+    health: Health, metrics: BrokerMetrics
+) -> None:
+    async with HttpListener(metrics=metrics, health=health, max_connections=2) as server:
+        await server.start("127.0.0.1", 0)
+        idle = [await asyncio.open_connection("127.0.0.1", server.port) for _ in range(2)]
+        try:
+            status, _, body = await _get(server.port, "/live")
+            assert (status, body) == (503, b"busy")
+        finally:
+            for _, writer in idle:
+                writer.close()
+        async with asyncio.timeout(5):
+            while (await _get(server.port, "/live"))[0] != 200:
+                await asyncio.sleep(0.02)  # the idle connections' ends reach the server
+
+
+async def test_malformed_requests_leave_no_traceback_in_the_log(
+    listener: HttpListener, caplog: pytest.LogCaptureFixture
+) -> None:
+    for raw in (b"GARBAGE\r\n\r\n", b"GET /live HTTP/1.1\r\n\r\n", b"\x16\x03\x01\x00\xa5\r\n\r\n"):
+        assert (await _request(listener.port, raw))[0] == 400
+    assert not [r for r in caplog.records if r.levelno >= logging.WARNING or r.exc_info]

@@ -17,7 +17,7 @@ from felix_broker.streams.budget import ByteBudget
 from felix_broker.streams.engine import Engine, PublishRequest
 from felix_wire.codec import encode_frame
 from felix_wire.features import Capabilities
-from felix_wire.messages import AckMode, AuthOk, Publish, PublishOk
+from felix_wire.messages import AckMode, AuthOk, Publish, PublishOk, Subscribe, Subscribed
 
 from ..support.wire import NS, TENANT, WireClient
 from .harness import running_broker
@@ -113,4 +113,48 @@ async def test_tiny_publish_budgets_still_let_every_publish_through(tmp_path: Pa
         assert [a.request_id for a in answers if isinstance(a, PublishOk)] == list(range(50))
         gauge = broker.metrics.registry.get_sample_value("felix_broker_publish_inflight_bytes")
         assert gauge == 0
+        client.close()
+
+
+async def test_publish_bytes_in_flight_stay_within_the_connection_budget(tmp_path: Path) -> None:
+    mib = 1024 * 1024
+    async with running_broker(
+        tmp_path,
+        subscriber_queue_policy="block",
+        subscriber_queue_capacity=1,
+        pub_conn_inflight_bytes=3 * mib,
+    ) as broker:
+        client = await WireClient.connect(broker)
+        stream, ok = await client.authed()
+        assert isinstance(ok, AuthOk), ok
+        # A subscriber that never reads: its queue fills, the tenant's worker blocks on
+        # it, and publishes stay read but not appended.
+        await stream.send(Subscribe(tenant_id=TENANT, namespace=NS, stream="orders"))
+        assert isinstance(await stream.recv(), Subscribed)
+        publisher, ok = await client.authed()
+        assert isinstance(ok, AuthOk), ok
+        payload = b"x" * mib
+
+        async def publish_all() -> None:
+            for _ in range(20):
+                await publisher.send(
+                    Publish(tenant_id=TENANT, namespace=NS, stream="orders", payload=payload)
+                )
+
+        # The broker stops reading the publisher's stream at the budget, so these
+        # writes stall on flow control: they run on their own.
+        sending = asyncio.create_task(publish_all())
+        # Sample until the budget has been full for a while (at most 10 s: the stacks
+        # move 20 MiB at different speeds); it must never be exceeded meanwhile.
+        highest, full_for = 0.0, 0
+        for _ in range(500):
+            await asyncio.sleep(0.02)
+            held = broker.metrics.registry.get_sample_value("felix_broker_publish_inflight_bytes")
+            assert held is not None and held <= 3 * mib, held
+            highest = max(highest, held)
+            full_for = full_for + 1 if held >= 2 * mib else 0
+            if full_for >= 25:
+                break
+        assert full_for >= 25, highest
+        sending.cancel()
         client.close()

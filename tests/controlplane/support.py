@@ -17,7 +17,7 @@ import jwt
 from cryptography.hazmat.primitives.asymmetric import ec
 
 from felix_controlplane.api import ControlPlane, Settings
-from felix_controlplane.http11 import HttpServer, Request, Response
+from felix_controlplane.http import HttpServer, Request, Response
 from felix_controlplane.store import DEFAULT_MAX_CHANGES, SqliteStore
 
 SYNC_TOKEN = "sync-secret-for-tests"
@@ -108,6 +108,7 @@ async def control_plane(
     finally:
         await public.close()
         await admin.close()
+        await control.close()
         store.close()
 
 

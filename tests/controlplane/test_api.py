@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 
 from felix_broker.catalog.live import CatalogChange, LiveCatalog
-from felix_broker.tokens import DevIssuer
+from felix_common.tokens import DevIssuer
 from felix_controlplane.store import SqliteStore
 
 from .support import BOOTSTRAP_SECRET, SYNC_TOKEN, call, control_plane
@@ -188,7 +188,7 @@ async def test_bootstrap_needs_the_secret(tmp_path: Path) -> None:
 
 
 async def test_admin_listener_refuses_non_loopback_peers(tmp_path: Path) -> None:
-    from felix_controlplane.http11 import Request
+    from felix_controlplane.http import Request
 
     async with control_plane(tmp_path) as plane:
         request = Request(

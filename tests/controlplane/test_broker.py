@@ -322,7 +322,7 @@ def _alg_none(s: Stack) -> str:
 
 
 def _unknown_kid(s: Stack) -> str:
-    from felix_broker.tokens import DevIssuer
+    from felix_common.tokens import DevIssuer
 
     issuer = DevIssuer.load_or_create(Path(s.broker.config.data_dir) / "other")
     return issuer.mint("acme", subject="x", perms=["stream.publish:stream:acme/*"])

@@ -10,7 +10,7 @@ import jwt
 import pytest
 from cryptography.hazmat.primitives.asymmetric import rsa
 
-from felix_broker.tokens import TokenVerifier, UnknownKeyIdError
+from felix_common.tokens import TokenVerifier, UnknownKeyIdError
 from felix_controlplane.rbac import narrow
 
 from .support import IDP_AUDIENCE, FakeIdp, call, control_plane, fake_idp, setup_tenant

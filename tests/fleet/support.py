@@ -8,18 +8,19 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from felix_broker.fleet.etcd import EtcdClient
-from felix_broker.fleet.node import FleetNode
-from felix_broker.fleet.records import Keyspace
+from felix_broker.fleet.etcd_node import EtcdNode
 from felix_broker.fleet.routing import RoutingSnapshot, ShardId
+from felix_broker.fleet.view import FleetView
+from felix_common.etcd import EtcdClient
+from felix_common.fleet import Keyspace
 from felix_controlplane.placement import Placer, ShardSpec
 
 PREFIX = "/felix-test"
 
 
-def node(endpoint: tuple[str, int], node_id: str, *, ttl_ms: int = 1500) -> FleetNode:
-    return FleetNode(
-        node_id=node_id,
+def node(endpoint: tuple[str, int], node_id: str, *, ttl_ms: int = 1500) -> EtcdNode:
+    return EtcdNode(
+        view=FleetView(RoutingSnapshot(node_id)),
         endpoints=[endpoint],
         prefix=PREFIX,
         lease_ttl_ms=ttl_ms,

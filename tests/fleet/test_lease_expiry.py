@@ -11,9 +11,9 @@ from dataclasses import dataclass
 
 import pytest
 
-from felix_broker.fleet.etcd_process import EtcdProcess
-from felix_broker.fleet.node import FleetNode
+from felix_broker.fleet.etcd_node import EtcdNode
 from felix_broker.fleet.routing import AssignmentState, ShardId
+from felix_common.etcd_process import EtcdProcess
 from felix_controlplane.placement import shard_specs
 from tests.fleet.support import Applied, eventually, node, placer
 from tests.support.tcp_proxy import TcpProxy
@@ -33,7 +33,7 @@ class Accepted:
     at: float
 
 
-async def writer(fleet: FleetNode, log: list[Accepted]) -> None:
+async def writer(fleet: EtcdNode, log: list[Accepted]) -> None:
     """What a service does before admitting a write: ask the served snapshot."""
     while True:
         snap = fleet.view.snapshot
@@ -92,6 +92,7 @@ async def test_an_expired_lease_stops_the_broker_and_its_shards_are_replaced(
         tasks += [asyncio.create_task(writer(a, log)), asyncio.create_task(writer(b, log))]
         await asyncio.sleep(0.3)
 
+        first = a.membership.incarnation
         proxy.cut()  # a can no longer reach etcd: its lease runs out
         cut_at = time.monotonic()
         await eventually(lambda: a.view.fenced, within=5, what="a fences itself")
@@ -114,7 +115,7 @@ async def test_an_expired_lease_stops_the_broker_and_its_shards_are_replaced(
 
         proxy.heal()  # a comes back: a new incarnation, its durable shards again
         await eventually(lambda: a.membership.held, within=10, what="a re-registers")
-        assert a.membership.incarnation == 2
+        assert a.membership.incarnation > first
         await eventually(
             lambda: all(a.view.snapshot.leads(s) for s in DURABLE), within=10, what="a serves dur"
         )

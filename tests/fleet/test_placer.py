@@ -7,10 +7,11 @@ import contextlib
 
 import pytest
 
-from felix_broker.fleet.etcd import EtcdClient
-from felix_broker.fleet.etcd_process import EtcdProcess
-from felix_broker.fleet.records import AssignmentRecord, Keyspace, decode_assignment, encode
+from felix_common.etcd import EtcdClient
+from felix_common.etcd_process import EtcdProcess
+from felix_common.fleet import Assignment, Keyspace, decode_assignment, encode_record
 from felix_controlplane.placement import Write, shard_specs
+from felix_wire.fleet import AssignmentState as RecordState
 from tests.fleet.support import PREFIX, eventually, node, placer
 
 pytestmark = pytest.mark.timeout(60)
@@ -75,7 +76,9 @@ async def test_a_placer_that_lost_its_key_cannot_write(etcd_server: EtcdProcess)
         shard = SPECS[0].shard
         held = await probe.get(keys.assignment(shard))
         assert held is not None
-        stale = Write(shard, AssignmentRecord(state="active", leader="zz"), held.mod_revision)
+        stale = Write(
+            shard, Assignment(replicas=[], state=RecordState.ACTIVE, leader="zz"), held.mod_revision
+        )
         p._token = token  # as if it had not noticed yet
         assert not await p._write(stale)
         after = await probe.get(keys.assignment(shard))
@@ -101,9 +104,12 @@ async def test_a_write_planned_from_an_old_generation_is_refused(etcd_server: Et
         held = await probe.get(keys.assignment(shard))
         assert held is not None
         await probe.put(
-            keys.assignment(shard), encode(AssignmentRecord(state="active", leader="a"))
+            keys.assignment(shard),
+            encode_record(Assignment(replicas=[], state=RecordState.ACTIVE, leader="a")),
         )
-        old = Write(shard, AssignmentRecord(state="active", leader="q"), held.mod_revision)
+        old = Write(
+            shard, Assignment(replicas=[], state=RecordState.ACTIVE, leader="q"), held.mod_revision
+        )
         assert not await p._write(old)  # another write came in between
         assert not await p._write(Write(shard, old.record, 0))  # the key exists already
     finally:

@@ -8,9 +8,10 @@ from collections import Counter
 from hypothesis import given
 from hypothesis import strategies as st
 
-from felix_broker.fleet.records import AssignmentRecord
 from felix_broker.fleet.routing import ShardId, ShardKind
+from felix_common.fleet import Assignment
 from felix_controlplane.placement import Held, ShardSpec, plan, shard_specs
+from felix_wire.fleet import AssignmentState as RecordState
 
 
 def specs(count: int, *, durable: bool = False, name: str = "s") -> list[ShardSpec]:
@@ -47,7 +48,10 @@ def test_a_lost_members_memory_shards_move_and_durable_ones_wait_for_it() -> Non
     memory, durable = specs(4, name="mem"), specs(4, durable=True, name="dur")
     caches = shard_specs([], [("t", "ns", "c", 2)])
     everything = memory + durable + caches
-    current = {s.shard: Held(AssignmentRecord(state="active", leader="a"), 7) for s in everything}
+    current = {
+        s.shard: Held(Assignment(replicas=[], state=RecordState.ACTIVE, leader="a"), 7)
+        for s in everything
+    }
     writes = {w.shard: w for w in plan(everything, ["b"], current)}
     for s in memory:
         w = writes[s.shard]
@@ -82,5 +86,5 @@ def test_no_member_means_not_assigned_and_gone_streams_lose_their_keys() -> None
 
 def test_moves_in_progress_are_left_alone() -> None:
     shard = ShardId(ShardKind.STREAM, "t", "ns", "s", 0)
-    current = {shard: Held(AssignmentRecord(state="moving", leader="gone"), 3)}
+    current = {shard: Held(Assignment(replicas=[], state=RecordState.MOVING, leader="gone"), 3)}
     assert plan(specs(1), ["a"], current) == []

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from felix_broker.fleet.etcd_process import EtcdNotFoundError, EtcdProcess
+from felix_common.etcd_process import EtcdNotFoundError, EtcdProcess
 
 __all__ = ["etcd_server", "start_etcd"]
 

@@ -61,7 +61,7 @@ class BrokerProcess:
 
     @property
     def issuer(self) -> Issuer:
-        from felix_broker.tokens import DevIssuer
+        from felix_common.tokens import DevIssuer
 
         return DevIssuer.load_or_create(self.data_dir)
 

@@ -23,6 +23,7 @@ from ..support.paths import REPO
 # Hand-written Python whose comments and docstrings cite requirements.
 PYTHON_ROOTS = (
     "felix_broker",
+    "felix_common",
     "felix_client",
     "felix_controlplane",
     "felix_transport",

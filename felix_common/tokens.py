@@ -4,7 +4,7 @@ Claims of a Felix token::
 
     iss  "felix-auth"          aud  "felix-broker"
     sub  principal name        tid  tenant id the token is scoped to
-    perms ["<action>:<object>", ...]  (see felix_broker.permissions)
+    perms ["<action>:<object>", ...]  (see felix_common.permissions)
     iat, nbf, exp              seconds since the epoch
 
 :class:`TokenVerifier` checks, in this order: the header's ``alg`` is EdDSA
@@ -40,8 +40,8 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
     Ed25519PublicKey,
 )
 
-from felix_broker._files import create_file_once, warn_if_readable_by_others
-from felix_broker.permissions import InvalidPermissionError, PermissionSet
+from felix_common.files import create_file_once, warn_if_readable_by_others
+from felix_common.permissions import InvalidPermissionError, PermissionSet
 
 __all__ = [
     "ALGORITHM",
@@ -65,6 +65,7 @@ __all__ = [
     "TokenNotYetValidError",
     "TokenVerifier",
     "UnknownKeyIdError",
+    "public_jwk",
 ]
 
 _log = logging.getLogger(__name__)
@@ -173,7 +174,8 @@ def _b64url_decode(text: str) -> bytes:
     return base64.urlsafe_b64decode(text + "=" * (-len(text) % 4))
 
 
-def _public_jwk(public_key: Ed25519PublicKey) -> dict[str, str]:
+def public_jwk(public_key: Ed25519PublicKey) -> dict[str, str]:
+    """The JWK a verifier needs for ``public_key``; its ``kid`` is the RFC 7638 thumbprint."""
     raw = public_key.public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw)
     x = _b64url(raw)
     # RFC 7638 thumbprint: the required members, sorted, no whitespace. A kid
@@ -188,7 +190,7 @@ class DevIssuer:
 
     def __init__(self, private_key: Ed25519PrivateKey) -> None:
         self._key = private_key
-        self._jwk = _public_jwk(private_key.public_key())
+        self._jwk = public_jwk(private_key.public_key())
 
     @classmethod
     def load_or_create(cls, data_dir: Path) -> DevIssuer:

@@ -1,8 +1,8 @@
 """A small typed seam over the etcd v3 client (`aetcd`, asyncio over gRPC).
 
-Everything of the fleet that talks to etcd goes through `EtcdClient`: the
-broker's membership and assignment watcher, the control plane's placer and
-its etcd store. It speaks in plain values (`KeyValue`, `WatchEvent`, the
+Everything that talks to etcd goes through `EtcdClient`: the broker's
+membership and assignment watcher, the control plane's placer and its etcd
+store. It speaks in plain values (`KeyValue`, `WatchEvent`, the
 `Compare`/`Put`/`Delete` of a transaction), maps every client failure to
 `EtcdUnavailableError` (or `CompactedError` for a watch that starts below the
 compaction point), bounds every call by `timeout_s`, and moves to the next
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
@@ -32,7 +33,9 @@ __all__ = [
     "KeyValue",
     "Put",
     "WatchEvent",
+    "lease_clock",
     "parse_endpoints",
+    "prefix_end",
 ]
 
 _log = logging.getLogger(__name__)
@@ -95,6 +98,15 @@ class Put:
 class Delete:
     key: str
     range_end: str | None = None  # delete [key, range_end); None: the key alone
+
+
+def lease_clock() -> float:
+    """Seconds on a clock that keeps counting while the host is suspended (lease
+    deadlines are judged on it)."""
+    boottime = getattr(time, "CLOCK_BOOTTIME", None)
+    if boottime is not None:
+        return time.clock_gettime(boottime)
+    return time.monotonic()
 
 
 def parse_endpoints(text: str) -> list[tuple[str, int]]:

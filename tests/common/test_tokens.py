@@ -15,8 +15,8 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from felix_broker.permissions import stream_object
-from felix_broker.tokens import (
+from felix_common.permissions import stream_object
+from felix_common.tokens import (
     DEV_KEY_FILE,
     AlgorithmRefusedError,
     AudienceError,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from felix_broker.permissions import (
+from felix_common.permissions import (
     Action,
     InvalidPermissionError,
     PermissionSet,
