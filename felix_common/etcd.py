@@ -16,12 +16,13 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import aetcd
 import aetcd.exceptions
+import aetcd.rpc
 
 __all__ = [
     "CompactedError",
@@ -206,11 +207,14 @@ class EtcdClient:
             _log.debug("closing a failed etcd channel", exc_info=True)
 
     async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
+        return await self._call_with(name, lambda client: getattr(client, name)(*args, **kwargs))
+
+    async def _call_with(self, name: str, call: Callable[[Any], Awaitable[Any]]) -> Any:
         client = self._client
         try:
             # asyncio.timeout, not wait_for: on 3.11 wait_for can swallow a cancellation.
             async with asyncio.timeout(self._timeout):
-                return await getattr(client, name)(*args, **kwargs)
+                return await call(client)
         except aetcd.exceptions.RevisionCompactedError as exc:
             raise CompactedError(int(exc.compacted_revision)) from None
         except _UNAVAILABLE as exc:
@@ -245,6 +249,25 @@ class EtcdClient:
         """Every key under `prefix` (in key order) and the revision the read saw."""
         answer = await self._call("get_prefix", prefix.encode())
         return int(answer.header.revision), [_kv(kv) for kv in answer]
+
+    async def get_range(
+        self, start: str, end: str, *, limit: int = 0, revision: int = 0
+    ) -> tuple[int, list[KeyValue]]:
+        """Keys in [start, end) in key order, at most `limit` (0: all), as of `revision`
+        (0: now); and the revision the read saw."""
+        request = aetcd.rpc.RangeRequest(
+            key=start.encode(), range_end=end.encode(), limit=limit, revision=revision
+        )
+
+        async def read(client: Any) -> Any:
+            await client.connect()
+            try:
+                return await client.kvstub.Range(request, metadata=client.metadata)
+            except aetcd.rpc.AioRpcError as exc:
+                aetcd.exceptions._handle_exception(exc)
+
+        answer = await self._call_with("range", read)
+        return int(answer.header.revision), [_kv(kv) for kv in answer.kvs]
 
     async def put(self, key: str, value: bytes, *, lease: int = 0) -> int:
         """Write `key`; the revision of the write (the key's new mod_revision)."""

@@ -133,6 +133,8 @@ class EtcdProcess:
             "50",
             "--election-timeout",
             "500",
+            "--max-txn-ops",
+            "1024",
             "--logger",
             "zap",
             "--log-level",
