@@ -67,6 +67,7 @@ from felix_wire.errors import DETAIL_REASONS, ErrorCode
 
 __all__ = [
     "Held",
+    "Placement",
     "Placer",
     "ShardSpec",
     "Write",
@@ -412,3 +413,39 @@ def store_catalog(store: _CatalogStore) -> CatalogShards:
         return shard_specs(streams, caches)
 
     return read
+
+
+class Placement:
+    """The placer as `felix-controlplane --etcd-endpoints` runs it: its own etcd client,
+    the catalog read from the control plane's store on every pass."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[tuple[str, int]],
+        *,
+        prefix: str,
+        holder_id: str,
+        store: _CatalogStore,
+        lease_ttl_s: int = 10,
+        interval_s: float = 1.0,
+    ) -> None:
+        self.client = EtcdClient(endpoints, timeout_s=max(0.5, lease_ttl_s / 3))
+        self.placer = Placer(
+            self.client,
+            Keyspace(prefix),
+            holder_id,
+            store_catalog(store),
+            lease_ttl_s=lease_ttl_s,
+            interval_s=interval_s,
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self.placer.run(), name="placer")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        await self.client.close()

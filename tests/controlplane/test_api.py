@@ -11,7 +11,6 @@ import pytest
 from felix_broker.catalog.live import CatalogChange, LiveCatalog
 from felix_common.tokens import DevIssuer
 from felix_controlplane.store import SqliteStore
-
 from tests.support.etcd import start_etcd
 
 from . import support

@@ -153,7 +153,7 @@ def test_two_stores_over_one_database_are_interchangeable(backend: tuple[str, ob
             try:
                 for i in range(15):
                     store.create(stream("t", "ns", f"{prefix}{i:02d}"), {"name": f"{prefix}{i}"})
-            except BaseException as exc:  # noqa: BLE001 - reported below
+            except BaseException as exc:
                 errors.append(exc)
 
         threads = [
