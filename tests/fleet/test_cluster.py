@@ -29,6 +29,7 @@ from felix_wire.messages import (
     CacheOk,
     CachePut,
     CacheValue,
+    CacheWatch,
     CounterAdd,
     CounterGet,
     CounterValue,
@@ -445,3 +446,43 @@ async def test_shard_owners_name_the_leaders_and_generations(tmp_path: Path) -> 
         ]
         assert len(all_shards()) > 4
         await asyncio.sleep(0)
+
+
+async def test_an_owner_that_no_longer_leads_names_the_leader_and_never_forwards(
+    tmp_path: Path,
+) -> None:
+    async with running_fleet(tmp_path) as fleet:
+        shards = stream_shards("orders", 1)
+        fleet.assign(shards, "node-c", generation=6)
+        sub, events = await subscribe_on(fleet, "node-c", "orders")
+        # node-b is behind: it still thinks node-a leads at generation 5.
+        routes = dict(fleet.views["node-b"].snapshot.routes)
+        routes[shards[0]] = fleet.routes[shards[0]].__class__(
+            5, AssignmentState.ACTIVE, leader="node-a"
+        )
+        fleet.set_view("node-b", routes=routes)
+        client = await WireClient.connect(fleet.entry("node-b"))
+        pub = await client.session()
+        await pub.send(frame("orders", b"moved", request_id=1, ack_mode=BinaryAckMode.PER_BATCH))
+        ack = await pub.recv()
+        # node-a answered not_leader(node-c, 6) instead of forwarding onward; node-b
+        # followed the newer hint once.
+        assert isinstance(ack, PublishAckFrame) and ack.status == AckStatus.OK, ack
+        assert (ack.node_id, ack.generation) == ("node-c", 6)
+        assert await payloads_of(events, 1) == [b"moved"]
+        opened = fleet.brokers["node-a"].engine._shards  # type: ignore[union-attr]
+        assert not [key for key in opened if key[2] == "orders"]  # node-a wrote nothing
+        client.close()
+        sub.close()
+
+
+async def test_a_cache_watch_is_redirected_like_a_subscribe(tmp_path: Path) -> None:
+    async with running_fleet(tmp_path) as fleet:
+        fleet.assign_all("node-a", generation=2)
+        client = await WireClient.connect(fleet.entry("node-b"))
+        watch = await client.request(
+            CacheWatch(tenant_id=TENANT, namespace=NS, cache="c", key="k", subscription_id=1)
+        )
+        owner_addr = f"127.0.0.1:{fleet.brokers['node-a'].quic_port}"
+        assert watch == NotLeader(node_id="node-a", addr=owner_addr, generation=2)
+        client.close()
