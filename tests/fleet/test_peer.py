@@ -156,3 +156,17 @@ async def test_connections_beyond_the_bound_are_refused() -> None:
             await second.request("node-a", addr, forward(2))
         await first.close()
         await second.close()
+
+
+def test_peer_tls_from_files_checks_the_node_id(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from felix_transport import generate_leaf
+
+    leaf = generate_leaf(CA, dns_names=("node-x",), ip_addresses=(), client_auth=True)
+    (tmp_path / "cert.pem").write_bytes(leaf.cert_pem)
+    (tmp_path / "key.pem").write_bytes(leaf.key_pem)
+    (tmp_path / "ca.pem").write_bytes(CA.cert_pem)
+    paths = (tmp_path / "cert.pem", tmp_path / "key.pem", tmp_path / "ca.pem")
+    tls = PeerTls.from_files("node-x", *paths)
+    assert tls.chain_pem.endswith(CA.cert_pem) and tls.ca_pem == CA.cert_pem
+    with pytest.raises(ValueError, match="node-y"):
+        PeerTls.from_files("node-y", *paths)
