@@ -7,6 +7,7 @@ Every shard is led by node-a unless a test says otherwise; clients talk to node-
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -486,3 +487,30 @@ async def test_a_cache_watch_is_redirected_like_a_subscribe(tmp_path: Path) -> N
         owner_addr = f"127.0.0.1:{fleet.brokers['node-a'].quic_port}"
         assert watch == NotLeader(node_id="node-a", addr=owner_addr, generation=2)
         client.close()
+
+
+async def test_cache_keys_are_forwarded_to_their_own_shards_owner(tmp_path: Path) -> None:
+    from felix_broker.fleet.routing import ShardId, ShardKind
+    from felix_wire.routing import shard_for_key
+
+    async with running_fleet(tmp_path) as fleet:
+        fleet.assign_all("node-a")
+        fleet.assign([ShardId(ShardKind.CACHE, TENANT, NS, "c", 1)], "node-c", generation=3)
+        keys = {shard_for_key(k.encode(), 2, "modulo"): k for k in ("k0", "k1", "k2", "k3", "k4")}
+        assert set(keys) == {0, 1}
+        via_b = await WireClient.connect(fleet.entry("node-b"))
+        base = {"tenant_id": TENANT, "namespace": NS, "cache": "c"}
+        for shard, key in keys.items():
+            put = CachePut(**base, key=key, value=b"s%d" % shard, request_id=1)  # type: ignore[arg-type]
+            assert await via_b.request(put) == CacheOk(request_id=1)
+        # Each key lives on its shard's owner only.
+        for node, shard in (("node-a", 0), ("node-c", 1)):
+            owner = await WireClient.connect(fleet.entry(node))
+            got = await owner.request(CacheGet(**base, key=keys[shard], request_id=2))  # type: ignore[arg-type]
+            assert isinstance(got, CacheValue) and got.value == b"s%d" % shard
+            owner.close()
+        other = fleet.brokers["node-a"].cache
+        assert other is not None
+        local = other._shards[(TENANT, NS, "c", 1)]  # node-a's copy of a shard it does not lead
+        assert local.get(keys[1], int(time.time() * 1000)) is None
+        via_b.close()
