@@ -118,6 +118,8 @@ class Broker:
             ca=config.tls_ca,
             cert_export=config.tls_cert_export,
         )
+        if self.fleet is None and config.peer_tls_cert is not None:
+            self.fleet = self._fleet_from_config()
         if config.controlplane_url is not None:
             await self._connect_control_plane(config.controlplane_url)
         if self._verifier is None:
@@ -201,6 +203,22 @@ class Broker:
             await self._start_peer_listener()
 
     # -- the fleet ----------------------------------------------------------------------
+
+    def _fleet_from_config(self) -> FleetNode:
+        """A fleet member's setup from peer_bind and the peer TLS files; the node id is
+        the certificate's."""
+        from felix_broker.fleet.node import FleetNode
+        from felix_broker.fleet.peer import PeerTls
+        from felix_broker.fleet.placement import FleetView
+        from felix_broker.fleet.routing import RoutingSnapshot
+
+        config = self.config
+        assert config.peer_tls_cert and config.peer_tls_key and config.peer_tls_ca
+        tls = PeerTls.from_files(
+            None, config.peer_tls_cert, config.peer_tls_key, config.peer_tls_ca
+        )
+        view = FleetView(RoutingSnapshot(node_id=tls.node_id))
+        return FleetNode(tls, view, config.peer_bind.host, config.peer_bind.port)
 
     def _fleet_seam(self) -> DiscoveryService:
         """A fleet member's dispatch table (cluster placement) and discovery."""
