@@ -22,6 +22,7 @@ from felix_broker.catalog import Catalog
 from felix_broker.config import BrokerConfig, FsyncMode, warn_ignored_knobs
 from felix_broker.discovery.service import DISCOVERY_FEATURES, DiscoveryService
 from felix_broker.groups.service import GroupService
+from felix_broker.inspection.service import InspectionService
 from felix_broker.metrics import BrokerMetrics
 from felix_broker.ops_http import Health, HttpListener
 from felix_broker.session.dispatch import DispatchTable
@@ -29,13 +30,15 @@ from felix_broker.session.protocol import AuthRefusedError
 from felix_broker.session.quic import CLOSE_SHUTTING_DOWN, Session
 from felix_broker.storage import LogConfig, LogStore
 from felix_broker.streams.engine import Engine
+from felix_broker.streams.guarded import GuardedWriteService
 from felix_broker.streams.service import STREAM_FEATURES, StreamService
+from felix_broker.streams.width import StreamWidths
 from felix_broker.tls import TlsMaterial, prepare_tls
 from felix_common.tokens import DevIssuer, Principal, TokenError, TokenVerifier
 from felix_transport import Server, TransportConfig, serve
 from felix_wire.errors import ErrorCode
 from felix_wire.features import Feature
-from felix_wire.flags import KNOWN_FLAGS, Flag
+from felix_wire.flags import KNOWN_FLAGS
 from felix_wire.messages import Auth
 
 if TYPE_CHECKING:  # the fleet (and so etcd) is imported only by a broker that joins one
@@ -47,8 +50,9 @@ __all__ = ["SERVER_FEATURES", "SERVER_FLAGS", "Broker", "Verifier"]
 
 _log = logging.getLogger(__name__)
 
-# Frame layouts this broker reads and writes: everything but idempotent publishes.
-SERVER_FLAGS = KNOWN_FLAGS & ~Flag.BINARY_PUBLISH_IDEMPOTENT
+# Frame layouts this broker reads and writes: every one (idempotent publishes, 0x0100,
+# are served by the guarded-write service).
+SERVER_FLAGS = KNOWN_FLAGS
 # The session's own features (answers shaped with codes; unknown requests answered).
 SESSION_FEATURES = int(Feature.FEATURE_ERROR_CODES | Feature.FEATURE_UNSUPPORTED)
 # What every broker serves, whatever its storage (cache and groups add theirs).
@@ -106,7 +110,7 @@ class Broker:
         self._draining = False
         self._stopped = asyncio.Event()
         # Membership and assignments in etcd (FELIX_NODE_ID and FELIX_ETCD_ENDPOINTS):
-        # they feed the fleet's view (`fleet.view`, or `etcd.view` without a peer setup).
+        # they feed the fleet's view (`fleet.view`).
         self.etcd: EtcdNode | None = None
 
     # -- life cycle ----------------------------------------------------------------
@@ -122,6 +126,20 @@ class Broker:
             ca=config.tls_ca,
             cert_export=config.tls_cert_export,
         )
+        if self.fleet is None and config.peer_tls_cert is not None:
+            self.fleet = self._fleet_from_config()
+        if config.node_id:
+            # Registered in etcd, a broker must be able to forward and redirect.
+            if self.fleet is None:
+                raise ValueError(
+                    "node_id makes this broker a fleet member, which needs its peer "
+                    "certificate: peer_tls_cert, peer_tls_key and peer_tls_ca"
+                )
+            if self.fleet.node_id != config.node_id:
+                raise ValueError(
+                    f"node_id {config.node_id!r} is not the one its peer certificate names "
+                    f"({self.fleet.node_id!r})"
+                )
         if config.controlplane_url is not None:
             await self._connect_control_plane(config.controlplane_url)
         if self._verifier is None:
@@ -142,8 +160,11 @@ class Broker:
             )
             # /ready stays 503 until every log has recovered (a corrupt log stops here).
             await self.store.recover_all()
-            self.store.start()
         await self._build_services()
+        if self.store is not None:
+            # After the engine replayed every log's marks on worker threads: no
+            # retention pass may delete a segment while one is being read.
+            self.store.start()
         transport = TransportConfig.server(
             self.tls.chain_pem(),
             self.tls.key_pem(),
@@ -170,26 +191,17 @@ class Broker:
         """Read the fleet's assignments into the routing view, then register this
         broker under its lease (client and peer addresses as bound or advertised)."""
         from felix_broker.fleet.etcd_node import EtcdNode
-        from felix_broker.fleet.routing import RoutingSnapshot
-        from felix_broker.fleet.view import FleetView
 
         config = self.config
-        if self.fleet is not None and self.fleet.node_id != config.node_id:
-            raise ValueError(
-                f"node_id {config.node_id!r} is not the peer certificate's {self.fleet.node_id!r}"
-            )
+        assert self.fleet is not None  # checked at start
         client_addr = config.client_advertise_addr
         if not client_addr and config.quic_bind.host not in ("", "0.0.0.0", "::"):
             client_addr = str(type(config.quic_bind)(config.quic_bind.host, self.quic_port))
         peer_addr = config.peer_advertise_addr
         if not peer_addr and self.peer_listener is not None:
             peer_addr = self.peer_addr
-        if self.fleet is not None:
-            view = self.fleet.view
-        else:
-            view = FleetView(RoutingSnapshot(config.node_id))
         self.etcd = EtcdNode(
-            view=view,
+            view=self.fleet.view,
             endpoints=[(e.host, e.port) for e in config.etcd_endpoints],
             prefix=config.etcd_prefix,
             lease_ttl_ms=config.node_lease_ttl_ms,
@@ -205,6 +217,7 @@ class Broker:
         discovery = self._fleet_seam() if self.fleet is not None else DiscoveryService(catalog)
         table = self.table
         self.engine = Engine(catalog, config, self.metrics, self.store)
+        await self.engine.recover()  # producer tables and state views, before /ready
         self.streams = StreamService(
             config=config, engine=self.engine, metrics=self.metrics, durable=self.store is not None
         )
@@ -212,11 +225,27 @@ class Broker:
             config=config, catalog=catalog, metrics=self.metrics, limits=self._cache_limits
         )
         await self.cache.start()  # reloads cache logs, starts the TTL pass
-        services: list[StreamService | DiscoveryService | CacheService | GroupService] = [
-            self.streams,
-            discovery,
-            self.cache,
-        ]
+        guarded = GuardedWriteService(
+            engine=self.engine,
+            metrics=self.metrics,
+            widths=StreamWidths(self.metrics),
+            hold_bytes=self.streams.hold_publish_bytes,
+        )
+        self.streams.idempotent_frames = guarded.publish_frame
+        self.streams.widths = guarded.widths
+        inspection = InspectionService(
+            catalog=catalog,
+            store=self.store,
+            connections=lambda: list(self.session.connections.values()) if self.session else [],
+        )
+        services: list[
+            StreamService
+            | DiscoveryService
+            | CacheService
+            | GroupService
+            | GuardedWriteService
+            | InspectionService
+        ] = [self.streams, discovery, self.cache, guarded, inspection]
         if config.durable_enabled:
             # Consumer groups need durable storage (N4, Q1): none without it.
             self.groups = GroupService(
@@ -240,6 +269,22 @@ class Broker:
             await self._start_peer_listener()
 
     # -- the fleet ----------------------------------------------------------------------
+
+    def _fleet_from_config(self) -> FleetNode:
+        """A fleet member's setup from peer_bind and the peer TLS files; the node id is
+        the certificate's."""
+        from felix_broker.fleet.node import FleetNode
+        from felix_broker.fleet.peer import PeerTls
+        from felix_broker.fleet.placement import FleetView
+        from felix_broker.fleet.routing import RoutingSnapshot
+
+        config = self.config
+        assert config.peer_tls_cert and config.peer_tls_key and config.peer_tls_ca
+        tls = PeerTls.from_files(
+            None, config.peer_tls_cert, config.peer_tls_key, config.peer_tls_ca
+        )
+        view = FleetView(RoutingSnapshot(node_id=tls.node_id))
+        return FleetNode(tls, view, config.peer_bind.host, config.peer_bind.port)
 
     def _fleet_seam(self) -> DiscoveryService:
         """A fleet member's dispatch table (cluster placement) and discovery."""

@@ -71,6 +71,11 @@ Verify = Callable[[str, str], Principal]  # (token, tenant_id) -> principal, or 
 AuthenticateAuth = Callable[[Auth], Principal]  # the session's authenticator
 
 
+def _consume(future: asyncio.Future[int]) -> None:
+    if not future.cancelled():
+        future.exception()  # a failed write after an enqueued ack is the engine's to log
+
+
 class _Refusal(Exception):
     def __init__(self, refusal: ForwardRefusal) -> None:
         self.refusal = refusal
@@ -205,6 +210,7 @@ class OwnerService:
             )
             raise _Refusal(ForwardRefusal(error=error)) from None
         if message.ack is ForwardAck.ENQUEUED:
+            done.add_done_callback(_consume)  # answered at enqueue, as a standalone broker does
             return ForwardPublishOk(request_id=message.request_id)
         try:
             offset = await asyncio.shield(done)

@@ -37,6 +37,7 @@ import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from cryptography import x509
 
@@ -125,6 +126,24 @@ class PeerTls:
     chain_pem: bytes
     key_pem: bytes
     ca_pem: bytes
+
+    @classmethod
+    def from_files(cls, node_id: str | None, cert: Path, key: Path, ca: Path) -> PeerTls:
+        """An operator's peer certificate (PEM leaf, optionally followed by its chain),
+        key and fleet CA. The certificate must name `node_id` as a DNS SAN; without
+        `node_id` it must name exactly one, which is the node id."""
+        chain = cert.read_bytes()
+        names = certificate_node_ids(x509.load_pem_x509_certificate(chain))
+        if node_id is None:
+            if len(names) != 1:
+                raise ValueError(f"{cert} must name one node id (DNS name), not {sorted(names)}")
+            (node_id,) = names
+        if node_id not in names:
+            raise ValueError(f"{cert} names {sorted(names)}, not the node id {node_id!r}")
+        ca_pem = ca.read_bytes()
+        if ca_pem not in chain:
+            chain = chain.rstrip(b"\n") + b"\n" + ca_pem
+        return cls(node_id, chain, key.read_bytes(), ca_pem)
 
     @classmethod
     def issue(cls, ca: CertKeyPair, node_id: str) -> PeerTls:

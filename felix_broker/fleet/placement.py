@@ -32,6 +32,7 @@ request is never forwarded again by its owner (no chains).
 from __future__ import annotations
 
 import asyncio
+import enum
 import logging
 import weakref
 from collections.abc import Callable
@@ -52,7 +53,7 @@ from felix_broker.fleet.view import FleetView
 from felix_broker.session.context import RequestContext, StreamIO
 from felix_broker.session.dispatch import PlacementDecision, Request
 from felix_broker.streams.service import publish_answer_id, refusal
-from felix_common.permissions import Action, stream_object
+from felix_common.permissions import Action, cache_object, group_object, stream_object
 from felix_wire import encode_frame
 from felix_wire.binary import PublishBatchFrame
 from felix_wire.errors import ErrorCode, RetryClass, error_code_from_wire, retry_class_from_wire
@@ -174,56 +175,85 @@ def _cache_watch(request: CacheWatch, catalog: Catalog) -> ShardId | None:
     return ShardId(ShardKind.CACHE, request.tenant_id, request.namespace, request.cache, index)
 
 
+class Form(enum.Enum):
+    """How a request leaves a broker that does not lead its shard."""
+
+    PUBLISH = "publish"  # forwarded; answered as a JSON publish
+    PUBLISH_FRAME = "publish_frame"  # forwarded; answered as a binary publish (idempotent: refused)
+    CACHE_OP = "cache_op"  # forwarded; the owner's answer is written as is
+    REDIRECT = "redirect"  # not_leader (or its error form)
+    REFUSE_IDEMPOTENT = "refuse_idempotent"  # publish_refused{not_leader}
+
+
+Permission = Callable[[Any], tuple[Action, str]]
+
+
 @dataclass(frozen=True, slots=True)
 class Rule:
     shard_of: ShardOf
-    decision: PlacementDecision  # when another broker leads the shard
+    form: Form
+    # What the request needs: checked before it leaves; a refused one is served here,
+    # so the client gets the forbidden answer every broker gives.
+    permission: Permission
+
+    @property
+    def decision(self) -> PlacementDecision:
+        forwarded = self.form in (Form.PUBLISH, Form.PUBLISH_FRAME, Form.CACHE_OP)
+        return PlacementDecision.FORWARD if forwarded else PlacementDecision.REDIRECT
 
 
-_FORWARD = PlacementDecision.FORWARD
-_REDIRECT = PlacementDecision.REDIRECT
+def _on_stream(action: Action) -> Permission:
+    return lambda r: (action, stream_object(r.tenant_id, r.namespace, r.stream))
+
+
+def _on_cache(action: Action) -> Permission:
+    return lambda r: (action, cache_object(r.tenant_id, r.namespace, r.cache))
+
+
+def _on_group(action: Action) -> Permission:
+    return lambda r: (action, group_object(r.tenant_id, r.namespace, r.stream, r.group))
+
+
 _by_key = _stream_keyed(lambda r: r.key)
+_by_entity = _stream_keyed(lambda r: r.entity_key)
+_publish, _subscribe = _on_stream(Action.STREAM_PUBLISH), _on_stream(Action.STREAM_SUBSCRIBE)
+_read, _write = _on_cache(Action.CACHE_READ), _on_cache(Action.CACHE_WRITE)
+_consume, _manage = _on_group(Action.GROUP_CONSUME), _on_group(Action.GROUP_MANAGE)
 RULES: dict[type[Any], Rule] = {
-    Publish: Rule(_by_key, _FORWARD),
-    PublishBatch: Rule(_by_key, _FORWARD),
-    PublishBatchFrame: Rule(_by_key, _FORWARD),  # idempotent frames: redirected (place)
-    PublishIdempotent: Rule(_by_key, _REDIRECT),
-    PublishIf: Rule(_by_key, _REDIRECT),
-    Commit: Rule(_stream_keyed(lambda r: r.entity_key), _REDIRECT),
-    StateGet: Rule(_stream_keyed(lambda r: r.entity_key), _REDIRECT),
-    Subscribe: Rule(_stream_shard, _REDIRECT),
-    StreamRead: Rule(_stream_shard, _REDIRECT),
-    OffsetForTime: Rule(_stream_shard, _REDIRECT),
-    CacheWatch: Rule(_cache_watch, _REDIRECT),
+    Publish: Rule(_by_key, Form.PUBLISH, _publish),
+    PublishBatch: Rule(_by_key, Form.PUBLISH, _publish),
+    PublishBatchFrame: Rule(_by_key, Form.PUBLISH_FRAME, _publish),
+    PublishIdempotent: Rule(_by_key, Form.REFUSE_IDEMPOTENT, _publish),
+    PublishIf: Rule(_by_key, Form.REDIRECT, _publish),
+    Commit: Rule(_by_entity, Form.REDIRECT, _publish),
+    StateGet: Rule(_by_entity, Form.REDIRECT, _subscribe),
+    Subscribe: Rule(_stream_shard, Form.REDIRECT, _subscribe),
+    StreamRead: Rule(_stream_shard, Form.REDIRECT, _subscribe),
+    OffsetForTime: Rule(_stream_shard, Form.REDIRECT, _subscribe),
+    CacheWatch: Rule(_cache_watch, Form.REDIRECT, _read),
     **{
-        kind: Rule(_stream_shard, _REDIRECT)
+        kind: Rule(_stream_shard, Form.REDIRECT, _consume)
         for kind in (
             GroupPoll,
             GroupAck,
             GroupNack,
             GroupDeadLetters,
-            GroupDiscard,
-            GroupRedrive,
-            GroupSeek,
             GroupDescribe,
-            GroupDelete,
             GroupExtend,
             GroupDeadLetter,
         )
     },
     **{
-        kind: Rule(_cache_keyed, _FORWARD)
-        for kind in (
-            CacheGet,
-            CachePut,
-            CacheDelete,
-            CachePutIf,
-            CacheDeleteIf,
-            CounterAdd,
-            CounterGet,
-        )
+        kind: Rule(_stream_shard, Form.REDIRECT, _manage)
+        for kind in (GroupSeek, GroupDelete, GroupRedrive, GroupDiscard)
+    },
+    **{kind: Rule(_cache_keyed, Form.CACHE_OP, _read) for kind in (CacheGet, CounterGet)},
+    **{
+        kind: Rule(_cache_keyed, Form.CACHE_OP, _write)
+        for kind in (CachePut, CacheDelete, CachePutIf, CacheDeleteIf, CounterAdd)
     },
 }
+_PUBLISHES = (Form.PUBLISH, Form.PUBLISH_FRAME)
 
 
 def unavailable_reason(route: Route | None, leader: Member | None) -> str:
@@ -263,8 +293,11 @@ class ClusterPlacement:
 
     def place(self, request: Request, ctx: RequestContext) -> PlacementDecision:
         rule = RULES.get(type(request))
-        if rule is None or request.tenant_id != ctx.principal.tenant_id:  # type: ignore[union-attr]
+        principal = ctx.principal
+        if rule is None or request.tenant_id != principal.tenant_id:  # type: ignore[union-attr]
             return PlacementDecision.SERVE_HERE
+        if not principal.permissions.allows(*rule.permission(request)):
+            return PlacementDecision.SERVE_HERE  # the handler's forbidden, as everywhere
         shard = rule.shard_of(request, self._catalog())
         if shard is None:
             return PlacementDecision.SERVE_HERE
@@ -273,8 +306,6 @@ class ClusterPlacement:
             return PlacementDecision.SERVE_HERE
         if snapshot.leader_of(shard) is None or not self._active(snapshot, shard):
             return PlacementDecision.UNAVAILABLE
-        if isinstance(request, PublishBatchFrame) and request.producer_id is not None:
-            return PlacementDecision.REDIRECT  # idempotent: publish_refused{not_leader}
         return rule.decision
 
     @staticmethod
@@ -289,15 +320,16 @@ class ClusterPlacement:
         shard = rule.shard_of(request, self._catalog())
         assert shard is not None
         snapshot = self._view.snapshot
+        form = rule.form
+        if form is Form.PUBLISH_FRAME and getattr(request, "producer_id", None) is not None:
+            form = Form.REFUSE_IDEMPOTENT  # a binary idempotent publish (0x0100)
         if decision is PlacementDecision.UNAVAILABLE:
-            route = snapshot.route(shard)
-            await self._unavailable(
-                request, ctx, unavailable_reason(route, snapshot.leader_of(shard))
-            )
-        elif decision is PlacementDecision.REDIRECT:
-            await self._redirect(request, ctx, snapshot, shard)
-        elif isinstance(request, Publish | PublishBatch | PublishBatchFrame):
-            await self._forward_publish(request, ctx, shard)
+            reason = unavailable_reason(snapshot.route(shard), snapshot.leader_of(shard))
+            await self._unavailable(request, ctx, form, reason)
+        elif form in (Form.REDIRECT, Form.REFUSE_IDEMPOTENT):
+            await self._redirect(request, ctx, form, snapshot, shard)
+        elif form in _PUBLISHES:
+            await self._forward_publish(request, ctx, form, shard)
         else:
             await ctx.connection.spawn_request(
                 self._forward_cache(request, ctx, shard), "forward_cache_op"
@@ -305,15 +337,17 @@ class ClusterPlacement:
 
     # -- shard_unavailable and not_leader ----------------------------------------------
 
-    async def _unavailable(self, request: Request, ctx: RequestContext, reason: str) -> None:
+    async def _unavailable(
+        self, request: Any, ctx: RequestContext, form: Form, reason: str
+    ) -> None:
         text = f"shard unavailable: {reason}"
         detail = ErrorDetail(reason=reason)
-        if isinstance(request, Publish | PublishBatch | PublishBatchFrame):
-            rid = self._publish_rid(request, ctx)
+        if form in _PUBLISHES:
+            rid = self._publish_rid(request, ctx, form)
             if rid is not None:
                 answer = ctx.proto.publish_answer(
                     rid,
-                    binary=isinstance(request, PublishBatchFrame),
+                    binary=form is Form.PUBLISH_FRAME,
                     error=(ErrorCode.SHARD_UNAVAILABLE, text),
                     detail=detail,
                 )
@@ -322,14 +356,19 @@ class ClusterPlacement:
         await ctx.write(ctx.proto.error(ErrorCode.SHARD_UNAVAILABLE, text, detail=detail))
 
     async def _redirect(
-        self, request: Request, ctx: RequestContext, snapshot: RoutingSnapshot, shard: ShardId
+        self,
+        request: Any,
+        ctx: RequestContext,
+        form: Form,
+        snapshot: RoutingSnapshot,
+        shard: ShardId,
     ) -> None:
         leader = snapshot.leader_of(shard)
         route = snapshot.route(shard)
         assert leader is not None and route is not None
         addr = leader.client_addr or None
         proto = ctx.proto
-        if isinstance(request, PublishIdempotent | PublishBatchFrame):
+        if form is Form.REFUSE_IDEMPOTENT:
             # Idempotent publishes are never forwarded: two ingress brokers could each
             # deliver one copy.
             rid = request.request_id
@@ -357,31 +396,29 @@ class ClusterPlacement:
 
     # -- forwarding ----------------------------------------------------------------------
 
-    def _publish_rid(
-        self, request: Publish | PublishBatch | PublishBatchFrame, ctx: RequestContext
-    ) -> int | None:
-        """The request id this publish is answered by (None: not answered)."""
+    def _publish_rid(self, request: Any, ctx: RequestContext, form: Form) -> int | None:
+        """The request id this publish is answered by (None: not answered; -1: it
+        owes an answer but names no request_id)."""
         if ctx.proto.publish_only:
             return None
-        if isinstance(request, PublishBatchFrame):
-            return request.request_id
+        if form is Form.PUBLISH_FRAME:
+            rid: int | None = request.request_id
+            return rid
         return publish_answer_id(request, ctx.proto)
 
     async def _forward_publish(
-        self,
-        request: Publish | PublishBatch | PublishBatchFrame,
-        ctx: RequestContext,
-        shard: ShardId,
+        self, request: Any, ctx: RequestContext, form: Form, shard: ShardId
     ) -> None:
         proto = ctx.proto
-        binary = isinstance(request, PublishBatchFrame)
-        if isinstance(request, Publish | PublishBatch) and publish_answer_id(request, proto) == -1:
+        binary = form is Form.PUBLISH_FRAME
+        rid = self._publish_rid(request, ctx, form)
+        if rid == -1:
             await ctx.write(
                 proto.error(ErrorCode.INVALID_REQUEST, "an acked publish needs a request_id")
             )
             return
-        rid = self._publish_rid(request, ctx)
-        payloads = [request.payload] if isinstance(request, Publish) else list(request.payloads)
+        many: list[bytes] | None = getattr(request, "payloads", None)
+        payloads = list(many) if many is not None else [request.payload]
 
         async def answer(build: Callable[[int | None], bytes]) -> None:
             if rid is not None:

@@ -19,6 +19,8 @@ from types import MappingProxyType
 from typing import Any
 
 from felix_broker.app import Broker
+from felix_broker.cache.service import CacheLimits
+from felix_broker.catalog import StaticCatalog
 from felix_broker.config import load_config
 from felix_broker.fleet.node import FleetNode
 from felix_broker.fleet.peer import PeerTls
@@ -69,6 +71,7 @@ class Fleet:
     brokers: dict[str, Broker]
     issuer: DevIssuer
     views: dict[str, FleetView]
+    catalog: StaticCatalog
     routes: dict[ShardId, Route] = field(default_factory=dict)
     down: set[str] = field(default_factory=set)
 
@@ -103,7 +106,7 @@ class Fleet:
 
     def assign_all(self, leader: str, generation: int = 1) -> None:
         """Every shard of every catalog stream and cache led by `leader`."""
-        self.assign(all_shards(), leader, generation)
+        self.assign(all_shards(self.catalog), leader, generation)
 
     def set_view(self, node: str, **changes: Any) -> None:
         """Change one broker's snapshot only (to make it behind or ahead)."""
@@ -115,22 +118,31 @@ def stream_shards(name: str, count: int) -> list[ShardId]:
     return [ShardId(ShardKind.STREAM, TENANT, NS, name, i) for i in range(count)]
 
 
-def all_shards() -> list[ShardId]:
+def all_shards(of: StaticCatalog | None = None) -> list[ShardId]:
+    """Every shard of every stream and cache of a catalog (the broker tests' by default)."""
+    of = of or catalog()
     shards = [
         ShardId(ShardKind.STREAM, s.tenant_id, s.namespace, s.name, i)
-        for s in catalog().streams()
+        for s in of.streams()
         for i in range(s.shards)
     ]
     shards += [
         ShardId(ShardKind.CACHE, c.tenant_id, c.namespace, c.name, i)
-        for c in catalog().caches()
+        for c in of.caches()
         for i in range(c.shards)
     ]
     return shards
 
 
 @asynccontextmanager
-async def running_fleet(tmp: Path, **overrides: Any) -> AsyncIterator[Fleet]:
+async def running_fleet(
+    tmp: Path,
+    *,
+    with_catalog: StaticCatalog | None = None,
+    cache_limits: CacheLimits | None = None,
+    **overrides: Any,
+) -> AsyncIterator[Fleet]:
+    shared = with_catalog or catalog()
     fleet_ca = generate_ca("test fleet")
     issuer = DevIssuer.load_or_create(tmp / "issuer")
     brokers: dict[str, Broker] = {}
@@ -147,14 +159,19 @@ async def running_fleet(tmp: Path, **overrides: Any) -> AsyncIterator[Fleet]:
             }
             settings.update(overrides)
             config = dataclasses.replace(
-                load_config(environ={}, overrides=settings), catalog=catalog()
+                load_config(environ={}, overrides=settings), catalog=shared
             )
             views[node] = FleetView(RoutingSnapshot(node_id=node))
             fleet_node = FleetNode(tls=PeerTls.issue(fleet_ca, node), view=views[node])
-            broker = Broker(config, verifier=TokenVerifier(issuer.jwks()), fleet=fleet_node)
+            broker = Broker(
+                config,
+                verifier=TokenVerifier(issuer.jwks()),
+                fleet=fleet_node,
+                cache_limits=cache_limits,
+            )
             await broker.start()
             brokers[node] = broker
-        fleet = Fleet(brokers, issuer, views)
+        fleet = Fleet(brokers, issuer, views, shared)
         fleet.publish()
         yield fleet
     finally:
@@ -162,4 +179,28 @@ async def running_fleet(tmp: Path, **overrides: Any) -> AsyncIterator[Fleet]:
             await broker.stop()
 
 
-__all__ = ["NODES", "Entry", "Fleet", "all_shards", "running_fleet", "stream_shards"]
+TOPOLOGIES = ("one", "three")
+"""How the broker-visible tests run: against one broker, and against three fleet
+members through a non-owner (every shard led by node-a, the client on node-b)."""
+
+
+@asynccontextmanager
+async def reached_through_non_owner(
+    tmp: Path, with_catalog: StaticCatalog, **overrides: Any
+) -> AsyncIterator[Entry]:
+    """The broker a client talks to in a three-member fleet: one that leads nothing."""
+    async with running_fleet(tmp, with_catalog=with_catalog, **overrides) as fleet:
+        fleet.assign_all("node-a")
+        yield fleet.entry("node-b")
+
+
+__all__ = [
+    "NODES",
+    "TOPOLOGIES",
+    "Entry",
+    "Fleet",
+    "all_shards",
+    "reached_through_non_owner",
+    "running_fleet",
+    "stream_shards",
+]

@@ -7,6 +7,7 @@ Every shard is led by node-a unless a test says otherwise; clients talk to node-
 from __future__ import annotations
 
 import asyncio
+import time
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ from felix_wire.messages import (
     CacheOk,
     CachePut,
     CacheValue,
+    CacheWatch,
     CounterAdd,
     CounterGet,
     CounterValue,
@@ -445,3 +447,70 @@ async def test_shard_owners_name_the_leaders_and_generations(tmp_path: Path) -> 
         ]
         assert len(all_shards()) > 4
         await asyncio.sleep(0)
+
+
+async def test_an_owner_that_no_longer_leads_names_the_leader_and_never_forwards(
+    tmp_path: Path,
+) -> None:
+    async with running_fleet(tmp_path) as fleet:
+        shards = stream_shards("orders", 1)
+        fleet.assign(shards, "node-c", generation=6)
+        sub, events = await subscribe_on(fleet, "node-c", "orders")
+        # node-b is behind: it still thinks node-a leads at generation 5.
+        routes = dict(fleet.views["node-b"].snapshot.routes)
+        routes[shards[0]] = fleet.routes[shards[0]].__class__(
+            5, AssignmentState.ACTIVE, leader="node-a"
+        )
+        fleet.set_view("node-b", routes=routes)
+        client = await WireClient.connect(fleet.entry("node-b"))
+        pub = await client.session()
+        await pub.send(frame("orders", b"moved", request_id=1, ack_mode=BinaryAckMode.PER_BATCH))
+        ack = await pub.recv()
+        # node-a answered not_leader(node-c, 6) instead of forwarding onward; node-b
+        # followed the newer hint once.
+        assert isinstance(ack, PublishAckFrame) and ack.status == AckStatus.OK, ack
+        assert (ack.node_id, ack.generation) == ("node-c", 6)
+        assert await payloads_of(events, 1) == [b"moved"]
+        opened = fleet.brokers["node-a"].engine._shards  # type: ignore[union-attr]
+        assert not [key for key in opened if key[2] == "orders"]  # node-a wrote nothing
+        client.close()
+        sub.close()
+
+
+async def test_a_cache_watch_is_redirected_like_a_subscribe(tmp_path: Path) -> None:
+    async with running_fleet(tmp_path) as fleet:
+        fleet.assign_all("node-a", generation=2)
+        client = await WireClient.connect(fleet.entry("node-b"))
+        watch = await client.request(
+            CacheWatch(tenant_id=TENANT, namespace=NS, cache="c", key="k", subscription_id=1)
+        )
+        owner_addr = f"127.0.0.1:{fleet.brokers['node-a'].quic_port}"
+        assert watch == NotLeader(node_id="node-a", addr=owner_addr, generation=2)
+        client.close()
+
+
+async def test_cache_keys_are_forwarded_to_their_own_shards_owner(tmp_path: Path) -> None:
+    from felix_broker.fleet.routing import ShardId, ShardKind
+    from felix_wire.routing import shard_for_key
+
+    async with running_fleet(tmp_path) as fleet:
+        fleet.assign_all("node-a")
+        fleet.assign([ShardId(ShardKind.CACHE, TENANT, NS, "c", 1)], "node-c", generation=3)
+        keys = {shard_for_key(k.encode(), 2, "modulo"): k for k in ("k0", "k1", "k2", "k3", "k4")}
+        assert set(keys) == {0, 1}
+        via_b = await WireClient.connect(fleet.entry("node-b"))
+        base = {"tenant_id": TENANT, "namespace": NS, "cache": "c"}
+        for shard, key in keys.items():
+            put = CachePut(**base, key=key, value=b"s%d" % shard, request_id=1)  # type: ignore[arg-type]
+            assert await via_b.request(put) == CacheOk(request_id=1)
+        # Each key lives on its shard's owner only.
+        for node, shard in (("node-a", 0), ("node-c", 1)):
+            owner = await WireClient.connect(fleet.entry(node))
+            got = await owner.request(CacheGet(**base, key=keys[shard], request_id=2))  # type: ignore[arg-type]
+            assert isinstance(got, CacheValue) and got.value == b"s%d" % shard
+            owner.close()
+        other = fleet.brokers["node-a"].cache
+        assert other is not None
+        local = other._shards[(TENANT, NS, "c", 1)]  # node-a's copy of a shard it does not lead
+        assert local.get(keys[1], int(time.time() * 1000)) is None
+        via_b.close()

@@ -8,22 +8,70 @@ import asyncio
 import json
 import subprocess
 import sys
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
 import pytest
 
-from felix_broker.fleet.routing import ShardId, ShardKind
+from felix_broker.app import Broker
+from felix_broker.config import load_config
+from felix_broker.fleet.node import FleetNode
+from felix_broker.fleet.peer import PeerTls
+from felix_broker.fleet.routing import RoutingSnapshot, ShardId, ShardKind
+from felix_broker.fleet.view import FleetView
 from felix_common.etcd import EtcdClient
 from felix_common.etcd_process import EtcdProcess
 from felix_common.fleet import Keyspace, decode_assignment, decode_member
 from felix_controlplane.cli import parse_args, run
-from tests.broker.harness import running_broker
+from felix_transport import default_impl
+from felix_transport.certs import generate_ca
 from tests.controlplane.support import call
 from tests.fleet.support import eventually
 
 pytestmark = pytest.mark.timeout(90)
 
 KEYS = Keyspace("/felix")
+
+
+@asynccontextmanager
+async def fleet_broker(tmp: Path, node_id: str, **overrides: Any) -> AsyncIterator[Broker]:
+    """A real broker with its peer certificate, joining the fleet through etcd."""
+    settings: dict[str, Any] = {
+        "quic_bind": "127.0.0.1:0",
+        "metrics_bind": "127.0.0.1:0",
+        "peer_bind": "127.0.0.1:0",
+        "data_dir": str(tmp),
+        "quic_impl": default_impl(),
+        "node_id": node_id,
+        **overrides,
+    }
+    config = load_config(environ={}, overrides=settings)
+    tls = PeerTls.issue(generate_ca("test fleet"), node_id)
+    fleet = FleetNode(tls=tls, view=FleetView(RoutingSnapshot(node_id=node_id)))
+    broker = Broker(config, fleet=fleet)
+    await broker.start()
+    try:
+        yield broker
+    finally:
+        await broker.stop()
+
+
+async def test_a_broker_with_a_node_id_but_no_peer_certificate_refuses_to_start(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    settings = {
+        "quic_bind": "127.0.0.1:0",
+        "metrics_bind": "127.0.0.1:0",
+        "data_dir": str(tmp_path),
+        "node_id": "b1",
+        "etcd_endpoints": etcd_server.endpoint,
+    }
+    broker = Broker(load_config(environ={}, overrides=settings))
+    with pytest.raises(ValueError, match="peer_tls_cert"):
+        await broker.start()
+    await broker.stop()
 
 
 async def test_the_control_plane_places_a_new_streams_shards_on_the_live_broker(
@@ -60,9 +108,9 @@ async def test_the_control_plane_places_a_new_streams_shards_on_the_live_broker(
         assert (await call("POST", f"{base}/ns/streams", token=admin, body=stream))[0] == 201
         shards = [ShardId(ShardKind.STREAM, "acme", "ns", "orders", i) for i in range(3)]
 
-        async with running_broker(
+        async with fleet_broker(
             tmp_path / "b1",
-            node_id="b1",
+            "b1",
             etcd_endpoints=endpoint,
             node_lease_ttl_ms=2000,
             client_advertise_addr="127.0.0.1:7777",
