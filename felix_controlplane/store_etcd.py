@@ -57,6 +57,7 @@ from felix_controlplane.store import (
     ResourceKey,
     Snapshot,
     StoredKey,
+    StoreUnavailableError,
 )
 
 __all__ = ["EtcdStore", "StoreBusyError"]
@@ -116,7 +117,10 @@ class EtcdStore:
 
     def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
-        return future.result(self._timeout * _ATTEMPTS)
+        try:
+            return future.result(self._timeout * _ATTEMPTS)
+        except EtcdUnavailableError as exc:
+            raise StoreUnavailableError(str(exc)) from exc
 
     # -- keys -----------------------------------------------------------------------
 
@@ -446,7 +450,7 @@ class EtcdStore:
         if self._closed:
             return
         self._closed = True
-        with contextlib.suppress(EtcdUnavailableError, TimeoutError):
+        with contextlib.suppress(StoreUnavailableError, TimeoutError):
             self._run(self._client.close())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(self._timeout)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import threading
 from collections.abc import Iterator
 from pathlib import Path
@@ -172,3 +173,30 @@ def test_two_stores_over_one_database_are_interchangeable(backend: tuple[str, ob
     finally:
         first.close()
         second.close()
+
+
+async def test_an_unreachable_etcd_is_a_503_not_a_500(tmp_path: Path) -> None:
+    from . import support
+
+    etcd = start_etcd(tmp_path / "etcd")
+    support.ETCD_ENDPOINT = ("127.0.0.1", etcd.client_port)
+    try:
+        async with support.control_plane(tmp_path) as plane:
+            admin = (await plane.bootstrap("acme"))["admin_token"]
+            etcd.stop()
+            status, answer = await support.call(
+                "POST", plane.t("acme", "/namespaces"), token=admin, body={"name": "prod"}
+            )
+            assert (status, answer["error"]) == (503, "unavailable")
+            etcd.start()
+            for _ in range(50):  # the store's channel reconnects; the write then lands
+                status, _ = await support.call(
+                    "POST", plane.t("acme", "/namespaces"), token=admin, body={"name": "prod"}
+                )
+                if status != 503:
+                    break
+                await asyncio.sleep(0.1)
+            assert status == 201
+    finally:
+        support.ETCD_ENDPOINT = None
+        etcd.close()
