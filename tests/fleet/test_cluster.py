@@ -575,3 +575,39 @@ async def test_conditional_idempotent_and_atomic_writes_are_never_forwarded(
         assert read.records == [] and read_1.records == []  # type: ignore[union-attr]
         client.close()
         owner.close()
+
+
+async def test_shard_inspect_answers_from_this_brokers_own_view(tmp_path: Path) -> None:
+    from felix_wire.messages import ShardInspect, ShardInspectInfo, SubscriptionsList
+
+    async with running_fleet(tmp_path) as fleet:
+        fleet.assign_all("node-a", generation=4)
+        operator = {"perms": ["node.view:cluster:*"]}
+        inspect = ShardInspect(
+            tenant_id=TENANT, namespace=NS, name="log", kind="stream", shard=0, request_id=1
+        )
+        views = {}
+        for node in ("node-a", "node-b"):
+            client = await WireClient.connect(fleet.entry(node))
+            info = await client.request(inspect, **operator)
+            assert isinstance(info, ShardInspectInfo), info
+            views[node] = info.view
+            listed = await client.request(SubscriptionsList(request_id=2), **operator)
+            assert listed.node_id == node  # type: ignore[union-attr]
+            client.close()
+        owner, other = views["node-a"], views["node-b"]
+        assert (owner.node_id, owner.role, owner.phase, owner.serving) == (
+            "node-a",
+            "leader",
+            "active",
+            True,
+        )
+        assert owner.generation == 4 and owner.assignment is not None
+        assert owner.assignment.leader == "node-a"
+        assert (other.node_id, other.role, other.serving, other.generation) == (
+            "node-b",
+            "none",
+            False,
+            4,
+        )
+        assert other.assignment is not None and other.assignment.leader == "node-a"
