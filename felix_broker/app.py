@@ -25,6 +25,7 @@ from felix_broker.groups.service import GroupService
 from felix_broker.inspection.service import InspectionService
 from felix_broker.metrics import BrokerMetrics
 from felix_broker.ops_http import Health, HttpListener
+from felix_broker.session.context import ConnectionState
 from felix_broker.session.dispatch import DispatchTable
 from felix_broker.session.protocol import AuthRefusedError
 from felix_broker.session.quic import CLOSE_SHUTTING_DOWN, Session
@@ -233,11 +234,7 @@ class Broker:
         )
         self.streams.idempotent_frames = guarded.publish_frame
         self.streams.widths = guarded.widths
-        inspection = InspectionService(
-            catalog=catalog,
-            store=self.store,
-            connections=lambda: list(self.session.connections.values()) if self.session else [],
-        )
+        inspection = self._inspection()
         services: list[
             StreamService
             | DiscoveryService
@@ -267,6 +264,20 @@ class Broker:
         self.session.on_close.append(self.streams.end_connection)
         if self.fleet is not None:
             await self._start_peer_listener()
+
+    def _inspection(self) -> InspectionService:
+        def connections() -> list[ConnectionState]:
+            return list(self.session.connections.values()) if self.session else []
+
+        if self.fleet is None:
+            return InspectionService(
+                catalog=self.catalog, store=self.store, connections=connections
+            )
+        from felix_broker.fleet.inspection import ClusterInspection
+
+        return ClusterInspection(
+            catalog=self.catalog, store=self.store, connections=connections, view=self.fleet.view
+        )
 
     # -- the fleet ----------------------------------------------------------------------
 

@@ -304,6 +304,9 @@ class PeerListener:
             stream.reset(1)
         except (StreamClosedError, ConnectionClosedError):
             return
+        except Exception:  # a bug in a handler: the dialer sees the stream reset
+            _log.exception("peer request failed")
+            stream.reset(1)
 
 
 class PeerDialer:

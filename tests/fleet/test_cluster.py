@@ -514,3 +514,100 @@ async def test_cache_keys_are_forwarded_to_their_own_shards_owner(tmp_path: Path
         local = other._shards[(TENANT, NS, "c", 1)]  # node-a's copy of a shard it does not lead
         assert local.get(keys[1], int(time.time() * 1000)) is None
         via_b.close()
+
+
+async def test_conditional_idempotent_and_atomic_writes_are_never_forwarded(
+    tmp_path: Path,
+) -> None:
+    from felix_wire.messages import (
+        Commit,
+        NotLeaderHint,
+        PublishIdempotent,
+        PublishIf,
+        PublishRefusal,
+        PublishRefused,
+    )
+
+    async with running_fleet(tmp_path) as fleet:
+        fleet.assign_all("node-a", generation=8)
+        owner_addr = f"127.0.0.1:{fleet.brokers['node-a'].quic_port}"
+        client = await WireClient.connect(fleet.entry("node-b"))
+        base = {"tenant_id": TENANT, "namespace": NS, "stream": "log"}
+        conditional = PublishIf(**base, payloads=[b"x"], key=b"k", expected_offset=0, request_id=1)  # type: ignore[arg-type]
+        commit = Commit(**base, entity_key=b"e", event=b"x", request_id=2)  # type: ignore[arg-type]
+        for request in (conditional, commit):
+            assert await client.request(request) == NotLeader(
+                node_id="node-a", addr=owner_addr, generation=8
+            )
+            refused = await client.request(request, features=NO_REDIRECT)
+            assert isinstance(refused, Error) and refused.code == "not_leader"
+        hint = PublishRefusal(not_leader=NotLeaderHint(node_id="node-a", addr=owner_addr))
+        idempotent = PublishIdempotent(
+            **base,  # type: ignore[arg-type]
+            payloads=[b"x"],
+            key=b"k",
+            request_id=3,
+            producer_id=1,
+            sequence=0,
+        )
+        answer = await client.request(idempotent)
+        assert isinstance(answer, PublishRefused) and answer.request_id == 3
+        assert answer.reason == hint
+        binary = await client.session()
+        await binary.send(
+            frame(
+                "log",
+                b"x",
+                key=b"k",
+                request_id=4,
+                ack_mode=BinaryAckMode.PER_BATCH,
+                producer_id=1,
+                sequence=1,
+            )
+        )
+        answer = await binary.recv()
+        assert isinstance(answer, PublishRefused) and answer.request_id == 4
+        assert answer.reason == hint
+        # Nothing reached the owner's log.
+        owner = await WireClient.connect(fleet.entry("node-a"))
+        read = await owner.request(StreamRead(**base, shard=0, from_=0, request_id=5))  # type: ignore[arg-type]
+        read_1 = await owner.request(StreamRead(**base, shard=1, from_=0, request_id=6))  # type: ignore[arg-type]
+        assert read.records == [] and read_1.records == []  # type: ignore[union-attr]
+        client.close()
+        owner.close()
+
+
+async def test_shard_inspect_answers_from_this_brokers_own_view(tmp_path: Path) -> None:
+    from felix_wire.messages import ShardInspect, ShardInspectInfo, SubscriptionsList
+
+    async with running_fleet(tmp_path) as fleet:
+        fleet.assign_all("node-a", generation=4)
+        operator = {"perms": ["node.view:cluster:*"]}
+        inspect = ShardInspect(
+            tenant_id=TENANT, namespace=NS, name="log", kind="stream", shard=0, request_id=1
+        )
+        views = {}
+        for node in ("node-a", "node-b"):
+            client = await WireClient.connect(fleet.entry(node))
+            info = await client.request(inspect, **operator)
+            assert isinstance(info, ShardInspectInfo), info
+            views[node] = info.view
+            listed = await client.request(SubscriptionsList(request_id=2), **operator)
+            assert listed.node_id == node  # type: ignore[union-attr]
+            client.close()
+        owner, other = views["node-a"], views["node-b"]
+        assert (owner.node_id, owner.role, owner.phase, owner.serving) == (
+            "node-a",
+            "leader",
+            "active",
+            True,
+        )
+        assert owner.generation == 4 and owner.assignment is not None
+        assert owner.assignment.leader == "node-a"
+        assert (other.node_id, other.role, other.serving, other.generation) == (
+            "node-b",
+            "none",
+            False,
+            4,
+        )
+        assert other.assignment is not None and other.assignment.leader == "node-a"
