@@ -175,6 +175,7 @@ class EtcdClient:
         self._timeout = timeout_s
         self._client = self._new_client()
         self._closing: set[asyncio.Task[None]] = set()
+        self._retired: set[Any] = set()  # failed channels, closed after the call bound
 
     @property
     def endpoint(self) -> str:
@@ -194,17 +195,22 @@ class EtcdClient:
             return  # another call has moved on already
         self._index = (self._index + 1) % len(self._endpoints)
         self._client = self._new_client()
+        self._retired.add(failed)
         task = asyncio.get_running_loop().create_task(self._close_later(failed))
         self._closing.add(task)
         task.add_done_callback(self._closing.discard)
 
     async def _close_later(self, client: Any) -> None:
         await asyncio.sleep(self._timeout)
+        self._retired.discard(client)
+        await self._close_client(client)
+
+    async def _close_client(self, client: Any) -> None:
         try:
             async with asyncio.timeout(self._timeout):
                 await client.close()
         except Exception:  # a broken channel may fail to close; it is dropped either way
-            _log.debug("closing a failed etcd channel", exc_info=True)
+            _log.debug("closing an etcd channel", exc_info=True)
 
     async def _call(self, name: str, *args: Any, **kwargs: Any) -> Any:
         return await self._call_with(name, lambda client: getattr(client, name)(*args, **kwargs))
@@ -233,11 +239,9 @@ class EtcdClient:
         for task in list(self._closing):
             task.cancel()
         await asyncio.gather(*self._closing, return_exceptions=True)
-        try:
-            async with asyncio.timeout(self._timeout):
-                await self._client.close()
-        except Exception:
-            _log.debug("closing the etcd channel", exc_info=True)
+        for client in [*self._retired, self._client]:
+            await self._close_client(client)
+        self._retired.clear()
 
     # -- keys ------------------------------------------------------------------------
 
