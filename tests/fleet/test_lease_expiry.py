@@ -96,7 +96,7 @@ async def test_an_expired_lease_stops_the_broker_and_its_shards_are_replaced(
         proxy.cut()  # a can no longer reach etcd: its lease runs out
         cut_at = time.monotonic()
         await eventually(lambda: a.view.fenced, within=5, what="a fences itself")
-        assert time.monotonic() - cut_at < 1.5  # within the TTL
+        assert time.monotonic() - cut_at < 2.0  # before etcd can expire the lease (its TTL)
         assert not any(a.view.snapshot.leads(s.shard) for s in SPECS)
         await eventually(
             lambda: all(b.view.snapshot.leads(s) for s in MEMORY), within=10, what="b takes memory"
