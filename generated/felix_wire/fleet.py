@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 99a5185830f51dfd1c4ac986ceaa28477d90bccdb225cb72e7db84cd021a01fd
+# spec sha256: a92f6049e5f65a9f5188b5fdf59b67769e7287e0a05feeef4567d077f826863b
 """The fleet catalogue: etcd record shapes and broker-to-broker messages.
 
 Broker-to-broker QUIC (TLS 1.3, mutual TLS): each broker's peer certificate is signed by the fleet CA and names its node id as a DNS SAN; both sides check it, and the listener checks it against hello.

@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 99a5185830f51dfd1c4ac986ceaa28477d90bccdb225cb72e7db84cd021a01fd
+# spec sha256: a92f6049e5f65a9f5188b5fdf59b67769e7287e0a05feeef4567d077f826863b
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
