@@ -170,6 +170,11 @@ class ControlPlane:
             ("GET", re.compile(r"^/v1/tenants$"), self._list_tenants),
         ]
 
+    def changed_elsewhere(self) -> None:
+        """The store says its change log advanced through another instance (a shared
+        etcd store): wake this instance's long polls. Call on the event loop."""
+        self._notify()
+
     async def close(self) -> None:
         """End the outbound HTTP session (identity providers' JWKS); the store is the caller's."""
         await self.upstream.close()

@@ -262,15 +262,23 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         ),
     )
     store: Store
+    etcd_store = None
     if args.store == "etcd":
         from felix_controlplane.store_etcd import EtcdStore
 
-        store = EtcdStore(
+        store = etcd_store = EtcdStore(
             args.etcd_endpoints, prefix=args.etcd_prefix, max_changes=args.max_changes
         )
     else:
         store = SqliteStore(args.db, max_changes=args.max_changes)
     plane = ControlPlane(store, settings)
+    if etcd_store is not None:
+        loop = asyncio.get_running_loop()
+
+        def wake() -> None:  # from the store's thread: writes through other instances
+            loop.call_soon_threadsafe(plane.changed_elsewhere)
+
+        etcd_store.add_change_listener(wake)
     context = None
     if args.tls_cert is not None:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import concurrent.futures
 import contextlib
 import json
 import random
@@ -39,6 +40,7 @@ from typing import Any, TypeVar
 from urllib.parse import quote, unquote
 
 from felix_common.etcd import (
+    CompactedError,
     Compare,
     Delete,
     EtcdClient,
@@ -110,6 +112,8 @@ class EtcdStore:
         self._thread.start()
         self._client = self._run(self._make_client(list(endpoints), timeout_s))
         self._closed = False
+        self._listeners: list[Callable[[], None]] = []
+        self._watch: concurrent.futures.Future[None] | None = None
 
     @staticmethod
     async def _make_client(endpoints: list[tuple[str, int]], timeout_s: float) -> EtcdClient:
@@ -121,6 +125,35 @@ class EtcdStore:
             return future.result(self._timeout * _ATTEMPTS)
         except EtcdUnavailableError as exc:
             raise StoreUnavailableError(str(exc)) from exc
+
+    def add_change_listener(self, listener: Callable[[], None]) -> None:
+        """Call `listener` (from the store's own thread) whenever the change log advances,
+        whichever instance wrote it: a long poll at one instance wakes for a write made
+        through another."""
+        self._listeners.append(listener)
+        if self._watch is None:
+            self._watch = asyncio.run_coroutine_threadsafe(self._watch_seq(), self._loop)
+
+    async def _watch_seq(self) -> None:
+        revision = 0
+        delay = 0.05
+        while True:
+            try:
+                if not revision:
+                    revision, _ = await self._client.get_prefix(self._seq_key)
+                async for event in self._client.watch_prefix(self._seq_key, revision + 1):
+                    delay = 0.05
+                    revision = max(revision, event.mod_revision)
+                    if event.key == self._seq_key:
+                        for listener in self._listeners:
+                            listener()
+            except CompactedError:
+                revision = 0  # read again; the listeners check the log themselves
+                for listener in self._listeners:
+                    listener()
+            except EtcdUnavailableError:
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 1.0)
 
     # -- keys -----------------------------------------------------------------------
 
@@ -450,6 +483,8 @@ class EtcdStore:
         if self._closed:
             return
         self._closed = True
+        if self._watch is not None:
+            self._watch.cancel()
         with contextlib.suppress(StoreUnavailableError, TimeoutError):
             self._run(self._client.close())
         self._loop.call_soon_threadsafe(self._loop.stop)

@@ -124,6 +124,12 @@ async def control_plane(
     settings.setdefault("sync_token", SYNC_TOKEN)
     settings.setdefault("bootstrap_secret", BOOTSTRAP_SECRET)
     control = ControlPlane(store, Settings(**settings))
+    if ETCD_ENDPOINT is not None:  # as felix-controlplane --store etcd wires it
+        from felix_controlplane.store_etcd import EtcdStore
+
+        assert isinstance(store, EtcdStore)
+        loop = asyncio.get_running_loop()
+        store.add_change_listener(lambda: loop.call_soon_threadsafe(control.changed_elsewhere))
     public = HttpServer(control.handle)
     admin = HttpServer(control.handle_admin)
     await public.start("127.0.0.1", 0)

@@ -200,3 +200,45 @@ async def test_an_unreachable_etcd_is_a_503_not_a_500(tmp_path: Path) -> None:
     finally:
         support.ETCD_ENDPOINT = None
         etcd.close()
+
+
+async def test_a_long_poll_at_one_instance_wakes_for_a_write_through_another(
+    tmp_path: Path,
+) -> None:
+    import time
+
+    from . import support
+
+    etcd = start_etcd(tmp_path / "etcd")
+    support.ETCD_ENDPOINT = ("127.0.0.1", etcd.client_port)
+    try:
+        async with (
+            support.control_plane(tmp_path / "a") as a,
+            support.control_plane(tmp_path / "b") as b,
+        ):
+            admin = (await b.bootstrap("acme"))["admin_token"]
+            status, page = await support.call(
+                "GET", f"{a.url}/v1/catalog/changes?since=0", token=support.SYNC_TOKEN, body=None
+            )
+            assert status == 200
+            head = page["seq"]
+            started = time.monotonic()
+            poll = asyncio.create_task(
+                support.call(
+                    "GET",
+                    f"{a.url}/v1/catalog/changes?since={head}&wait=20",
+                    token=support.SYNC_TOKEN,
+                    body=None,
+                )
+            )
+            await asyncio.sleep(0.3)
+            created = await support.call(
+                "POST", b.t("acme", "/namespaces"), token=admin, body={"name": "prod"}
+            )
+            assert created[0] == 201
+            status, page = await poll
+            assert status == 200 and [c["name"] for c in page["changes"]] == ["prod"]
+            assert time.monotonic() - started < 10  # woken, not timed out
+    finally:
+        support.ETCD_ENDPOINT = None
+        etcd.close()
