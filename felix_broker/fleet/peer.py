@@ -7,19 +7,25 @@ the listener's certificate against the node id it dials (TLS server name), the
 listener checks the dialer's during the handshake (`client_ca_pem`) and then
 against the `hello` that opens every peer stream.
 
-One request per bidirectional stream: `hello`, then the request; the listener
-answers `hello_ok` (or `hello_refused` and the stream ends), then exactly one
-terminal answer, and finishes the stream. Frames reuse the client protocol's
-envelope with JSON payloads of `felix_wire.fleet` messages.
+A bidirectional stream carries `hello`, then one request (`PeerDialer.request`)
+or an ordered run of them (`PeerPipe`: a client stream's forwarded publishes to
+one owner). The listener answers `hello_ok` (or `hello_refused` and the stream
+ends), admits the stream's requests in order (the handler returns once a request
+is admitted, e.g. queued on its shard) and writes exactly one terminal answer per
+request, in the same order, then finishes the stream after the dialer's FIN.
+Frames reuse the client protocol's envelope with JSON payloads of
+`felix_wire.fleet` messages.
 
 Bounds (`PeerLimits`), and what happens at each:
 
 - connections: the listener refuses a connection past `max_connections` during
   the handshake (CONNECTION_REFUSED); the dialer keeps one connection per peer;
-- in-flight requests: at most `max_inflight` per connection on the listener (the
-  next stream is not read until one finishes, so QUIC flow control holds the
-  dialer back) and at most `max_inflight` per peer on the dialer (a caller waits
-  for a slot, at most `request_timeout`);
+- in-flight requests: at most `max_inflight` streams per connection on the
+  listener (the next stream is not read until one finishes, so QUIC flow control
+  holds the dialer back), at most `stream_window` unanswered requests per stream
+  (the listener stops reading the stream; a pipe's `send` waits), and at most
+  `max_inflight` single requests per peer on the dialer (a caller waits for a
+  slot, at most `request_timeout`);
 - frame sizes: `PEER_HELLO_MAX_FRAME_BYTES` until hello_ok, then
   `max_frame_bytes`; a larger frame ends the stream;
 - time: a peer that does not complete a handshake within `connect_timeout`, or
