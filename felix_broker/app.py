@@ -327,7 +327,6 @@ class Broker:
             engine=self._engine,
             table=self.table,
             verify=self._verifier.verify,
-            authenticate=self._authenticate,
             server_flags=int(SERVER_FLAGS),
             features=lambda: self._features,
             max_frame_bytes=config.max_frame_bytes,

@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: a92f6049e5f65a9f5188b5fdf59b67769e7287e0a05feeef4567d077f826863b
+# spec sha256: c4cca4dae0d30f6c18ac33fbd0a3aee77bbd2c160b03472c18f165ee2eacc205
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
