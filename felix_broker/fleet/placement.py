@@ -35,7 +35,7 @@ import asyncio
 import enum
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
@@ -275,6 +275,10 @@ def unavailable_reason(route: Route | None, leader: Member | None) -> str:
     }.get(route.state, "not_ready")
 
 
+HoldBytes = Callable[[RequestContext, int], Awaitable[Callable[[], None]]]
+"""Takes publish bytes from the stream service's budgets; returns their release."""
+
+
 class ClusterPlacement:
     """A fleet member's placement: serve what it leads, forward or redirect the rest."""
 
@@ -285,11 +289,13 @@ class ClusterPlacement:
         catalog: Callable[[], Catalog],
         dialer: PeerDialer,
         ack_on_commit: bool,
+        hold_bytes: HoldBytes,
     ) -> None:
         self._view = view
         self._catalog = catalog
         self._dialer = dialer
         self._ack_on_commit = ack_on_commit
+        self._hold_bytes = hold_bytes
         # Forwarded publishes of one client stream go one after the other (ordering).
         self._stream_locks: weakref.WeakKeyDictionary[StreamIO, asyncio.Lock]
         self._stream_locks = weakref.WeakKeyDictionary()
@@ -480,13 +486,23 @@ class ClusterPlacement:
                 detail=outcome.detail,
             )
 
+        # A forward holds its bytes in the same budgets as a local publish (per identity,
+        # connection and broker) until the owner answered; waiting stops the stream.
+        release = await self._hold_bytes(ctx, sum(map(len, payloads)))
         # Sent now, in the stream's order, on the stream's pipe to the owner; the answer
         # settles later and goes out in order with the stream's other answers.
-        sent = await self._send_in_order(ctx, shard, build)
+        try:
+            sent = await self._send_in_order(ctx, shard, build)
+        except BaseException:
+            release()
+            raise
         built: list[bytes] = []
 
         async def settle() -> int:
-            built.append(answer_of(await self._settle(ctx, shard, build, sent)))
+            try:
+                built.append(answer_of(await self._settle(ctx, shard, build, sent)))
+            finally:
+                release()
             return 0
 
         task = asyncio.get_running_loop().create_task(settle())

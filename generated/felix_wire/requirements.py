@@ -1,5 +1,5 @@
 # Generated from spec/requirements.yaml by codegen - DO NOT EDIT.
-# requirements sha256: 29a1d6bc910c90ba794671a3d21b65df4f1fe800310e91ab8ba2600535f27cbb
+# requirements sha256: 000ac4e75e208f131e15e2b22712d6c57f2e53e40ae7e04f60936e335fe255d7
 """The protocol's requirements as a read-only table.
 
 Code, tests and conformance transcripts cite a requirement by its id ("(T7)",
@@ -23,7 +23,7 @@ __all__ = [
     "SECTION_CITATION",
 ]
 
-REQUIREMENTS_SHA256 = "29a1d6bc910c90ba794671a3d21b65df4f1fe800310e91ab8ba2600535f27cbb"
+REQUIREMENTS_SHA256 = "000ac4e75e208f131e15e2b22712d6c57f2e53e40ae7e04f60936e335fe255d7"
 
 
 class Requirement(NamedTuple):
@@ -395,6 +395,13 @@ REQUIREMENTS: Mapping[str, Requirement] = MappingProxyType(
             None,
             False,
         ),
+        "PL8": Requirement(
+            "PL8",
+            "7",
+            "A broker that advertised FEATURE_PUBLISH_WIDTH takes publish_width without an answer and refuses a keyed batch routed by a width the stream does not have with stale_width, writing nothing.",
+            "publish-width",
+            False,
+        ),
         "N1": Requirement(
             "N1",
             "9",
@@ -728,6 +735,13 @@ REQUIREMENTS: Mapping[str, Requirement] = MappingProxyType(
             "K7",
             "9",
             "A cache watch names one key or one prefix (a key watch ignores shard), replays from from_offset then goes live, and on overflow delivers what it holds, sends cache_watch_lagged and ends.",
+            None,
+            False,
+        ),
+        "K9": Requirement(
+            "K9",
+            "9",
+            "A cache_watch asking for retained values, to a broker that advertised FEATURE_CACHE_WATCH_RETAINED, reports how many it holds in cache_watch_started and delivers each current value as a cache_event before any later change.",
             None,
             False,
         ),
