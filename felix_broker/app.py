@@ -142,6 +142,14 @@ class Broker:
                     f"node_id {config.node_id!r} is not the one its peer certificate names "
                     f"({self.fleet.node_id!r})"
                 )
+            wildcard = self.fleet.peer_host in ("", "0.0.0.0", "::")
+            if wildcard and not config.peer_advertise_addr:
+                # Registered as 0.0.0.0, no other broker could forward to this one.
+                raise ValueError(
+                    f"peer_bind {self.fleet.peer_host}:{self.fleet.peer_port} is a wildcard address: set "
+                    "peer_advertise_addr (FELIX_PEER_ADVERTISE_ADDR) to the host:port other "
+                    "brokers reach this one's peer listener at"
+                )
         if config.controlplane_url is not None:
             await self._connect_control_plane(config.controlplane_url)
         if self._verifier is None:
@@ -287,7 +295,7 @@ class Broker:
         the certificate's."""
         from felix_broker.fleet.node import FleetNode
         from felix_broker.fleet.peer import PeerTls
-        from felix_broker.fleet.placement import FleetView
+        from felix_broker.fleet.view import FleetView
         from felix_broker.fleet.routing import RoutingSnapshot
 
         config = self.config

@@ -356,26 +356,6 @@ class BrokerConfig:
         False, "FELIX_TLS_REQUIRE_ALPN", doc="Refuse clients that offer no ALPN protocol."
     )
 
-    # The fleet's peer listener (broker to broker, mutual TLS). With peer_tls_cert the
-    # broker is a fleet member: it forwards or redirects requests for shards it does
-    # not lead; its node id is the one DNS name its peer certificate names.
-    peer_bind: HostPort = _bind(
-        "0.0.0.0:5100",
-        "FELIX_PEER_BIND",
-        doc="The peer listener of a fleet member (host:port), ALPN felix-peer/1.",
-    )
-    peer_tls_cert: Path | None = _optional_path(
-        "FELIX_PEER_TLS_CERT",
-        doc="PEM peer certificate, signed by the fleet CA, naming this broker's node id as "
-        "its one DNS name; set, the broker is a fleet member.",
-    )
-    peer_tls_key: Path | None = _optional_path(
-        "FELIX_PEER_TLS_KEY", doc="PEM private key of peer_tls_cert."
-    )
-    peer_tls_ca: Path | None = _optional_path(
-        "FELIX_PEER_TLS_CA", doc="The fleet CA: every peer's certificate must be signed by it."
-    )
-
     # Connections and authentication.
     preauth_max_frame_bytes: int = _int(
         65536,
@@ -660,12 +640,18 @@ class BrokerConfig:
         "FELIX_CONTROLPLANE_CA", doc="The CA certificate to trust for the control plane."
     )
 
-    # The fleet: a broker joins one only with both node_id and etcd_endpoints
-    # (otherwise it is standalone and talks to no etcd).
+    # The fleet. A broker joins one only with both node_id and etcd_endpoints (otherwise
+    # it is standalone and imports nothing of etcd). A member also needs its peer
+    # listener (peer_bind) and its peer certificate (peer_tls_*), whose one DNS name is
+    # its node id: node_id must be that name, or the broker refuses to start. The
+    # addresses it registers are client_advertise_addr and peer_advertise_addr (or the
+    # bound ones). A peer certificate without node_id makes a fleet member whose routes
+    # are set in-process (tests); the node id is then the certificate's.
     node_id: str = _text(
         "",
         "FELIX_NODE_ID",
-        doc="This broker's node id in a fleet; empty: a standalone broker (no etcd).",
+        doc="This broker's node id in a fleet, the one its peer certificate names (else it "
+        "refuses to start); empty: a standalone broker (no etcd).",
     )
     etcd_endpoints: tuple[HostPort, ...] = _endpoints(
         "FELIX_ETCD_ENDPOINTS",
@@ -694,7 +680,23 @@ class BrokerConfig:
         "",
         "FELIX_PEER_ADVERTISE_ADDR",
         doc="host:port other brokers reach this broker's peer listener at, as registered "
-        "in the fleet.",
+        "in the fleet; empty: peer_bind's address (a wildcard peer_bind needs this set).",
+    )
+    peer_bind: HostPort = _bind(
+        "0.0.0.0:5100",
+        "FELIX_PEER_BIND",
+        doc="The peer listener of a fleet member (host:port), ALPN felix-peer/1.",
+    )
+    peer_tls_cert: Path | None = _optional_path(
+        "FELIX_PEER_TLS_CERT",
+        doc="PEM peer certificate, signed by the fleet CA, naming this broker's node id as "
+        "its one DNS name; set, the broker is a fleet member.",
+    )
+    peer_tls_key: Path | None = _optional_path(
+        "FELIX_PEER_TLS_KEY", doc="PEM private key of peer_tls_cert."
+    )
+    peer_tls_ca: Path | None = _optional_path(
+        "FELIX_PEER_TLS_CA", doc="The fleet CA: every peer's certificate must be signed by it."
     )
 
     catalog: StaticCatalog = field(default_factory=default_catalog)

@@ -13,8 +13,9 @@ from __future__ import annotations
 
 from felix_broker.catalog import Catalog
 from felix_broker.discovery.service import DISCOVERY_FEATURES, DiscoveryService
-from felix_broker.fleet.placement import FleetView, unavailable_reason
+from felix_broker.fleet.placement import unavailable_reason
 from felix_broker.fleet.routing import AssignmentState, ShardId, ShardKind
+from felix_broker.fleet.view import FleetView
 from felix_broker.session.context import RequestContext
 from felix_broker.session.dispatch import DispatchTable
 from felix_wire.features import Feature

@@ -14,8 +14,9 @@ from collections.abc import Callable, Iterable
 import msgspec
 
 from felix_broker.catalog import Catalog
-from felix_broker.fleet.placement import FleetView, unavailable_reason
+from felix_broker.fleet.placement import unavailable_reason
 from felix_broker.fleet.routing import AssignmentState, ShardId, ShardKind
+from felix_broker.fleet.view import FleetView
 from felix_broker.inspection.service import InspectionService
 from felix_broker.session.context import ConnectionState
 from felix_broker.storage import LogStore

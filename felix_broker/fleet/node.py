@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from felix_broker.fleet.peer import PeerLimits, PeerTls
-from felix_broker.fleet.placement import FleetView
+from felix_broker.fleet.view import FleetView
 
 __all__ = ["FleetNode"]
 

@@ -34,8 +34,9 @@ from typing import Any
 
 from felix_broker.catalog import Catalog
 from felix_broker.fleet.peer import PeerOrigin
-from felix_broker.fleet.placement import CACHE_ROUTING, FleetView
+from felix_broker.fleet.placement import CACHE_ROUTING
 from felix_broker.fleet.routing import ShardId, ShardKind
+from felix_broker.fleet.view import FleetView
 from felix_broker.metrics import BrokerMetrics
 from felix_broker.session.context import ConnectionState, RequestContext, StreamIO
 from felix_broker.session.dispatch import DispatchTable

@@ -116,7 +116,6 @@ __all__ = [
     "MAX_FORWARD_ATTEMPTS",
     "RULES",
     "ClusterPlacement",
-    "FleetView",
     "Rule",
     "unavailable_reason",
 ]

@@ -24,7 +24,6 @@ from felix_broker.catalog import StaticCatalog
 from felix_broker.config import load_config
 from felix_broker.fleet.node import FleetNode
 from felix_broker.fleet.peer import PeerTls
-from felix_broker.fleet.placement import FleetView
 from felix_broker.fleet.routing import (
     AssignmentState,
     Member,
@@ -33,6 +32,7 @@ from felix_broker.fleet.routing import (
     ShardId,
     ShardKind,
 )
+from felix_broker.fleet.view import FleetView
 from felix_common.tokens import DevIssuer, TokenVerifier
 from felix_transport import default_impl, generate_ca
 

@@ -9,6 +9,9 @@ from pathlib import Path
 import pytest
 
 from felix_broker.config import InvalidConfigValueError
+from felix_common.etcd import EtcdClient
+from felix_common.etcd_process import EtcdProcess
+from felix_common.fleet import Keyspace
 from felix_transport import generate_ca, generate_leaf
 from felix_wire.features import Feature
 
@@ -48,4 +51,37 @@ async def test_the_peer_tls_files_go_together(tmp_path: Path) -> None:
     del knobs["peer_tls_ca"]
     with pytest.raises(InvalidConfigValueError, match="peer_tls_ca"):
         async with running_broker(tmp_path, **knobs):
+            pass
+
+
+async def test_a_node_id_other_than_the_certificates_refuses_to_join(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    # FELIX_NODE_ID says node-y, the peer certificate (FELIX_PEER_TLS_CERT) names node-x:
+    # the broker refuses to start, before it registers anything in etcd.
+    knobs = {**_write(tmp_path, "node-x"), "node_id": "node-y"}
+    with pytest.raises(ValueError, match="'node-y' is not the one its peer certificate names"):
+        async with running_broker(tmp_path, etcd_endpoints=etcd_server.endpoint, **knobs):
+            pass
+    probe = EtcdClient([("127.0.0.1", etcd_server.client_port)])
+    try:
+        _, members = await probe.get_prefix(Keyspace("/felix").members)
+        assert members == []
+    finally:
+        await probe.close()
+    # The same files with the certificate's node id join.
+    knobs["node_id"] = "node-x"
+    async with running_broker(tmp_path, etcd_endpoints=etcd_server.endpoint, **knobs) as broker:
+        assert broker.etcd is not None and broker.fleet is not None
+        assert broker.fleet.node_id == "node-x"
+
+
+async def test_a_member_on_a_wildcard_peer_bind_must_advertise_its_peer_address(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    # Registered as 0.0.0.0:port no other broker could forward to it: refused at start,
+    # before the peer listener binds anything.
+    knobs = {**_write(tmp_path, "node-x"), "node_id": "node-x", "peer_bind": "0.0.0.0:0"}
+    with pytest.raises(ValueError, match="peer_advertise_addr"):
+        async with running_broker(tmp_path, etcd_endpoints=etcd_server.endpoint, **knobs):
             pass
