@@ -145,8 +145,9 @@ class Broker:
             wildcard = self.fleet.peer_host in ("", "0.0.0.0", "::")
             if wildcard and not config.peer_advertise_addr:
                 # Registered as 0.0.0.0, no other broker could forward to this one.
+                bind = f"{self.fleet.peer_host}:{self.fleet.peer_port}"
                 raise ValueError(
-                    f"peer_bind {self.fleet.peer_host}:{self.fleet.peer_port} is a wildcard address: set "
+                    f"peer_bind {bind} is a wildcard address: set "
                     "peer_advertise_addr (FELIX_PEER_ADVERTISE_ADDR) to the host:port other "
                     "brokers reach this one's peer listener at"
                 )
@@ -295,8 +296,8 @@ class Broker:
         the certificate's."""
         from felix_broker.fleet.node import FleetNode
         from felix_broker.fleet.peer import PeerTls
-        from felix_broker.fleet.view import FleetView
         from felix_broker.fleet.routing import RoutingSnapshot
+        from felix_broker.fleet.view import FleetView
 
         config = self.config
         assert config.peer_tls_cert and config.peer_tls_key and config.peer_tls_ca
