@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: f89dd090f3ce1834423a46d71d8919d607db08226f2be5b8d9e3fd40dd95134a
+# spec sha256: 0cd2741e102342e740c587e6bb88ac6285fec27dd4b14fa8d224db886d36d265
 """Binary payload layouts: straight-line encoders and decoders per layout.
 
 Each layout is a Struct whose optional groups are present exactly when their

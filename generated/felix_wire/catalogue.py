@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: f89dd090f3ce1834423a46d71d8919d607db08226f2be5b8d9e3fd40dd95134a
+# spec sha256: 0cd2741e102342e740c587e6bb88ac6285fec27dd4b14fa8d224db886d36d265
 """Read-only index of the catalogue: every name the generated layer knows.
 
 Tests count these against tests/vectors/protocol-tables.yaml; tools (the conformance
@@ -30,7 +30,7 @@ __all__ = [
     "COUNTS",
 ]
 
-SPEC_SHA256 = "f89dd090f3ce1834423a46d71d8919d607db08226f2be5b8d9e3fd40dd95134a"
+SPEC_SHA256 = "0cd2741e102342e740c587e6bb88ac6285fec27dd4b14fa8d224db886d36d265"
 
 
 class Decision(NamedTuple):
@@ -142,6 +142,16 @@ DECISIONS: Mapping[str, Decision] = MappingProxyType(
             "catalogued as unnamed bits that we neither advertise nor gate anything on",
             "observed, meaning unknown",
         ),
+        "quorum-ack-model": Decision(
+            "what releases a Quorum acknowledgement (upstream's documents disagree whether follower acks are built, cluster facts D.3)",
+            "majority_ack from the start: a write is acknowledged once a majority of the replica set, the leader included, holds it durably at the leader's generation, with no etcd or control-plane write on the ack path; a new leader persists its ballot, fences every replica, opens only if no replica of the first fenced majority holds a log further ahead (last record's generation, then length), otherwise refuses and the shard stays unavailable; it appends a generation-start record and is settling (no mark, reads not_ready) until a majority holds it",
+            "the lease mode's report-before-mark would cost an etcd write on every Quorum publish; majority overlap between the ack majority and the fence majority keeps every acknowledged write in every later leader, which the hypothesis model of felix_broker/replication/core.py checks after every step",
+        ),
+        "quorum-no-majority-answer": Decision(
+            "answer to a Quorum write without a majority in time (semantics says refused, the protocol says quorum_timeout)",
+            "error quorum_timeout with retry class outcome_unknown after FELIX_PUBLISH_QUORUM_TIMEOUT_MS; the record may still commit later; a write waiting when leadership moves or the lease lapses gets leadership_lost (outcome_unknown)",
+            "the wire table and the protocol are authoritative, and a record durable on the leader can be committed by a later majority, so nothing-applied would be a lie",
+        ),
     }
 )
 
@@ -165,6 +175,6 @@ COUNTS: Mapping[str, int] = MappingProxyType(
         "error_codes": 17,
         "retry_classes": 5,
         "shapes": 25,
-        "decisions": 21,
+        "decisions": 23,
     }
 )
