@@ -34,6 +34,7 @@ from felix_broker.replication.core import (
 
 KEY = "s"
 MAX_IN_FLIGHT = 64  # the network's bound: a message sent past it is lost
+MAX_DELIVERIES = 2000  # per settle round: a replica pair that never converges stops here
 
 
 @dataclass
@@ -172,6 +173,20 @@ class Cluster:
         if replica is not None:
             self.apply(to, replica.receive(message, self.now))
 
+    def flush(self, limit: int = MAX_DELIVERIES, apart: str | None = None) -> None:
+        """Deliver what is in flight, and what that sends, oldest first (bounded);
+        with `apart`, that node is partitioned away: what is sent to it is lost."""
+        for _ in range(limit):
+            if apart is not None:
+                self.cut_off(apart)
+            if not self.network:
+                return
+            self.deliver(0)
+
+    def cut_off(self, name: str) -> None:
+        """Lose every message in flight to `name`."""
+        self.network = [(to, m) for to, m in self.network if to != name]
+
     def drop(self, index: int) -> None:
         if self.network:
             self.network.pop(index % len(self.network))
@@ -220,8 +235,10 @@ class Cluster:
             self.apply(name, replica.tick(self.now))
 
     def promote(self, name: str) -> None:
+        """The control plane makes `name` leader at a new generation (it only picks a
+        live member, i.e. one whose lease holds)."""
         replica = self.nodes[name]
-        if replica is None:
+        if replica is None or replica.lease_lapsed:
             return
         self.generation = (
             max(self.generation, *(d.ballot_generation for d in self.disks.values())) + 1
@@ -270,8 +287,7 @@ class Cluster:
                 self.tick(self.config.retransmit_ms)
                 if not self.network:
                     break
-            while self.network:
-                self.deliver(0)
+            self.flush()
 
     def leaders(self) -> list[Replica]:
         return [r for r in self.nodes.values() if r is not None and r.phase is Phase.LEADER]
