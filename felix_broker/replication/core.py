@@ -713,4 +713,3 @@ def _handlers() -> dict[type, Callable[[Replica, Message, int], list[Effect]]]:
 
 
 Replica._HANDLERS = _handlers()
-
