@@ -8,10 +8,15 @@ from felix_broker.replication.core import (
     Acked,
     Config,
     Entry,
+    Fence,
+    FenceOk,
+    FenceRefused,
+    PersistBallot,
     Phase,
     PromotionRefused,
     Refused,
     Replica,
+    Send,
 )
 from felix_wire.errors import ErrorCode, RetryClass
 from tests.replication.sim import Cluster
@@ -188,3 +193,16 @@ def test_bad_input_is_refused_clearly() -> None:
         Refused(1, ErrorCode.INVALID_REQUEST, RetryClass.FATAL, "empty")
     ]
     assert replica.promote(1, now=0) == []  # a generation is never taken twice
+
+
+def test_a_replica_that_knows_a_generation_but_not_its_leader_takes_its_fence() -> None:
+    """Regression: a replica told of generation 5 by a refusal (leader unknown) used to
+    refuse generation 5's candidate forever, so that candidate could never count it."""
+    replica = Replica("b", ("a", "b", "c"))
+    replica.promote(3, now=0)
+    replica.receive(FenceRefused(5, "c"), now=0)
+    assert (replica.generation, replica.leader) == (5, None)
+    effects = replica.receive(Fence(5, "a"), now=0)
+    assert PersistBallot(5, "a") in effects
+    assert Send("a", FenceOk(5, "b", 0, 0)) in effects
+    assert replica.receive(Fence(5, "c"), now=0) == [Send("c", FenceRefused(5, "b"))]
