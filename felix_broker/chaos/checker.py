@@ -327,3 +327,28 @@ def check(history: Sequence[Operation]) -> Verdict:
     run.subscriptions()
     run.caches()
     return run.verdict
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """`python -m felix_broker.chaos.checker HISTORY.jsonl`: print the verdict; exit 0
+    when the history keeps every rule, 1 when it breaks one, 2 when it cannot be judged."""
+    import argparse
+    import sys
+    from pathlib import Path
+
+    from felix_broker.chaos.history import load
+
+    parser = argparse.ArgumentParser(prog="python -m felix_broker.chaos.checker")
+    parser.add_argument("history", type=Path, help="a history file (JSON lines)")
+    args = parser.parse_args(argv)
+    try:
+        verdict = check(load(args.history))
+    except (OSError, ValueError) as exc:
+        print(f"cannot judge {args.history}: {exc}", file=sys.stderr)
+        return 2
+    print(verdict.summary())
+    return 0 if verdict.ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

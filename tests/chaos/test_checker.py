@@ -244,3 +244,20 @@ def test_lost_delivery() -> None:
 def test_a_history_without_a_final_log_cannot_be_judged() -> None:
     with pytest.raises(IncompleteHistory, match="no final log for 's'"):
         check([append("a", 0, 1)])
+
+
+def test_the_command_line_judges_a_history_file(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from felix_broker.chaos.checker import main
+
+    good, bad = tmp_path / "good.jsonl", tmp_path / "bad.jsonl"
+    dump(GOOD, good)
+    dump([append("a", 0, 1), final()], bad)
+    assert main([str(good)]) == 0
+    assert main([str(bad)]) == 1
+    assert "lost_write" in capsys.readouterr().out
+    (tmp_path / "broken.jsonl").write_text("not json\n")
+    assert main([str(tmp_path / "broken.jsonl")]) == 2
+    assert main([str(tmp_path / "missing.jsonl")]) == 2
+    assert "cannot judge" in capsys.readouterr().err
