@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 2d375d903e36465b3e4828c87daf7648b005569259cac2cd1dd75dc89c40ff9f
+# spec sha256: 54127759cf2d4cce68471d6c96996a9a1e373858025c401bbeb2101d26c2c8b0
 """The fleet catalogue: etcd record shapes and broker-to-broker messages.
 
 Broker-to-broker QUIC (TLS 1.3, mutual TLS): each broker's peer certificate is signed by the fleet CA and names its node id as a DNS SAN; both sides check it, and the listener checks it against hello.

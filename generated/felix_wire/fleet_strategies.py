@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 2d375d903e36465b3e4828c87daf7648b005569259cac2cd1dd75dc89c40ff9f
+# spec sha256: 54127759cf2d4cce68471d6c96996a9a1e373858025c401bbeb2101d26c2c8b0
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
