@@ -15,7 +15,7 @@ import contextlib
 import logging
 import os
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from felix_broker.cache.service import CacheLimits, CacheService
 from felix_broker.catalog import Catalog
@@ -25,6 +25,7 @@ from felix_broker.groups.service import GroupService
 from felix_broker.inspection.service import InspectionService
 from felix_broker.metrics import BrokerMetrics
 from felix_broker.ops_http import Health, HttpListener
+from felix_broker.session.context import ConnectionState
 from felix_broker.session.dispatch import DispatchTable
 from felix_broker.session.protocol import AuthRefusedError
 from felix_broker.session.quic import CLOSE_SHUTTING_DOWN, Session
@@ -40,6 +41,10 @@ from felix_wire.errors import ErrorCode
 from felix_wire.features import Feature
 from felix_wire.flags import KNOWN_FLAGS
 from felix_wire.messages import Auth
+
+if TYPE_CHECKING:
+    from felix_broker.fleet.node import FleetNode
+    from felix_broker.fleet.peer import PeerDialer, PeerListener
 
 __all__ = ["SERVER_FEATURES", "SERVER_FLAGS", "Broker", "Verifier"]
 
@@ -75,8 +80,14 @@ class Broker:
         *,
         verifier: Verifier | None = None,
         cache_limits: CacheLimits | None = None,
+        fleet: FleetNode | None = None,
     ) -> None:
         self.config = config
+        # A fleet member (FleetNode) forwards and redirects what it does not lead;
+        # without one the broker is standalone and imports nothing of the fleet.
+        self.fleet = fleet
+        self.peer_listener: PeerListener | None = None
+        self.peer_dialer: PeerDialer | None = None
         self._cache_limits = cache_limits
         self.metrics = BrokerMetrics()
         self.health = Health()
@@ -112,6 +123,8 @@ class Broker:
             ca=config.tls_ca,
             cert_export=config.tls_cert_export,
         )
+        if self.fleet is None and config.peer_tls_cert is not None:
+            self.fleet = self._fleet_from_config()
         if config.controlplane_url is not None:
             await self._connect_control_plane(config.controlplane_url)
         if self._verifier is None:
@@ -159,13 +172,14 @@ class Broker:
 
     async def _build_services(self) -> None:
         """Every capability service, its shards recovered, its handlers in the table."""
-        config, catalog, table = self.config, self.catalog, self.table
+        config, catalog = self.config, self.catalog
+        discovery = self._fleet_seam() if self.fleet is not None else DiscoveryService(catalog)
+        table = self.table
         self.engine = Engine(catalog, config, self.metrics, self.store)
         await self.engine.recover()  # producer tables and state views, before /ready
         self.streams = StreamService(
             config=config, engine=self.engine, metrics=self.metrics, durable=self.store is not None
         )
-        discovery = DiscoveryService(catalog)
         self.cache = CacheService(
             config=config, catalog=catalog, metrics=self.metrics, limits=self._cache_limits
         )
@@ -178,11 +192,7 @@ class Broker:
         )
         self.streams.idempotent_frames = guarded.publish_frame
         self.streams.widths = guarded.widths
-        inspection = InspectionService(
-            catalog=catalog,
-            store=self.store,
-            connections=lambda: list(self.session.connections.values()) if self.session else [],
-        )
+        inspection = self._inspection()
         services: list[
             StreamService
             | DiscoveryService
@@ -210,6 +220,90 @@ class Broker:
             features=lambda: self._features,
         )
         self.session.on_close.append(self.streams.end_connection)
+        if self.fleet is not None:
+            await self._start_peer_listener()
+
+    def _inspection(self) -> InspectionService:
+        def connections() -> list[ConnectionState]:
+            return list(self.session.connections.values()) if self.session else []
+
+        if self.fleet is None:
+            return InspectionService(
+                catalog=self.catalog, store=self.store, connections=connections
+            )
+        from felix_broker.fleet.inspection import ClusterInspection
+
+        return ClusterInspection(
+            catalog=self.catalog, store=self.store, connections=connections, view=self.fleet.view
+        )
+
+    # -- the fleet ----------------------------------------------------------------------
+
+    def _fleet_from_config(self) -> FleetNode:
+        """A fleet member's setup from peer_bind and the peer TLS files; the node id is
+        the certificate's."""
+        from felix_broker.fleet.node import FleetNode
+        from felix_broker.fleet.peer import PeerTls
+        from felix_broker.fleet.placement import FleetView
+        from felix_broker.fleet.routing import RoutingSnapshot
+
+        config = self.config
+        assert config.peer_tls_cert and config.peer_tls_key and config.peer_tls_ca
+        tls = PeerTls.from_files(
+            None, config.peer_tls_cert, config.peer_tls_key, config.peer_tls_ca
+        )
+        view = FleetView(RoutingSnapshot(node_id=tls.node_id))
+        return FleetNode(tls, view, config.peer_bind.host, config.peer_bind.port)
+
+    def _fleet_seam(self) -> DiscoveryService:
+        """A fleet member's dispatch table (cluster placement) and discovery."""
+        from felix_broker.fleet.discovery import ClusterDiscovery
+        from felix_broker.fleet.peer import PeerDialer
+        from felix_broker.fleet.placement import ClusterPlacement
+
+        fleet = self.fleet
+        assert fleet is not None
+        self.peer_dialer = PeerDialer(fleet.tls, fleet.limits, impl=self.config.quic_impl.value)
+        placement = ClusterPlacement(
+            view=fleet.view,
+            catalog=lambda: self.catalog,
+            dialer=self.peer_dialer,
+            ack_on_commit=self.config.ack_on_commit,
+        )
+        self.table = DispatchTable(placement)
+        return ClusterDiscovery(self.catalog, fleet.view)
+
+    async def _start_peer_listener(self) -> None:
+        from felix_broker.fleet.owner import OwnerService
+        from felix_broker.fleet.peer import PeerListener
+
+        fleet, config = self.fleet, self.config
+        assert fleet is not None and self._verifier is not None
+        owner = OwnerService(
+            view=fleet.view,
+            catalog=lambda: self.catalog,
+            engine=self._engine,
+            table=self.table,
+            verify=self._verifier.verify,
+            authenticate=self._authenticate,
+            server_flags=int(SERVER_FLAGS),
+            features=lambda: self._features,
+            max_frame_bytes=config.max_frame_bytes,
+            metrics=self.metrics,
+        )
+        self.peer_listener = PeerListener(fleet.tls, owner.handle, fleet.limits)
+        await self.peer_listener.start(fleet.peer_host, fleet.peer_port)
+
+    def _engine(self) -> Engine:
+        assert self.engine is not None, "not started"
+        return self.engine
+
+    @property
+    def peer_addr(self) -> str:
+        """host:port of the peer listener (a fleet member only)."""
+        assert self.peer_listener is not None, "not a started fleet member"
+        host, port = self.peer_listener.address
+        return f"{host}:{port}"
 
     @property
     def features(self) -> int:
@@ -254,6 +348,10 @@ class Broker:
 
     async def stop(self) -> None:
         await self.drain()
+        if self.peer_listener is not None:
+            await self.peer_listener.close()
+        if self.peer_dialer is not None:
+            await self.peer_dialer.close()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()

@@ -328,6 +328,26 @@ class BrokerConfig:
         False, "FELIX_TLS_REQUIRE_ALPN", doc="Refuse clients that offer no ALPN protocol."
     )
 
+    # The fleet's peer listener (broker to broker, mutual TLS). With peer_tls_cert the
+    # broker is a fleet member: it forwards or redirects requests for shards it does
+    # not lead; its node id is the one DNS name its peer certificate names.
+    peer_bind: HostPort = _bind(
+        "0.0.0.0:5100",
+        "FELIX_PEER_BIND",
+        doc="The peer listener of a fleet member (host:port), ALPN felix-peer/1.",
+    )
+    peer_tls_cert: Path | None = _optional_path(
+        "FELIX_PEER_TLS_CERT",
+        doc="PEM peer certificate, signed by the fleet CA, naming this broker's node id as "
+        "its one DNS name; set, the broker is a fleet member.",
+    )
+    peer_tls_key: Path | None = _optional_path(
+        "FELIX_PEER_TLS_KEY", doc="PEM private key of peer_tls_cert."
+    )
+    peer_tls_ca: Path | None = _optional_path(
+        "FELIX_PEER_TLS_CA", doc="The fleet CA: every peer's certificate must be signed by it."
+    )
+
     # Connections and authentication.
     preauth_max_frame_bytes: int = _int(
         65536,
@@ -847,6 +867,11 @@ def _cross_check(config: BrokerConfig, sources: Mapping[str, str], file_source: 
         )
     if config.tls_ca is not None and config.tls_cert is None:
         fail("tls_ca", "tls_ca describes a configured tls_cert; none is configured")
+    peer = {"peer_tls_cert": config.peer_tls_cert, "peer_tls_key": config.peer_tls_key}
+    peer["peer_tls_ca"] = config.peer_tls_ca
+    if any(v is not None for v in peer.values()) and any(v is None for v in peer.values()):
+        missing = next(k for k, v in peer.items() if v is None)
+        fail(missing, "peer_tls_cert, peer_tls_key and peer_tls_ca must be given together")
     if config.subscriber_queue_capacity > config.subscriber_queue_capacity_max:
         fail(
             "subscriber_queue_capacity",
