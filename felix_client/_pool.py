@@ -115,6 +115,13 @@ class Dialer:
         )
 
     async def channel(self, connection: Connection, label: str) -> Channel:
+        try:
+            return await self._open_channel(connection, label)
+        except ConnectionClosedError as exc:
+            # Closed under us between the pool's check and the stream's opening.
+            raise ConnectionLostError(f"{label}: connection closed ({exc})") from exc
+
+    async def _open_channel(self, connection: Connection, label: str) -> Channel:
         return await Channel.open(
             connection,
             tenant_id=self.tenant_id,

@@ -466,6 +466,9 @@ class Client:
         when `resend_on_loss` (a read) or nothing was sent (unreachable)."""
         owner = self._fleet.owner(ref) if ref is not None else None
         attempt = Attempt(self._fleet, ref, owner.addr if owner is not None else ENTRY)
+        # What sent the request back to the entry: when the entry then names a
+        # broker already tried, that refusal (not the redirect) is the answer.
+        bounced: BaseException | None = None
         for _ in range(2 * MAX_HOPS + 2):
             target = attempt.target
             try:
@@ -475,6 +478,8 @@ class Client:
                 if redirect is None and ref is not None:
                     redirect = await self._lookup_owner(ref)
                 if redirect is None or attempt.redirected(redirect) is False:
+                    if bounced is not None:
+                        raise bounced from exc
                     raise
                 logger.debug("redirected to %s (%s)", redirect.addr, redirect.node_id)
             except (ShardUnavailableError, DrainingError) as exc:
@@ -482,12 +487,15 @@ class Client:
                     raise
                 if attempt.refused_here() is False:
                     raise
-            except BrokerUnreachableError:
+                bounced = exc
+            except BrokerUnreachableError as exc:
                 if attempt.refused_here() is False:
                     raise
-            except (ConnectionLostError, ClientTimeoutError):
+                bounced = exc
+            except (ConnectionLostError, ClientTimeoutError) as exc:
                 if not resend_on_loss or attempt.refused_here() is False:
                     raise
+                bounced = exc
         raise NotLeaderError(f"no owner found within {MAX_HOPS} redirects")
 
     async def _lookup_owner(self, ref: ShardRef) -> Owner | None:
