@@ -140,3 +140,18 @@ async def test_group_and_read_requests_through_a_non_owner_follow_the_redirect(
         assert (await group.describe(0)).committed == 1
     finally:
         await client.aclose()
+
+
+async def test_a_cache_watch_through_a_non_owner_follows_the_redirect(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    client = await connect(fleet, "node-b", tmp_path)
+    try:
+        cache = client.cache("c")
+        async with cache.watch(key="k") as watch:
+            await cache.put("k", b"v1")  # forwarded to the owner
+            change = await watch.next(timeout=10)
+            assert (change.key, change.value) == ("k", b"v1")
+        assert await cache.get("k") == b"v1"
+    finally:
+        await client.aclose()

@@ -415,3 +415,34 @@ async def test_a_shard_unavailable_answer_from_the_entry_is_the_answer(
         assert len(a.got("subscribe")) == 1
     finally:
         await client.aclose()
+
+
+async def test_a_cache_watch_resumes_after_shard_moved_at_max_of_its_position_and_resume_from(
+    fleet: ScriptedFleet,
+) -> None:
+    from felix_wire.messages import CacheEvent, CacheWatchStarted
+
+    a, b = fleet[0], fleet[1]
+
+    def watch_on(sid: int, frames: list[Any], end: bool):  # type: ignore[no-untyped-def]
+        def handler(_b: ScriptedBroker, _r: Any, reply: Reply) -> list[Any]:
+            reply.events(sid, frames, end=end)
+            return [CacheWatchStarted(subscription_id=sid, resume_offset=0)]
+
+        return handler
+
+    change = CacheEvent(key="k", value=b"v", offset=6)
+    a.on["cache_watch"] = watch_on(
+        1, [change, moved(1, 2, resume_from=4, node_id=b.node_id, addr=b.addr)], True
+    )
+    b.on["cache_watch"] = watch_on(2, [], False)
+    client = await connect(fleet, a)
+    try:
+        watch = await client.cache("c").watch(prefix="k", shard=0)
+        assert (await watch.next(timeout=5)).offset == 6
+        with pytest.raises(felix_client.errors.ClientTimeoutError):
+            await watch.next(timeout=1.0)  # reopened at b meanwhile, nothing new
+        assert [r.from_offset for r in b.got("cache_watch")] == [7]  # max(6 + 1, 4)
+        await watch.aclose()
+    finally:
+        await client.aclose()
