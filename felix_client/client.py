@@ -463,13 +463,16 @@ class Client:
         the generation held ignored); a redirect target that answers
         `shard_unavailable` or `draining`, or cannot be reached, sends the
         request back to the entry broker once. A lost answer is resent only
-        when `resend_on_loss` (a read) or nothing was sent (unreachable)."""
+        when `resend_on_loss` (a read; once more through the entry, i.e. to
+        another broker when the entry's broker went away) or nothing was sent
+        (unreachable)."""
         owner = self._fleet.owner(ref) if ref is not None else None
         attempt = Attempt(self._fleet, ref, owner.addr if owner is not None else ENTRY)
         # What sent the request back to the entry: when the entry then names a
         # broker already tried, that refusal (not the redirect) is the answer.
         bounced: BaseException | None = None
-        for _ in range(2 * MAX_HOPS + 2):
+        entry_resent = False
+        for _ in range(2 * MAX_HOPS + 3):
             target = attempt.target
             try:
                 return await run(target, attempt)
@@ -493,7 +496,15 @@ class Client:
                     raise
                 bounced = exc
             except (ConnectionLostError, ClientTimeoutError) as exc:
-                if not resend_on_loss or attempt.refused_here() is False:
+                if not resend_on_loss:
+                    raise
+                if target is ENTRY and not entry_resent:
+                    # A read whose entry connection failed: once more through the
+                    # entry pools, whose replacement connection dials the next
+                    # broker of the fleet that answers.
+                    entry_resent = True
+                    continue
+                if attempt.refused_here() is False:
                     raise
                 bounced = exc
         raise NotLeaderError(f"no owner found within {MAX_HOPS} redirects")

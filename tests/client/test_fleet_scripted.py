@@ -446,3 +446,46 @@ async def test_a_cache_watch_resumes_after_shard_moved_at_max_of_its_position_an
         await watch.aclose()
     finally:
         await client.aclose()
+
+
+async def test_a_read_whose_broker_went_away_is_resent_to_another_broker(
+    fleet: ScriptedFleet,
+) -> None:
+    from felix_wire.messages import StreamShardsView
+
+    a, b = fleet[0], fleet[1]
+    a.on["topology"] = topology(a, b)
+
+    def shards(_br: ScriptedBroker, r: Any, _rep: Reply) -> list[Any]:
+        return [StreamShardsView(shards=2, request_id=r.request_id)]
+
+    b.on["stream_shards"] = shards
+    client = await connect(fleet, a, connect_timeout=0.5)
+    try:
+        seed = a.addr
+        await a.stop()  # the seed goes away, its connections closed
+        assert await client.stream_shards("log") == 2
+        assert len(b.got("stream_shards")) == 1
+        assert client.brokers == [seed, b.addr]  # the seed is kept
+    finally:
+        await client.aclose()
+
+
+async def test_a_publish_whose_connection_is_lost_is_not_resent(fleet: ScriptedFleet) -> None:
+    a, b = fleet[0], fleet[1]
+    a.on["topology"] = topology(a, b)
+
+    def swallow(broker: ScriptedBroker, _r: Any, _rep: Reply) -> list[Any]:
+        broker.drop_connections()  # it may have been written: outcome unknown
+        return []
+
+    a.on["PublishBatchFrame"] = swallow
+    b.on["PublishBatchFrame"] = lambda _br, r, _rep: [ack(r)]
+    client = await connect(fleet, a)
+    try:
+        with pytest.raises(felix_client.errors.ConnectionLostError):
+            await client.publish("orders", b"once")
+        assert len(a.got("PublishBatchFrame")) == 1
+        assert b.got("PublishBatchFrame") == []
+    finally:
+        await client.aclose()
