@@ -14,6 +14,7 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
 
@@ -25,7 +26,7 @@ from felix_broker.groups.service import GroupService
 from felix_broker.inspection.service import InspectionService
 from felix_broker.metrics import BrokerMetrics
 from felix_broker.ops_http import Health, HttpListener
-from felix_broker.session.context import ConnectionState
+from felix_broker.session.context import ConnectionState, RequestContext
 from felix_broker.session.dispatch import DispatchTable
 from felix_broker.session.protocol import AuthRefusedError
 from felix_broker.session.quic import CLOSE_SHUTTING_DOWN, Session
@@ -264,11 +265,17 @@ class Broker:
         fleet = self.fleet
         assert fleet is not None
         self.peer_dialer = PeerDialer(fleet.tls, fleet.limits, impl=self.config.quic_impl.value)
+
+        async def hold_bytes(ctx: RequestContext, size: int) -> Callable[[], None]:
+            assert self.streams is not None  # built before any request is dispatched
+            return await self.streams.hold_publish_bytes(ctx, size)
+
         placement = ClusterPlacement(
             view=fleet.view,
             catalog=lambda: self.catalog,
             dialer=self.peer_dialer,
             ack_on_commit=self.config.ack_on_commit,
+            hold_bytes=hold_bytes,
         )
         self.table = DispatchTable(placement)
         return ClusterDiscovery(self.catalog, fleet.view)
@@ -285,7 +292,6 @@ class Broker:
             engine=self._engine,
             table=self.table,
             verify=self._verifier.verify,
-            authenticate=self._authenticate,
             server_flags=int(SERVER_FLAGS),
             features=lambda: self._features,
             max_frame_bytes=config.max_frame_bytes,

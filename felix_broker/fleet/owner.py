@@ -27,7 +27,9 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from collections.abc import Callable
+import time
+from collections import OrderedDict
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 from felix_broker.catalog import Catalog
@@ -37,7 +39,7 @@ from felix_broker.fleet.routing import ShardId, ShardKind
 from felix_broker.metrics import BrokerMetrics
 from felix_broker.session.context import ConnectionState, RequestContext, StreamIO
 from felix_broker.session.dispatch import DispatchTable
-from felix_broker.session.protocol import Authenticated, StreamProtocol
+from felix_broker.session.protocol import Authenticated, AuthRefusedError, StreamProtocol
 from felix_broker.streams.engine import Engine, OverloadedError, PublishRequest, publisher_of
 from felix_common.permissions import Action, stream_object
 from felix_common.tokens import Principal, TokenError
@@ -63,12 +65,16 @@ from felix_wire.frame import FrameReader
 from felix_wire.messages import Auth, ErrorDetail, decode_message
 from felix_wire.routing import shard_for_key
 
-__all__ = ["OwnerService"]
+__all__ = ["VERIFIED_MAX", "VERIFIED_TTL", "OwnerService"]
+
+# Bounds of the owner's cache of verified forwarded tokens: a key rotated away or a
+# tenant removed stops a cached token within VERIFIED_TTL seconds.
+VERIFIED_TTL = 30.0
+VERIFIED_MAX = 4096
 
 _log = logging.getLogger(__name__)
 
 Verify = Callable[[str, str], Principal]  # (token, tenant_id) -> principal, or TokenError
-AuthenticateAuth = Callable[[Auth], Principal]  # the session's authenticator
 
 
 def _consume(future: asyncio.Future[int]) -> None:
@@ -113,7 +119,6 @@ class OwnerService:
         engine: Callable[[], Engine],
         table: DispatchTable,
         verify: Verify,
-        authenticate: AuthenticateAuth,
         server_flags: int,
         features: Callable[[], int],
         max_frame_bytes: int,
@@ -124,14 +129,20 @@ class OwnerService:
         self._engine = engine
         self._table = table
         self._verify = verify
-        self._authenticate = authenticate
+        # Verified forwarded credentials, so a busy stream's token is not checked per batch.
+        self._verified: OrderedDict[tuple[str, str], tuple[Principal, float]] = OrderedDict()
         self._server_flags = server_flags
         self._features = features
         self._max_frame_bytes = max_frame_bytes
         self._metrics = metrics
         self._states: dict[Connection, ConnectionState] = {}
 
-    async def handle(self, message: PeerMessage, origin: PeerOrigin) -> PeerMessage:
+    async def handle(
+        self, message: PeerMessage, origin: PeerOrigin
+    ) -> PeerMessage | Awaitable[PeerMessage]:
+        """Admit a forwarded request. A publish is answered once admitted (queued on its
+        shard) or, for `written`, by an awaitable that settles after the write, so the
+        next publish of the same peer stream is admitted meanwhile (order kept)."""
         request_id: int = getattr(message, "request_id", 0) or 0
         try:
             if isinstance(message, ForwardPublish):
@@ -141,6 +152,32 @@ class OwnerService:
         except _Refusal as refused:
             return ForwardRefused(request_id=request_id, refusal=refused.refusal)
         return PeerUnsupported(request_type=str(type(message).__struct_config__.tag))
+
+    def _replay_authenticate(self, auth: Auth) -> Principal:
+        """The replayed auth of a forwarded cache op: the client's token, verified again."""
+        try:
+            return self._verified_principal(auth.token, auth.tenant_id)
+        except TokenError as exc:
+            raise AuthRefusedError(ErrorCode.UNAUTHENTICATED, str(exc), exc.check) from None
+
+    def _verified_principal(self, token: str, tenant: str) -> Principal:
+        """The token's principal, verified against the tenant's keys. A verification is
+        reused for at most VERIFIED_TTL seconds and never past the token's expiry; at
+        most VERIFIED_MAX are kept (least recently used dropped). Raises TokenError."""
+        key = (token, tenant)
+        now = time.time()
+        held = self._verified.get(key)
+        if held is not None:
+            principal, at = held
+            if now - at < VERIFIED_TTL and now < principal.expires_at:
+                self._verified.move_to_end(key)
+                return principal
+            del self._verified[key]
+        principal = self._verify(token, tenant)
+        self._verified[key] = (principal, now)
+        if len(self._verified) > VERIFIED_MAX:
+            self._verified.popitem(last=False)
+        return principal
 
     # -- generation check --------------------------------------------------------------
 
@@ -170,10 +207,10 @@ class OwnerService:
 
     # -- publishes ---------------------------------------------------------------------
 
-    async def _publish(self, message: ForwardPublish) -> PeerMessage:
+    async def _publish(self, message: ForwardPublish) -> PeerMessage | Awaitable[PeerMessage]:
         tenant, ns, name = message.tenant_id, message.namespace, message.stream
         try:
-            principal = self._verify(message.token, tenant)
+            principal = self._verified_principal(message.token, tenant)
         except TokenError as exc:
             raise _error(
                 ErrorCode.FORBIDDEN, f"forbidden: the owner refused the credential: {exc}"
@@ -212,22 +249,26 @@ class OwnerService:
         if message.ack is ForwardAck.ENQUEUED:
             done.add_done_callback(_consume)  # answered at enqueue, as a standalone broker does
             return ForwardPublishOk(request_id=message.request_id)
+        return asyncio.ensure_future(self._written(message.request_id, done, shard.durable))
+
+    async def _written(
+        self, request_id: int, done: asyncio.Future[int], durable: bool
+    ) -> PeerMessage:
         try:
             offset = await asyncio.shield(done)
         except Exception:
-            raise _error(
+            refused = _error(
                 ErrorCode.STORAGE, "the write could not be confirmed", RetryClass.OUTCOME_UNKNOWN
-            ) from None
-        return ForwardPublishOk(
-            request_id=message.request_id, offset=offset if shard.durable else None
-        )
+            )
+            return ForwardRefused(request_id=request_id, refusal=refused.refusal)
+        return ForwardPublishOk(request_id=request_id, offset=offset if durable else None)
 
     # -- cache and counter ops ---------------------------------------------------------
 
     async def _cache_op(self, message: ForwardCacheOp, origin: PeerOrigin) -> PeerMessage:
         op = message.op
         proto = StreamProtocol(
-            authenticate=self._authenticate,
+            authenticate=self._replay_authenticate,
             server_flags=self._server_flags,
             server_features=self._features(),
             publish_window=1,

@@ -7,19 +7,25 @@ the listener's certificate against the node id it dials (TLS server name), the
 listener checks the dialer's during the handshake (`client_ca_pem`) and then
 against the `hello` that opens every peer stream.
 
-One request per bidirectional stream: `hello`, then the request; the listener
-answers `hello_ok` (or `hello_refused` and the stream ends), then exactly one
-terminal answer, and finishes the stream. Frames reuse the client protocol's
-envelope with JSON payloads of `felix_wire.fleet` messages.
+A bidirectional stream carries `hello`, then one request (`PeerDialer.request`)
+or an ordered run of them (`PeerPipe`: a client stream's forwarded publishes to
+one owner). The listener answers `hello_ok` (or `hello_refused` and the stream
+ends), admits the stream's requests in order (the handler returns once a request
+is admitted, e.g. queued on its shard) and writes exactly one terminal answer per
+request, in the same order, then finishes the stream after the dialer's FIN.
+Frames reuse the client protocol's envelope with JSON payloads of
+`felix_wire.fleet` messages.
 
 Bounds (`PeerLimits`), and what happens at each:
 
 - connections: the listener refuses a connection past `max_connections` during
   the handshake (CONNECTION_REFUSED); the dialer keeps one connection per peer;
-- in-flight requests: at most `max_inflight` per connection on the listener (the
-  next stream is not read until one finishes, so QUIC flow control holds the
-  dialer back) and at most `max_inflight` per peer on the dialer (a caller waits
-  for a slot, at most `request_timeout`);
+- in-flight requests: at most `max_inflight` streams per connection on the
+  listener (the next stream is not read until one finishes, so QUIC flow control
+  holds the dialer back), at most `stream_window` unanswered requests per stream
+  (the listener stops reading the stream; a pipe's `send` waits), and at most
+  `max_inflight` single requests per peer on the dialer (a caller waits for a
+  slot, at most `request_timeout`);
 - frame sizes: `PEER_HELLO_MAX_FRAME_BYTES` until hello_ok, then
   `max_frame_bytes`; a larger frame ends the stream;
 - time: a peer that does not complete a handshake within `connect_timeout`, or
@@ -34,7 +40,9 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import inspect
 import logging
+from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -77,6 +85,7 @@ __all__ = [
     "PeerLimits",
     "PeerListener",
     "PeerOrigin",
+    "PeerPipe",
     "PeerProtocolError",
     "PeerTls",
     "PeerUnavailableError",
@@ -100,8 +109,10 @@ class PeerOrigin:
     stream: Stream
 
 
-PeerHandler = Callable[[PeerMessage, PeerOrigin], Awaitable[PeerMessage]]
-"""Answers one peer request."""
+PeerHandler = Callable[[PeerMessage, PeerOrigin], Awaitable[PeerMessage | Awaitable[PeerMessage]]]
+"""Admits one peer request and returns its answer, or an awaitable of it: the stream's
+next request is read once the handler returns (so an owner can admit publishes in the
+order they came and let their writes settle together)."""
 
 
 class PeerUnavailableError(Exception):
@@ -157,14 +168,15 @@ class PeerTls:
 class PeerLimits:
     max_connections: int = 64
     max_inflight: int = 256
+    stream_window: int = 64
     max_frame_bytes: int = PEER_MAX_FRAME_BYTES
     request_timeout: float = 10.0
     connect_timeout: float = 2.0
     idle_timeout: float = 30.0
 
     def __post_init__(self) -> None:
-        if self.max_connections < 1 or self.max_inflight < 1:
-            raise ValueError("max_connections and max_inflight must be >= 1")
+        if min(self.max_connections, self.max_inflight, self.stream_window) < 1:
+            raise ValueError("max_connections, max_inflight and stream_window must be >= 1")
         if not PEER_HELLO_MAX_FRAME_BYTES <= self.max_frame_bytes <= PEER_MAX_FRAME_BYTES:
             low, high = PEER_HELLO_MAX_FRAME_BYTES, PEER_MAX_FRAME_BYTES
             raise ValueError(f"max_frame_bytes must be within {low}..{high}")
@@ -274,6 +286,13 @@ class PeerListener:
             for task in tasks:
                 task.cancel()
 
+    async def _write_answers(
+        self, stream: Stream, answers: asyncio.Queue[Awaitable[PeerMessage] | None]
+    ) -> None:
+        while (answer := await answers.get()) is not None:
+            await stream.write(_frame(await answer))
+        await stream.finish()
+
     async def _serve_stream(self, conn: Connection, stream: Stream, names: frozenset[str]) -> None:
         frames = _FrameStream(stream, PEER_HELLO_MAX_FRAME_BYTES)
         try:
@@ -288,17 +307,26 @@ class PeerListener:
                 return
             frames.reader.max_payload = self._limits.max_frame_bytes
             await stream.write(_frame(HelloOk(node_id=self._tls.node_id, features=[])))
-            request = await frames.next()
-            if request is None:
-                await stream.finish()
-                return
-            if isinstance(request, Unknown):
-                answer: PeerMessage = PeerUnsupported(
-                    request_type=request.type, request_id=request.request_id
-                )
-            else:
-                answer = await self._handler(request, PeerOrigin(hello.node_id, conn, stream))
-            await stream.write(_frame(answer), end_stream=True)
+            origin = PeerOrigin(hello.node_id, conn, stream)
+            # Requests of one stream are admitted in order; their answers are written in
+            # that order as they settle, at most `stream_window` pending.
+            answers: asyncio.Queue[Awaitable[PeerMessage] | None]
+            answers = asyncio.Queue(maxsize=self._limits.stream_window)
+            writer = asyncio.get_running_loop().create_task(self._write_answers(stream, answers))
+            try:
+                while (request := await frames.next()) is not None:
+                    if isinstance(request, Unknown):
+                        unsupported = PeerUnsupported(
+                            request_type=request.type, request_id=request.request_id
+                        )
+                        await answers.put(_settled(unsupported))
+                        continue
+                    result = await self._handler(request, origin)
+                    await answers.put(result if inspect.isawaitable(result) else _settled(result))
+                await answers.put(None)
+                await writer
+            finally:
+                writer.cancel()
         except (WireError, FrameError, PeerProtocolError) as exc:
             _log.warning("peer stream ended: %s", exc)
             stream.reset(1)
@@ -307,6 +335,107 @@ class PeerListener:
         except Exception:  # a bug in a handler: the dialer sees the stream reset
             _log.exception("peer request failed")
             stream.reset(1)
+
+
+class PeerPipe:
+    """An ordered run of requests to one peer on one stream: each `send` is written
+    after the previous one, and answers come back in the same order (the listener
+    admits a stream's requests in order). At most `stream_window` are unanswered; a
+    `send` beyond waits. Once nothing is pending the stream is finished (`idle`):
+    the next run opens a new pipe, after every earlier request was answered, so
+    order holds across pipes too. A broken pipe fails everything pending with
+    PeerUnavailableError(sent=True)."""
+
+    def __init__(self, stream: Stream, node_id: str, limits: PeerLimits) -> None:
+        self._stream = stream
+        self._node_id = node_id
+        self._timeout = limits.request_timeout
+        self._slots = asyncio.Semaphore(limits.stream_window)
+        self._pending: deque[asyncio.Future[PeerMessage]] = deque()
+        self._frames = _FrameStream(stream, limits.max_frame_bytes)
+        self._error: Exception | None = None
+        self._closed = False
+        self._reader = asyncio.get_running_loop().create_task(self._read())
+
+    @property
+    def usable(self) -> bool:
+        return self._error is None and not self._closed
+
+    async def send(self, message: PeerMessage) -> asyncio.Future[PeerMessage]:
+        """Write `message`; the returned future resolves to its answer (or fails with
+        PeerUnavailableError / PeerProtocolError)."""
+        await self._slots.acquire()
+        if not self.usable:
+            self._slots.release()
+            raise self._error or PeerUnavailableError("pipe closed", sent=False)
+        future: asyncio.Future[PeerMessage] = asyncio.get_running_loop().create_future()
+        self._pending.append(future)
+        try:
+            await self._stream.write(_frame(message))
+        except (StreamClosedError, ConnectionClosedError) as exc:
+            self._fail(PeerUnavailableError(f"{self._node_id}: {exc}", sent=True))
+        return future
+
+    async def answer(self, future: asyncio.Future[PeerMessage]) -> PeerMessage:
+        """The answer, within `request_timeout` (the pipe breaks otherwise)."""
+        try:
+            return await asyncio.wait_for(asyncio.shield(future), self._timeout)
+        except TimeoutError:
+            self._fail(PeerUnavailableError(f"{self._node_id} did not answer in time", sent=True))
+            self._stream.reset(1)
+            return await future
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            if not self._pending and self._error is None:
+                with contextlib.suppress(StreamClosedError):
+                    self._stream.reset(0)  # nothing pending: nothing is lost
+            self._reader.cancel()
+
+    def _fail(self, error: Exception) -> None:
+        if self._error is None:
+            self._error = error
+        while self._pending:
+            future = self._pending.popleft()
+            if not future.done():
+                future.set_exception(self._error)
+            self._slots.release()
+
+    async def _read(self) -> None:
+        try:
+            first = await self._frames.next()
+            if isinstance(first, HelloRefused):
+                raise PeerProtocolError(f"hello refused: {first.message}")
+            if not isinstance(first, HelloOk):
+                raise PeerProtocolError(f"expected hello_ok, got {type(first).__name__}")
+            while (answer := await self._frames.next()) is not None:
+                if isinstance(answer, Unknown):
+                    raise PeerProtocolError(f"unknown answer type {answer.type!r}")
+                if not self._pending:
+                    raise PeerProtocolError("an answer nobody asked for")
+                future = self._pending.popleft()
+                self._slots.release()
+                if not future.done():
+                    future.set_result(answer)
+                if not self._pending:  # idle: this run is over
+                    self._closed = True
+                    with contextlib.suppress(StreamClosedError):
+                        await self._stream.finish()
+            if self._pending:
+                raise PeerUnavailableError(f"{self._node_id} ended the stream", sent=True)
+        except (PeerProtocolError, PeerUnavailableError) as exc:
+            self._fail(exc)
+        except (StreamClosedError, ConnectionClosedError, WireError, FrameError) as exc:
+            self._fail(PeerUnavailableError(f"{self._node_id}: {exc}", sent=True))
+        finally:
+            self._closed = True
+
+
+def _settled(message: PeerMessage) -> asyncio.Future[PeerMessage]:
+    future: asyncio.Future[PeerMessage] = asyncio.get_running_loop().create_future()
+    future.set_result(message)
+    return future
 
 
 class PeerDialer:
@@ -350,6 +479,21 @@ class PeerDialer:
             raise PeerUnavailableError(f"{node_id} at {peer_addr}: {exc}", sent=sent[0]) from None
         except (WireError, FrameError) as exc:
             raise PeerProtocolError(f"{node_id} answered badly: {exc}") from None
+
+    async def pipe(self, node_id: str, peer_addr: str) -> PeerPipe:
+        """A new ordered pipe to `node_id` (hello sent). Raises PeerUnavailableError
+        (nothing sent) when the peer cannot be reached."""
+        try:
+            async with asyncio.timeout(self._limits.request_timeout):
+                conn = await self._connection(node_id, peer_addr)
+                stream = await conn.open_bidi_stream()
+                await stream.write(_frame(Hello(node_id=self._tls.node_id, features=[])))
+        except TimeoutError:
+            raise PeerUnavailableError(f"{node_id}: no stream in time", sent=False) from None
+        except (ConnectionClosedError, StreamClosedError, OSError) as exc:
+            self._forget(node_id)
+            raise PeerUnavailableError(f"{node_id} at {peer_addr}: {exc}", sent=False) from None
+        return PeerPipe(stream, node_id, self._limits)
 
     def _forget(self, node_id: str) -> None:
         conn = self._connections.pop(node_id, None)

@@ -35,12 +35,17 @@ import asyncio
 import enum
 import logging
 import weakref
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, Literal
 
 from felix_broker.catalog import Catalog
-from felix_broker.fleet.peer import PeerDialer, PeerProtocolError, PeerUnavailableError
+from felix_broker.fleet.peer import (
+    PeerDialer,
+    PeerPipe,
+    PeerProtocolError,
+    PeerUnavailableError,
+)
 from felix_broker.fleet.routing import (
     AssignmentState,
     Member,
@@ -65,8 +70,8 @@ from felix_wire.fleet import (
     ForwardPublish,
     ForwardPublishOk,
     ForwardRefused,
+    LeaderHint,
     PeerMessage,
-    PeerUnsupported,
 )
 from felix_wire.messages import (
     CacheDelete,
@@ -280,6 +285,10 @@ def unavailable_reason(route: Route | None, leader: Member | None) -> str:
     }.get(route.state, "not_ready")
 
 
+HoldBytes = Callable[[RequestContext, int], Awaitable[Callable[[], None]]]
+"""Takes publish bytes from the stream service's budgets; returns their release."""
+
+
 class ClusterPlacement:
     """A fleet member's placement: serve what it leads, forward or redirect the rest."""
 
@@ -290,14 +299,20 @@ class ClusterPlacement:
         catalog: Callable[[], Catalog],
         dialer: PeerDialer,
         ack_on_commit: bool,
+        hold_bytes: HoldBytes,
     ) -> None:
         self._view = view
         self._catalog = catalog
         self._dialer = dialer
         self._ack_on_commit = ack_on_commit
+        self._hold_bytes = hold_bytes
         # Forwarded publishes of one client stream go one after the other (ordering).
         self._stream_locks: weakref.WeakKeyDictionary[StreamIO, asyncio.Lock]
         self._stream_locks = weakref.WeakKeyDictionary()
+        # Each client stream's ordered pipes, one per owner (fleet/peer.py PeerPipe).
+        self._pipes: weakref.WeakKeyDictionary[StreamIO, dict[str, PeerPipe]]
+        self._pipes = weakref.WeakKeyDictionary()
+        self._settling: set[asyncio.Task[int]] = set()
 
     # -- the decision ----------------------------------------------------------------
 
@@ -452,42 +467,120 @@ class ClusterPlacement:
             )
             return
         after_write = self._ack_on_commit or proto.negotiated(Feature.FEATURE_ACK_ON_COMMIT)
-        lock = self._stream_locks.get(ctx.io)
-        if lock is None:
-            lock = self._stream_locks[ctx.io] = asyncio.Lock()
-        async with lock:
-            outcome = await self._forward(
-                ctx,
-                shard,
-                lambda generation, request_id: ForwardPublish(
-                    request_id=request_id,
-                    token=ctx.token,
-                    tenant_id=tenant,
-                    namespace=ns,
-                    stream=stream,
-                    shard=shard.shard,
-                    generation=generation,
-                    key=request.key,
-                    payloads=payloads,
-                    ack=ForwardAck.WRITTEN if after_write else ForwardAck.ENQUEUED,
-                ),
+
+        def build(generation: int, request_id: int) -> PeerMessage:
+            return ForwardPublish(
+                request_id=request_id,
+                token=ctx.token,
+                tenant_id=tenant,
+                namespace=ns,
+                stream=stream,
+                shard=shard.shard,
+                generation=generation,
+                key=request.key,
+                payloads=payloads,
+                ack=ForwardAck.WRITTEN if after_write else ForwardAck.ENQUEUED,
             )
-        if rid is None:
-            return
-        if isinstance(outcome, _Owned):
-            ok = outcome.answer
-            assert isinstance(ok, ForwardPublishOk)
-            owner = (outcome.node_id, outcome.addr, outcome.generation)
-            built = proto.publish_answer(rid, binary=binary, offset=ok.offset, owner=owner)
-        else:
-            built = proto.publish_answer(
-                rid,
+
+        def answer_of(outcome: _Owned | _Failed) -> bytes:
+            if isinstance(outcome, _Owned):
+                ok = outcome.answer
+                assert isinstance(ok, ForwardPublishOk)
+                owner = (outcome.node_id, outcome.addr, outcome.generation)
+                return proto.publish_answer(rid or 0, binary=binary, offset=ok.offset, owner=owner)
+            return proto.publish_answer(
+                rid or 0,
                 binary=binary,
                 error=(outcome.code, outcome.text),
                 retry=outcome.retry,
                 detail=outcome.detail,
             )
-        await ctx.answer_in_order(None, lambda _r: built)
+
+        # A forward holds its bytes in the same budgets as a local publish (per identity,
+        # connection and broker) until the owner answered; waiting stops the stream.
+        release = await self._hold_bytes(ctx, sum(map(len, payloads)))
+        # Sent now, in the stream's order, on the stream's pipe to the owner; the answer
+        # settles later and goes out in order with the stream's other answers.
+        try:
+            sent = await self._send_in_order(ctx, shard, build)
+        except BaseException:
+            release()
+            raise
+        built: list[bytes] = []
+
+        async def settle() -> int:
+            try:
+                built.append(answer_of(await self._settle(ctx, shard, build, sent)))
+            finally:
+                release()
+            return 0
+
+        task = asyncio.get_running_loop().create_task(settle())
+        self._settling.add(task)
+        task.add_done_callback(self._settling.discard)
+        if rid is None:
+            return
+        fallback = proto.publish_answer(
+            rid,
+            binary=binary,
+            error=(ErrorCode.INTERNAL, "the forward failed"),
+            retry=RetryClass.OUTCOME_UNKNOWN,
+        )
+        await ctx.answer_in_order(task, lambda _r: built[0] if built else fallback)
+
+    async def _send_in_order(
+        self, ctx: RequestContext, shard: ShardId, build: Callable[[int, int], PeerMessage]
+    ) -> _Sent | _Failed:
+        """Write a forward on this client stream's pipe to the shard's owner."""
+        snapshot = self._view.snapshot
+        route, leader = snapshot.route(shard), snapshot.leader_of(shard)
+        if route is None or leader is None or leader.node_id == snapshot.node_id:
+            return _OWNER_UNAVAILABLE
+        pipes = self._pipes.get(ctx.io)
+        if pipes is None:
+            pipes = self._pipes[ctx.io] = {}
+        for _attempt in range(2):  # an idle pipe closes itself: open the next once
+            pipe = pipes.get(leader.node_id)
+            try:
+                if pipe is None or not pipe.usable:
+                    pipe = pipes[leader.node_id] = await self._dialer.pipe(
+                        leader.node_id, leader.peer_addr
+                    )
+                future = await pipe.send(build(route.generation, 1))
+            except PeerUnavailableError as exc:
+                if exc.sent:
+                    return _unacknowledged(leader.node_id)
+                pipes.pop(leader.node_id, None)
+                continue
+            return _Sent(pipe, future, leader, route.generation)
+        return _OWNER_UNAVAILABLE
+
+    async def _settle(
+        self,
+        ctx: RequestContext,
+        shard: ShardId,
+        build: Callable[[int, int], PeerMessage],
+        sent: _Sent | _Failed,
+    ) -> _Owned | _Failed:
+        """The owner's answer to a pipelined forward; a refusal naming another owner or
+        generation is retried one forward at a time (bounded)."""
+        if isinstance(sent, _Failed):
+            return sent
+        try:
+            answer = await sent.pipe.answer(sent.future)
+        except PeerUnavailableError as exc:
+            return _unacknowledged(sent.member.node_id) if exc.sent else _OWNER_UNAVAILABLE
+        except PeerProtocolError as exc:
+            _log.warning("forward to %s: %s", sent.member.node_id, exc)
+            return _bad_answer(sent.member.node_id)
+        outcome = _interpret(answer, sent.member, sent.generation)
+        if not isinstance(outcome, LeaderHint):
+            return outcome
+        lock = self._stream_locks.get(ctx.io)
+        if lock is None:
+            lock = self._stream_locks[ctx.io] = asyncio.Lock()
+        async with lock:  # retries of one stream go one after the other, in order
+            return await self._forward(ctx, shard, build)
 
     async def _forward_cache(self, request: Any, ctx: RequestContext, shard: ShardId) -> None:
         proto = ctx.proto
@@ -563,41 +656,72 @@ class ClusterPlacement:
                     RetryClass.OUTCOME_UNKNOWN,
                     None,
                 )
-            if isinstance(answer, ForwardPublishOk | ForwardCacheAnswer):
-                return _Owned(answer, member.node_id, member.client_addr, generation)
-            if isinstance(answer, PeerUnsupported):
-                return _Failed(
-                    ErrorCode.INTERNAL,
-                    f"the owner {member.node_id} does not serve forwards",
-                    RetryClass.RETRY,
-                    None,
-                )
-            assert isinstance(answer, ForwardRefused)
-            refusal_ = answer.refusal
-            if refusal_.error is not None:
-                err = refusal_.error
-                code = error_code_from_wire(err.code)
-                return _Failed(
-                    code if isinstance(code, ErrorCode) else ErrorCode.INTERNAL,
-                    err.message,
-                    retry_class_from_wire(err.retry),
-                    err.detail,
-                )
-            if refusal_.stale_route is not None:
-                # The owner is behind us: it must not write; the client retries.
-                return _Failed(
-                    ErrorCode.SHARD_UNAVAILABLE,
-                    "shard unavailable: stale",
-                    None,
-                    ErrorDetail(reason="stale"),
-                )
-            hint = refusal_.not_leader
-            assert hint is not None
+            outcome = _interpret(answer, member, generation)
+            if not isinstance(outcome, LeaderHint):
+                return outcome
+            hint = outcome
             if hint.generation <= generation:
                 return failed
             named = self._view.snapshot.members.get(hint.node_id)
             target = (named, hint.generation) if named is not None else None
         return failed
+
+
+def _interpret(
+    answer: PeerMessage, member: Member, generation: int
+) -> _Owned | _Failed | LeaderHint:
+    """An owner's answer: served, refused (as the client will see it), or a newer
+    leader to try."""
+    node = member.node_id
+    if isinstance(answer, ForwardPublishOk | ForwardCacheAnswer):
+        return _Owned(answer, node, member.client_addr, generation)
+    if not isinstance(answer, ForwardRefused):
+        return _Failed(
+            ErrorCode.INTERNAL, f"the owner {node} does not serve forwards", RetryClass.RETRY, None
+        )
+    refused = answer.refusal
+    if refused.error is not None:
+        err = refused.error
+        code = error_code_from_wire(err.code)
+        return _Failed(
+            code if isinstance(code, ErrorCode) else ErrorCode.INTERNAL,
+            err.message,
+            retry_class_from_wire(err.retry),
+            err.detail,
+        )
+    if refused.stale_route is not None:
+        # The owner is behind us: it must not write; the client retries.
+        return _Failed(
+            ErrorCode.SHARD_UNAVAILABLE,
+            "shard unavailable: stale",
+            None,
+            ErrorDetail(reason="stale"),
+        )
+    assert refused.not_leader is not None
+    return refused.not_leader
+
+
+def _unacknowledged(node: str) -> _Failed:
+    return _Failed(
+        ErrorCode.UNACKNOWLEDGED,
+        f"the owner {node} did not answer",
+        RetryClass.OUTCOME_UNKNOWN,
+        None,
+    )
+
+
+def _bad_answer(node: str) -> _Failed:
+    return _Failed(
+        ErrorCode.INTERNAL, f"the owner {node} answered badly", RetryClass.OUTCOME_UNKNOWN, None
+    )
+
+
+@dataclass(frozen=True, slots=True)
+class _Sent:
+    pipe: PeerPipe
+    future: asyncio.Future[PeerMessage]
+    member: Member
+    generation: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -614,3 +738,11 @@ class _Failed:
     text: str
     retry: RetryClass | None
     detail: ErrorDetail | None
+
+
+_OWNER_UNAVAILABLE = _Failed(
+    ErrorCode.SHARD_UNAVAILABLE,
+    "shard unavailable: owner_unavailable",
+    None,
+    ErrorDetail(reason="owner_unavailable"),
+)

@@ -1,11 +1,11 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 99a5185830f51dfd1c4ac986ceaa28477d90bccdb225cb72e7db84cd021a01fd
+# spec sha256: c4cca4dae0d30f6c18ac33fbd0a3aee77bbd2c160b03472c18f165ee2eacc205
 """The fleet catalogue: etcd record shapes and broker-to-broker messages.
 
 Broker-to-broker QUIC (TLS 1.3, mutual TLS): each broker's peer certificate is signed by the fleet CA and names its node id as a DNS SAN; both sides check it, and the listener checks it against hello.
 
 Rules of the peer protocol:
-- The dialing broker opens one bidirectional stream per request; the listener answers every request on its stream with exactly one terminal answer, then finishes the stream.
+- The dialing broker opens bidirectional streams; each starts with hello and carries one request or an ordered run of them. The listener admits a stream's requests in the order they came and answers each with exactly one terminal answer, in the same order; it finishes the stream after the dialer finished its side.
 - hello is the first frame of every stream; a stream whose hello names another node id than the dialer's certificate is refused (hello_refused) and closed.
 - No chains: a broker never forwards a forwarded request onward. It serves it, or refuses it (forward_refused).
 - An owner re-verifies the client's token of every forwarded request (authorized twice); a credential failure is refused with code forbidden.

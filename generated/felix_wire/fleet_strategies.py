@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 99a5185830f51dfd1c4ac986ceaa28477d90bccdb225cb72e7db84cd021a01fd
+# spec sha256: c4cca4dae0d30f6c18ac33fbd0a3aee77bbd2c160b03472c18f165ee2eacc205
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.

@@ -611,3 +611,30 @@ async def test_shard_inspect_answers_from_this_brokers_own_view(tmp_path: Path) 
             4,
         )
         assert other.assignment is not None and other.assignment.leader == "node-a"
+
+
+@pytest.mark.parametrize("ack_on_commit", [False, True])
+async def test_pipelined_forwards_land_in_the_order_the_stream_sent_them(
+    tmp_path: Path, ack_on_commit: bool
+) -> None:
+    async with running_fleet(tmp_path, ack_on_commit=ack_on_commit) as fleet:
+        fleet.assign_all("node-a")
+        sub, events = await subscribe_on(fleet, "node-a", "orders")
+        client = await WireClient.connect(fleet.entry("node-b"))
+        pub = await client.session()
+        expected = []
+        for i in range(300):
+            payload = b"%03d" % i
+            expected.append(payload)
+            if i % 3:
+                await pub.send(frame("orders", payload))  # unacked, pipelined too
+            else:
+                await pub.send(
+                    frame("orders", payload, request_id=i + 1, ack_mode=BinaryAckMode.PER_BATCH)
+                )
+        acks = [await pub.recv(timeout=20) for _ in range(100)]
+        assert [a.request_id for a in acks] == [i + 1 for i in range(0, 300, 3)]  # type: ignore[union-attr]
+        assert all(a.status == AckStatus.OK for a in acks)  # type: ignore[union-attr]
+        assert await payloads_of(events, 300) == expected
+        client.close()
+        sub.close()
