@@ -69,8 +69,10 @@ class Dialer:
     auth_timeout: float
     max_inflight_bytes: int
     default_window: int
-    # Called with the address of every connection that replaced a broken one,
-    # so the client can ask `topology` again after a reconnect.
+    # Called with the address of every pooled connection opened after the first
+    # (a reconnect, or a pool growing: which one cannot be told apart, since the
+    # connection that broke may sit in another slot), so the client asks
+    # `topology` again.
     on_reconnect: list[Callable[[str], None]] = field(default_factory=list, compare=False)
     _turn: itertools.count[int] = field(default_factory=itertools.count, compare=False)
 
@@ -333,13 +335,11 @@ class Pool:
                     logger.info("%s: replacing broken %s", self.name, current.label)
                     await current.aclose()
                 connection, label, addr = await self.dialer.connect(self.pinned)
-                replaced = current is not None
                 current = Link(
                     self.dialer, connection, label, self.streams_per_conn, self._events, addr
                 )
-                if replaced:
-                    for listener in self.dialer.on_reconnect:
-                        listener(addr)
+                for listener in self.dialer.on_reconnect:
+                    listener(addr)
                 self._links[index] = current
             return current
 

@@ -356,6 +356,7 @@ class Client:
         # Per publish lane: the route its publishes in flight took, and how many.
         self._lane_routes: dict[tuple[str, str, bytes | None], tuple[str | None, int]] = {}
         self._topology_task: asyncio.Task[None] | None = None
+        self._topology_again = False
         dialer.on_reconnect.append(self._reconnected)
         self._closed = False
 
@@ -388,22 +389,35 @@ class Client:
         return self._fleet.addrs
 
     def _reconnected(self, addr: str) -> None:
-        """A pooled connection was replaced: ask `topology` again (one at a time)."""
+        """A pooled connection was opened (a reconnect among them): ask `topology`
+        again, one request at a time."""
         if self._closed or self._capabilities is None:
             return
         if not self.supports(Feature.FEATURE_TOPOLOGY):
             return
         if self._topology_task is not None and not self._topology_task.done():
+            # One in flight may have been sent before this connection: ask again
+            # once it is done.
+            self._topology_again = True
             return
         self._topology_task = asyncio.get_running_loop().create_task(
             self._refresh_quietly(), name="felix-topology"
         )
 
     async def _refresh_quietly(self) -> None:
-        try:
-            await self.refresh_topology()
-        except (BrokerError, ConnectionLostError, ClientTimeoutError) as exc:
-            logger.info("topology after a reconnect failed: %s", exc)
+        for _ in range(3):  # bounded: a fleet that keeps reconnecting asks again later
+            self._topology_again = False
+            try:
+                await self.refresh_topology()
+            except BrokerError as exc:
+                logger.info("topology after a reconnect was refused: %s", exc)
+            except (ConnectionLostError, ClientTimeoutError) as exc:
+                # It met another connection that broke too: ask again (the pool
+                # replaces that one now).
+                logger.info("topology after a reconnect failed: %s", exc)
+                self._topology_again = True
+            if not self._topology_again:
+                return
 
     def _pools(self, target: str | None) -> tuple[Pool, Pool, Pool]:
         """(publish, requests, events) pools for `target`: the entry pools for

@@ -98,7 +98,7 @@ async def test_the_fleet_is_learned_from_one_seed_additively_and_again_after_a_r
         assert await client.refresh_topology() == [a.addr, b.addr, c.addr]
         asked = len(a.got("topology"))
         a.drop_connections()
-        # The next request reconnects (to any known broker that answers; only a does).
+        # The next request reconnects (to whichever known broker answers first).
         b.on["stream_shards"] = c.on["stream_shards"] = a.on["stream_shards"] = lambda *_: [
             refusal("invalid_request", "fatal")
         ]
