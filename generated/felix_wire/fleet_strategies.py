@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: c4cca4dae0d30f6c18ac33fbd0a3aee77bbd2c160b03472c18f165ee2eacc205
+# spec sha256: 2d375d903e36465b3e4828c87daf7648b005569259cac2cd1dd75dc89c40ff9f
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
