@@ -32,6 +32,7 @@ from qh3.quic.connection import QuicConnection, QuicConnectionError
 
 from ..config import TransportConfig
 from ..events import (
+    ConnectionClosedError,
     HandshakeCompleted,
     StreamClosedError,
     TransportEvent,
@@ -137,7 +138,11 @@ class Qh3Adapter(ConnectionAdapter):
     def open_stream(self, *, unidirectional: bool) -> int:
         # get_next_available_stream_id only peeks: two opens before any write would
         # get the same id. qh3 2.1's _open_stream allocates (pinned version; private).
-        stream_id: int = self._quic._open_stream(is_unidirectional=unidirectional)
+        try:
+            stream_id: int = self._quic._open_stream(is_unidirectional=unidirectional)
+        except QuicConnectionError as exc:
+            # The native core closed the connection before its close event was read.
+            raise ConnectionClosedError(None, f"connection closed: {exc}") from exc
         return stream_id
 
     def send(self, stream_id: int, data: bytes, *, end_stream: bool = False) -> None:
