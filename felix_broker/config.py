@@ -612,6 +612,15 @@ class BrokerConfig:
         "FELIX_CONTROLPLANE_CA", doc="The CA certificate to trust for the control plane."
     )
 
+    # Features a broker can be told not to offer (a fleet member that has not enabled
+    # them yet; the client fixture's no-commit broker).
+    withhold_atomic_commit: bool = _bool(
+        False,
+        "FELIX_WITHHOLD_ATOMIC_COMMIT",
+        doc="Do not advertise FEATURE_ATOMIC_COMMIT: commit and state_get are then answered "
+        "as not served (unsupported), and counted in felix_broker_requests_not_served.",
+    )
+
     catalog: StaticCatalog = field(default_factory=default_catalog)
 
     @property

@@ -19,6 +19,10 @@ A known client request type with no handler is answered as not served:
 `unsupported` to a client that negotiated FEATURE_UNSUPPORTED, otherwise an
 `invalid_request` error. Which types are deliberately never served, and why,
 is `NOT_SERVED`; tests check that the two together cover the catalogue.
+A table built with `withheld` features (the broker's `withhold_*` knobs) takes
+no handler for a type the catalogue gates on one of them: such requests are
+answered as not served too, whoever registers a handler. Every not-served
+answer is reported to `on_not_served` with the request's type.
 
 The serve / forward / redirect seam. Every request passes `Placement.place`
 before its handler runs: the one place where, per request, a broker decides
@@ -39,6 +43,7 @@ from felix_broker.session.context import RequestContext
 from felix_wire.binary import PublishBatchFrame
 from felix_wire.errors import ErrorCode
 from felix_wire.features import Feature
+from felix_wire.gating import MESSAGE_GATES
 from felix_wire.messages import Message, Unsupported
 
 __all__ = [
@@ -115,15 +120,30 @@ class _Route:
 class DispatchTable:
     """Request type -> handler. Registering a type twice is a programming error."""
 
-    def __init__(self, placement: Placement = STANDALONE) -> None:
+    def __init__(
+        self,
+        placement: Placement = STANDALONE,
+        *,
+        withheld: int = 0,
+        on_not_served: Callable[[str], None] | None = None,
+    ) -> None:
         # Keyed by the request's exact class (generated classes are never subclassed).
         self._routes: dict[type[Any], _Route] = {}
         self._placement = placement
+        self._withheld = withheld
+        self._withheld_names: dict[type[Any], str] = {}
+        self._on_not_served = on_not_served
 
     def register(self, kind: type[R], handler: Handler[R], *, concurrent: bool = False) -> None:
-        if kind in self._routes:
-            raise ValueError(f"{type_name(kind)} already has a handler")
-        self._routes[kind] = _Route(handler, concurrent, type_name(kind))
+        name = type_name(kind)
+        if kind in self._routes or kind in self._withheld_names:
+            raise ValueError(f"{name} already has a handler")
+        gate = MESSAGE_GATES.get(name)
+        if gate is not None and gate.features & self._withheld:
+            withheld = Feature(gate.features & self._withheld).name
+            self._withheld_names[kind] = f"{name} is not served here: {withheld} is withheld"
+            return
+        self._routes[kind] = _Route(handler, concurrent, name)
 
     def handled(self) -> frozenset[str]:
         """The wire names of every type with a handler."""
@@ -133,7 +153,10 @@ class DispatchTable:
         route = self._routes.get(type(request))
         if route is None:
             assert not isinstance(request, PublishBatchFrame)  # always has a route
-            await ctx.write(not_served_answer(ctx, request))
+            if self._on_not_served is not None:
+                self._on_not_served(type_name(type(request)))
+            reason = self._withheld_names.get(type(request))
+            await ctx.write(not_served_answer(ctx, request, reason))
             return
         decision = self._placement.place(request, ctx)
         assert decision is PlacementDecision.SERVE_HERE
