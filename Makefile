@@ -54,6 +54,7 @@ bench: setup
 	$(PY) bench/cache.py --quick
 	$(PY) bench/client.py --quick
 	$(PY) bench/groups.py --quick
+	$(PY) bench/guarded.py --quick
 	$(PY) bench/read_stall.py --quick
 
 run: setup

@@ -22,6 +22,7 @@ from felix_broker.catalog import Catalog
 from felix_broker.config import BrokerConfig, FsyncMode, warn_ignored_knobs
 from felix_broker.discovery.service import DISCOVERY_FEATURES, DiscoveryService
 from felix_broker.groups.service import GroupService
+from felix_broker.inspection.service import InspectionService
 from felix_broker.metrics import BrokerMetrics
 from felix_broker.ops_http import Health, HttpListener
 from felix_broker.session.dispatch import DispatchTable
@@ -29,21 +30,24 @@ from felix_broker.session.protocol import AuthRefusedError
 from felix_broker.session.quic import CLOSE_SHUTTING_DOWN, Session
 from felix_broker.storage import LogConfig, LogStore
 from felix_broker.streams.engine import Engine
+from felix_broker.streams.guarded import GuardedWriteService
 from felix_broker.streams.service import STREAM_FEATURES, StreamService
+from felix_broker.streams.width import StreamWidths
 from felix_broker.tls import TlsMaterial, prepare_tls
 from felix_common.tokens import DevIssuer, Principal, TokenError, TokenVerifier
 from felix_transport import Server, TransportConfig, serve
 from felix_wire.errors import ErrorCode
 from felix_wire.features import Feature
-from felix_wire.flags import KNOWN_FLAGS, Flag
+from felix_wire.flags import KNOWN_FLAGS
 from felix_wire.messages import Auth
 
 __all__ = ["SERVER_FEATURES", "SERVER_FLAGS", "Broker", "Verifier"]
 
 _log = logging.getLogger(__name__)
 
-# Frame layouts this broker reads and writes: everything but idempotent publishes.
-SERVER_FLAGS = KNOWN_FLAGS & ~Flag.BINARY_PUBLISH_IDEMPOTENT
+# Frame layouts this broker reads and writes: every one (idempotent publishes, 0x0100,
+# are served by the guarded-write service).
+SERVER_FLAGS = KNOWN_FLAGS
 # The session's own features (answers shaped with codes; unknown requests answered).
 SESSION_FEATURES = int(Feature.FEATURE_ERROR_CODES | Feature.FEATURE_UNSUPPORTED)
 # What every broker serves, whatever its storage (cache and groups add theirs).
@@ -133,8 +137,11 @@ class Broker:
             )
             # /ready stays 503 until every log has recovered (a corrupt log stops here).
             await self.store.recover_all()
-            self.store.start()
         await self._build_services()
+        if self.store is not None:
+            # After the engine replayed every log's marks on worker threads: no
+            # retention pass may delete a segment while one is being read.
+            self.store.start()
         transport = TransportConfig.server(
             self.tls.chain_pem(),
             self.tls.key_pem(),
@@ -159,6 +166,7 @@ class Broker:
         """Every capability service, its shards recovered, its handlers in the table."""
         config, catalog, table = self.config, self.catalog, self.table
         self.engine = Engine(catalog, config, self.metrics, self.store)
+        await self.engine.recover()  # producer tables and state views, before /ready
         self.streams = StreamService(
             config=config, engine=self.engine, metrics=self.metrics, durable=self.store is not None
         )
@@ -167,11 +175,27 @@ class Broker:
             config=config, catalog=catalog, metrics=self.metrics, limits=self._cache_limits
         )
         await self.cache.start()  # reloads cache logs, starts the TTL pass
-        services: list[StreamService | DiscoveryService | CacheService | GroupService] = [
-            self.streams,
-            discovery,
-            self.cache,
-        ]
+        guarded = GuardedWriteService(
+            engine=self.engine,
+            metrics=self.metrics,
+            widths=StreamWidths(self.metrics),
+            hold_bytes=self.streams.hold_publish_bytes,
+        )
+        self.streams.idempotent_frames = guarded.publish_frame
+        self.streams.widths = guarded.widths
+        inspection = InspectionService(
+            catalog=catalog,
+            store=self.store,
+            connections=lambda: list(self.session.connections.values()) if self.session else [],
+        )
+        services: list[
+            StreamService
+            | DiscoveryService
+            | CacheService
+            | GroupService
+            | GuardedWriteService
+            | InspectionService
+        ] = [self.streams, discovery, self.cache, guarded, inspection]
         if config.durable_enabled:
             # Consumer groups need durable storage (N4, Q1): none without it.
             self.groups = GroupService(

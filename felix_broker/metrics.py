@@ -5,7 +5,8 @@ process-global one, so several brokers can run in one process (tests do) and
 each ``/metrics`` shows only its own broker. Label sets are kept small and
 bounded: ``tenant`` appears only where the protocol names it
 (``felix_tenant_publish_queue_full_total``), ``reason`` only takes the fixed
-names of token checks.
+names of token checks or of ``publish_refused`` reasons, ``type`` and
+``outcome`` only message types and error codes of the catalogue.
 """
 
 from __future__ import annotations
@@ -94,6 +95,39 @@ class BrokerMetrics:
             "felix_broker_task_failures",
             "Broker tasks that ended with an unexpected exception, by what started them.",
             ["type"],
+            registry=r,
+        )
+        self.producer_duplicates = Counter(
+            "felix_broker_producer_duplicates",
+            "Idempotent batches answered with their original offset; nothing appended.",
+            registry=r,
+        )
+        self.producer_refusals = Counter(
+            "felix_broker_producer_refusals",
+            "Idempotent batches refused, by publish_refused reason.",
+            ["reason"],
+            registry=r,
+        )
+        self.conditional_refusals = Counter(
+            "felix_broker_conditional_refusals",
+            "Conditional writes (publish_if, commit with expected_offset) refused offset_mismatch.",
+            ["type"],
+            registry=r,
+        )
+        self.publish_widths = Counter(
+            "felix_broker_publish_widths",
+            "publish_width announcements received (never answered).",
+            registry=r,
+        )
+        self.stale_width_refusals = Counter(
+            "felix_broker_stale_width_refusals",
+            "Keyed batches refused stale_width: routed by a width the stream does not have.",
+            registry=r,
+        )
+        self.commits = Counter(
+            "felix_broker_commits",
+            "Atomic commits answered, by outcome (ok, offset_mismatch or the error code).",
+            ["outcome"],
             registry=r,
         )
 

@@ -67,17 +67,7 @@ Handler = Callable[[R, RequestContext], Coroutine[Any, Any, None]]
 # the catalogue that is neither handled nor listed here fails the completeness test.
 NOT_SERVED: Mapping[str, str] = {
     "auth": "consumed by the session protocol itself (session/protocol.py), never dispatched",
-    "producer_init": "idempotent producers are not implemented (FEATURE_IDEMPOTENT_PRODUCER "
-    "is not advertised)",
-    "publish_idempotent": "idempotent producers are not implemented (FEATURE_IDEMPOTENT_PRODUCER "
-    "is not advertised)",
-    "publish_if": "conditional publishes are not implemented (FEATURE_PUBLISH_CONDITIONAL "
-    "is not advertised)",
-    "commit": "atomic commits are not implemented (FEATURE_ATOMIC_COMMIT is not advertised)",
-    "state_get": "atomic commits are not implemented (FEATURE_ATOMIC_COMMIT is not advertised)",
     "topology": "cluster only: a standalone broker has no topology (FEATURE_TOPOLOGY)",
-    "shard_inspect": "inspection is not implemented (FEATURE_INSPECT is not advertised)",
-    "subscriptions_list": "inspection is not implemented (FEATURE_INSPECT is not advertised)",
 }
 
 

@@ -281,7 +281,8 @@ class StreamProtocol:
                     out,
                     self.publish_answer(
                         request_id,
-                        binary=True,
+                        # Idempotent frames are always answered in JSON (A4).
+                        binary=not flags & Flag.BINARY_PUBLISH_IDEMPOTENT,
                         error=(ErrorCode.INVALID_REQUEST, f"malformed publish: {exc}"),
                     ),
                 )

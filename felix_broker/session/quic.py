@@ -34,7 +34,7 @@ from felix_common.tokens import Principal
 from felix_transport import Connection, Stream, StreamClosedError
 from felix_transport.events import ConnectionClosedError
 from felix_wire.features import Feature
-from felix_wire.messages import Auth, Extension, PublishWidth, Unsupported
+from felix_wire.messages import Auth, Extension, Unsupported
 
 __all__ = ["CLOSE_AUTH_TIMEOUT", "CLOSE_SHUTTING_DOWN", "Session"]
 
@@ -73,7 +73,6 @@ class Session:
         self.connections: dict[Connection, ConnectionState] = {}
         self.on_close: list[Callable[[ConnectionState], None]] = []
         table.register(Extension, self._extension)
-        table.register(PublishWidth, self._publish_width)
 
     # -- connections ----------------------------------------------------------------
 
@@ -203,6 +202,3 @@ class Session:
             await ctx.write(ctx.proto.message(answer))
         else:
             await ctx.io.end(reset=False)
-
-    async def _publish_width(self, request: PublishWidth, ctx: RequestContext) -> None:
-        """Not advertised, so a client should not send it; it expects no answer."""

@@ -35,26 +35,37 @@ from felix_broker.storage.errors import (
 
 __all__ = [
     "BATCH_HEAD_SIZE",
+    "FLAG_COMMIT",
+    "FLAG_HAS_PRINCIPAL",
+    "FLAG_PRODUCER_MARK",
     "FORMAT_VERSION",
     "HEADER_SIZE",
     "INDEX_ENTRY_SIZE",
     "INDEX_MAGIC",
     "MAX_PAYLOAD_BYTES",
     "MAX_PRINCIPAL_BYTES",
+    "PREVIOUS_VERSION",
     "RECORD_ENTRY_SIZE",
     "SEGMENT_MAGIC",
     "Batch",
+    "BatchExtension",
     "BatchHead",
+    "CommitMark",
     "IndexEntry",
+    "ProducerMark",
     "Record",
+    "StoredChange",
     "batch_size",
     "check_batch",
     "check_header",
     "check_payload",
     "decode_batch",
+    "decode_extension",
     "encode_batch",
+    "encode_extension",
     "encode_header",
     "encode_principal",
+    "header_version",
     "index_path",
     "pack_index_entry",
     "parse_segment_name",
@@ -62,11 +73,15 @@ __all__ = [
     "read_batch_table",
     "segment_path",
     "unpack_index_entries",
+    "upgrade_segment",
 ]
 
 # Version 1 stored a full header and a zlib CRC-32 with every record; no broker
 # with it was ever released, so its files are refused like any unknown version.
-FORMAT_VERSION = 2
+# Version 2 had no extension area (producer marks, commits); its segments are
+# upgraded in place on open (see upgrade_segment).
+FORMAT_VERSION = 3
+PREVIOUS_VERSION = 2
 SEGMENT_MAGIC = b"FLXS"
 INDEX_MAGIC = b"FLXI"
 
@@ -76,16 +91,31 @@ HEADER_SIZE = _HEADER.size
 _VERSION_AT = 4
 
 # Batch head: crc, length, base offset, timestamp_us, count, flags, principal
-# length; then the principal, the record table and the payloads. ``length``
-# counts the whole batch, crc included. The CRC-32C covers every byte from
-# after itself to the end of the record table, so a damaged length, count or
-# payload length is caught; each payload has its own CRC-32C in the table.
+# length, extension length; then the principal, the extension area, the record
+# table and the payloads. ``length`` counts the whole batch, crc included. The
+# CRC-32C covers every byte from after itself to the end of the record table
+# (the extension area included), so a damaged length, count, payload length,
+# producer mark or state change is caught; each payload has its own CRC-32C in
+# the table.
 _CRC = struct.Struct(">I")
-_BATCH_HEAD = struct.Struct(">IIQqIBB")
+_BATCH_HEAD = struct.Struct(">IIQqIBBI")
 BATCH_HEAD_SIZE = _BATCH_HEAD.size
 RECORD_ENTRY_SIZE = 8  # payload length u32, payload CRC-32C u32
 FLAG_HAS_PRINCIPAL = 0x01
-_KNOWN_FLAGS = FLAG_HAS_PRINCIPAL
+FLAG_PRODUCER_MARK = 0x02
+FLAG_COMMIT = 0x04
+_EXTENSION_FLAGS = FLAG_PRODUCER_MARK | FLAG_COMMIT
+_KNOWN_FLAGS = FLAG_HAS_PRINCIPAL | _EXTENSION_FLAGS
+
+# Extension area, in this order when its flag is set. Producer mark: producer
+# id, sequence, payload digest (u64 each). Commit: entity key (u32 length +
+# bytes), change count (u32), then per change an op byte, the key (u16 length +
+# UTF-8) and, for a put, the value (u32 length + bytes).
+_MARK = struct.Struct(">QQQ")
+_U32 = struct.Struct(">I")
+_U16 = struct.Struct(">H")
+_OP_PUT = 1
+_OP_DELETE = 2
 
 MAX_PRINCIPAL_BYTES = 255
 # Positions inside a segment are u32 in the index; with segments capped at
@@ -109,6 +139,39 @@ class Record:
     payload: bytes
 
 
+@dataclass(frozen=True, slots=True)
+class ProducerMark:
+    """Which idempotent producer batch a stored batch is: id, sequence and payload digest."""
+
+    producer_id: int
+    sequence: int
+    digest: int
+
+
+@dataclass(frozen=True, slots=True)
+class StoredChange:
+    """One change of an entity's state: a put of ``value``, or a delete when it is None."""
+
+    key: str
+    value: bytes | None
+
+
+@dataclass(frozen=True, slots=True)
+class CommitMark:
+    """The state changes stored with a commit's event (a batch of exactly one record)."""
+
+    entity_key: bytes
+    changes: tuple[StoredChange, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class BatchExtension:
+    """What a batch carries besides its records (stored in its extension area)."""
+
+    producer: ProducerMark | None = None
+    commit: CommitMark | None = None
+
+
 class BatchHead(NamedTuple):
     """The fixed-size head of a batch, as read from disk (not yet checksum-verified)."""
 
@@ -119,11 +182,17 @@ class BatchHead(NamedTuple):
     record_count: int
     flags: int
     principal_length: int
+    extension_length: int = 0
 
     @property
     def table_end(self) -> int:
         """Bytes from the batch start to the end of its record table (what the CRC covers)."""
-        return BATCH_HEAD_SIZE + self.principal_length + RECORD_ENTRY_SIZE * self.record_count
+        return (
+            BATCH_HEAD_SIZE
+            + self.principal_length
+            + self.extension_length
+            + RECORD_ENTRY_SIZE * self.record_count
+        )
 
     @property
     def end_offset(self) -> int:
@@ -139,6 +208,8 @@ class Batch:
     publisher: str | None
     lengths: tuple[int, ...]
     crcs: tuple[int, ...]
+    extension: BatchExtension | None = None
+    """What the extension area holds; None for a plain batch."""
 
     def payload_positions(self, position: int) -> Iterator[int]:
         """Where each payload starts, for a batch that starts at ``position``."""
@@ -178,15 +249,25 @@ def encode_header(magic: bytes, base_offset: int) -> bytes:
     return head + _CRC.pack(crc32c(head))
 
 
-def check_header(path: Path, data: bytes, magic: bytes, base_offset: int) -> None:
+def header_version(data: bytes) -> int | None:
+    """The format version a file header names, None when too short to name one."""
+    if len(data) < _VERSION_AT + 2:
+        return None
+    version: int = _U16.unpack_from(data, _VERSION_AT)[0]
+    return version
+
+
+def check_header(
+    path: Path, data: bytes, magic: bytes, base_offset: int, *, version: int = FORMAT_VERSION
+) -> None:
     """Validate a file header; the version is checked before anything else can be trusted."""
     if len(data) < HEADER_SIZE:
         raise CorruptionError(path, len(data), "file shorter than its header")
-    found_magic, version, _reserved, found_base, crc = _HEADER.unpack_from(data, 0)
+    found_magic, found_version, _reserved, found_base, crc = _HEADER.unpack_from(data, 0)
     if found_magic != magic:
         raise CorruptionError(path, 0, f"bad magic {found_magic!r}, expected {magic!r}")
-    if version != FORMAT_VERSION:
-        raise UnsupportedVersionError(path, version, FORMAT_VERSION)
+    if found_version != version:
+        raise UnsupportedVersionError(path, found_version, version)
     if crc32c(data[: HEADER_SIZE - 4]) != crc:
         raise CorruptionError(path, 0, "header checksum mismatch")
     if found_base != base_offset:
@@ -205,9 +286,87 @@ def encode_principal(publisher: str | None) -> tuple[int, bytes]:
     return FLAG_HAS_PRINCIPAL, raw
 
 
-def batch_size(principal_length: int, count: int, payload_bytes: int) -> int:
+def batch_size(
+    principal_length: int, count: int, payload_bytes: int, extension_length: int = 0
+) -> int:
     """Bytes on disk of a batch of ``count`` records holding ``payload_bytes`` in all."""
-    return BATCH_HEAD_SIZE + principal_length + RECORD_ENTRY_SIZE * count + payload_bytes
+    return (
+        BATCH_HEAD_SIZE
+        + principal_length
+        + extension_length
+        + RECORD_ENTRY_SIZE * count
+        + payload_bytes
+    )
+
+
+def encode_extension(extension: BatchExtension) -> tuple[int, bytes]:
+    """The flags and extension area bytes of ``extension``."""
+    flags = 0
+    pieces: list[bytes] = []
+    if extension.producer is not None:
+        mark = extension.producer
+        flags |= FLAG_PRODUCER_MARK
+        pieces.append(_MARK.pack(mark.producer_id, mark.sequence, mark.digest))
+    if extension.commit is not None:
+        commit = extension.commit
+        flags |= FLAG_COMMIT
+        pieces += [_U32.pack(len(commit.entity_key)), commit.entity_key]
+        pieces.append(_U32.pack(len(commit.changes)))
+        for change in commit.changes:
+            key = change.key.encode("utf-8")
+            if len(key) > 0xFFFF:
+                raise ValueError(f"state key of {len(key)} bytes; at most 65535 allowed")
+            if change.value is None:
+                pieces += [bytes([_OP_DELETE]), _U16.pack(len(key)), key]
+            else:
+                pieces += [bytes([_OP_PUT]), _U16.pack(len(key)), key]
+                pieces += [_U32.pack(len(change.value)), change.value]
+    return flags, b"".join(pieces)
+
+
+def decode_extension(flags: int, data: bytes) -> BatchExtension | None:
+    """The extension stored in ``data`` under ``flags``; None when the bytes do not add up."""
+    try:
+        at = 0
+        producer = None
+        commit = None
+        if flags & FLAG_PRODUCER_MARK:
+            producer = ProducerMark(*_MARK.unpack_from(data, at))
+            at += _MARK.size
+        if flags & FLAG_COMMIT:
+            (key_length,) = _U32.unpack_from(data, at)
+            at += 4
+            entity_key = data[at : at + key_length]
+            if len(entity_key) != key_length:
+                return None
+            at += key_length
+            (count,) = _U32.unpack_from(data, at)
+            at += 4
+            changes: list[StoredChange] = []
+            for _ in range(count):
+                op = data[at]
+                (length,) = _U16.unpack_from(data, at + 1)
+                at += 3
+                key = data[at : at + length].decode("utf-8")
+                at += length
+                if op == _OP_DELETE:
+                    changes.append(StoredChange(key, None))
+                    continue
+                if op != _OP_PUT:
+                    return None
+                (length,) = _U32.unpack_from(data, at)
+                at += 4
+                value = data[at : at + length]
+                if len(value) != length:
+                    return None
+                at += length
+                changes.append(StoredChange(key, value))
+            commit = CommitMark(entity_key, tuple(changes))
+    except (struct.error, IndexError, UnicodeDecodeError):
+        return None
+    if at != len(data):
+        return None
+    return BatchExtension(producer, commit)
 
 
 def encode_batch(
@@ -216,6 +375,7 @@ def encode_batch(
     flags: int,
     principal: bytes,
     payloads: Sequence[bytes],
+    extension: bytes = b"",
 ) -> list[bytes]:
     """The batch of records ``base_offset, base_offset + 1, ...`` as pieces to write in order.
 
@@ -228,11 +388,11 @@ def encode_batch(
     table = struct.pack(
         f">{2 * count}I", *chain.from_iterable(zip(lengths, map(crc32c, payloads), strict=True))
     )
-    length = batch_size(len(principal), count, sum(lengths))
-    head = _BATCH_HEAD.pack(0, length, base_offset, timestamp_us, count, flags, len(principal))[
-        _CRC.size :
-    ]
-    covered = head + principal + table
+    length = batch_size(len(principal), count, sum(lengths), len(extension))
+    head = _BATCH_HEAD.pack(
+        0, length, base_offset, timestamp_us, count, flags, len(principal), len(extension)
+    )[_CRC.size :]
+    covered = head + principal + extension + table
     return [_CRC.pack(crc32c(covered)), covered, *payloads]
 
 
@@ -249,6 +409,10 @@ def read_batch_head(data: bytes | memoryview, position: int, end: int) -> BatchH
         return None
     if not head.flags & FLAG_HAS_PRINCIPAL and head.principal_length:
         return None
+    if bool(head.flags & _EXTENSION_FLAGS) != bool(head.extension_length):
+        return None
+    if head.flags & FLAG_COMMIT and head.record_count != 1:
+        return None
     if not head.table_end <= head.length <= end - position:
         return None
     return head
@@ -264,7 +428,8 @@ def read_batch_table(data: bytes | memoryview, position: int, head: BatchHead) -
     if crc32c(data[position + _CRC.size : table_end]) != head.crc:
         return None
     principal_at = position + BATCH_HEAD_SIZE
-    table_at = principal_at + head.principal_length
+    extension_at = principal_at + head.principal_length
+    table_at = extension_at + head.extension_length
     table = struct.unpack_from(f">{2 * head.record_count}I", data, table_at)
     lengths, crcs = table[0::2], table[1::2]
     if head.table_end + sum(lengths) != head.length:
@@ -272,10 +437,15 @@ def read_batch_table(data: bytes | memoryview, position: int, head: BatchHead) -
     publisher = None
     if head.flags & FLAG_HAS_PRINCIPAL:
         try:
-            publisher = bytes(data[principal_at:table_at]).decode("utf-8")
+            publisher = bytes(data[principal_at:extension_at]).decode("utf-8")
         except UnicodeDecodeError:
             return None  # checksummed, yet not written by a log: a crafted file
-    return Batch(head, publisher, lengths, crcs)
+    extension = None
+    if head.extension_length:
+        extension = decode_extension(head.flags, bytes(data[extension_at:table_at]))
+        if extension is None:
+            return None  # checksummed, yet not written by a log: a crafted file
+    return Batch(head, publisher, lengths, crcs, extension)
 
 
 def check_batch(data: bytes | memoryview, position: int, end: int) -> Batch | None:
@@ -327,3 +497,71 @@ def unpack_index_entries(data: bytes, base_offset: int) -> list[IndexEntry] | No
         IndexEntry(base_offset + relative, position, timestamp)
         for relative, position, timestamp in _ENTRY.iter_unpack(data[HEADER_SIZE:])
     ]
+
+
+# --- version 2 -> 3 -----------------------------------------------------------------
+
+_V2_BATCH_HEAD = struct.Struct(">IIQqIBB")
+
+
+def _v2_batch(data: bytes, position: int, end: int) -> tuple[int, bytes] | None:
+    """The version-2 batch at ``position`` as (its length, the same batch in version 3)."""
+    if end - position < _V2_BATCH_HEAD.size:
+        return None
+    crc, length, base, timestamp, count, flags, principal_length = _V2_BATCH_HEAD.unpack_from(
+        data, position
+    )
+    if count < 1 or flags & ~FLAG_HAS_PRINCIPAL:
+        return None
+    if not flags & FLAG_HAS_PRINCIPAL and principal_length:
+        return None
+    table_end = _V2_BATCH_HEAD.size + principal_length + RECORD_ENTRY_SIZE * count
+    if not table_end <= length <= end - position:
+        return None
+    if crc32c(data[position + _CRC.size : position + table_end]) != crc:
+        return None
+    table_at = position + _V2_BATCH_HEAD.size + principal_length
+    table = struct.unpack_from(f">{2 * count}I", data, table_at)
+    lengths, crcs = table[0::2], table[1::2]
+    if table_end + sum(lengths) != length:
+        return None
+    at = position + table_end
+    for payload_length, payload_crc in zip(lengths, crcs, strict=True):
+        if crc32c(data[at : at + payload_length]) != payload_crc:
+            return None
+        at += payload_length
+    principal = data[position + _V2_BATCH_HEAD.size : table_at]
+    head = _BATCH_HEAD.pack(0, length + 4, base, timestamp, count, flags, principal_length, 0)
+    covered = head[_CRC.size :] + principal + data[table_at : position + table_end]
+    return length, _CRC.pack(crc32c(covered)) + covered + data[position + table_end : at]
+
+
+def upgrade_segment(path: Path, data: bytes, base_offset: int) -> bytes:
+    """A version-2 segment file's bytes, rewritten as version 3 (no record changes).
+
+    Every valid batch is converted (version 3 adds the extension length to
+    each head). Bytes after the first invalid batch are kept as they are, so
+    that recovery judges them as it would have in version 2 (a torn tail of
+    the active segment is cut); an invalid batch followed by a valid one is
+    corruption here already, as the version-3 probe cannot recognise
+    version-2 batches.
+    """
+    check_header(path, data, SEGMENT_MAGIC, base_offset, version=PREVIOUS_VERSION)
+    pieces = [encode_header(SEGMENT_MAGIC, base_offset)]
+    position = HEADER_SIZE
+    end = len(data)
+    while position < end:
+        converted = _v2_batch(data, position, end)
+        if converted is None:
+            break
+        length, batch = converted
+        pieces.append(batch)
+        position += length
+    if position < end and data.count(0, position, end) != end - position:
+        for probe in range(position + 1, end - _V2_BATCH_HEAD.size + 1):
+            if _v2_batch(data, probe, end) is not None:
+                raise CorruptionError(
+                    path, position, f"invalid batch followed by a valid batch at byte {probe}"
+                )
+    pieces.append(data[position:])
+    return b"".join(pieces)

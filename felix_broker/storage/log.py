@@ -47,8 +47,10 @@ from felix_broker.storage.format import (
     HEADER_SIZE,
     MAX_PAYLOAD_BYTES,
     RECORD_ENTRY_SIZE,
+    BatchExtension,
     Record,
     batch_size,
+    encode_extension,
     encode_principal,
     parse_segment_name,
 )
@@ -129,7 +131,9 @@ def _scan(
 
 def _remove_leftovers(directory: Path, bases: set[int]) -> None:
     for path in directory.iterdir():
-        if path.name.endswith(".idx.tmp"):
+        if path.name.endswith((".idx.tmp", ".log.upgrade")):
+            # An unfinished index rewrite, or an upgrade that crashed before its
+            # rename (the old segment is still there and is upgraded again).
             path.unlink()
         elif path.suffix == ".idx" and parse_segment_name(path.stem + ".log") not in bases:
             # Retention removes the segment before its index; a crash between
@@ -283,7 +287,12 @@ class Log:
     # --- appending -------------------------------------------------------------------
 
     def append(
-        self, payloads: Sequence[bytes], *, timestamp_us: int, publisher: str | None = None
+        self,
+        payloads: Sequence[bytes],
+        *,
+        timestamp_us: int,
+        publisher: str | None = None,
+        extension: BatchExtension | None = None,
     ) -> int:
         """Append a batch (one timestamp, one publisher); returns the first record's offset.
 
@@ -291,11 +300,22 @@ class Log:
         :meth:`wait_durable` for durability. Timestamps never go backwards in
         a log: a ``timestamp_us`` earlier than that of the newest record held
         is stored as that time, so time lookups stay a binary search.
+
+        A batch with an ``extension`` (a producer mark, a commit) is written
+        as one stored batch, never split across segments, so a crash leaves
+        all of it or none: if it does not fit the active segment it starts a
+        new one, which it may make larger than ``segment_bytes``.
         """
         self._check_usable()
         if not payloads:
             raise ValueError("append needs at least one payload")
         flags, principal = encode_principal(publisher)
+        extension_bytes = b""
+        if extension is not None:
+            extension_flags, extension_bytes = encode_extension(extension)
+            flags |= extension_flags
+            if extension.commit is not None and len(payloads) != 1:
+                raise ValueError("a commit is exactly one record")
         total = sum(map(len, payloads))
         if total > MAX_PAYLOAD_BYTES:  # only then can a single payload be too big
             for payload in payloads:
@@ -311,7 +331,16 @@ class Log:
         done = 0
         try:
             segment = self._segments[-1]
-            whole = batch_size(len(principal), len(payloads), total)
+            whole = batch_size(len(principal), len(payloads), total, len(extension_bytes))
+            if extension_bytes:
+                if HEADER_SIZE + whole > _MAX_SEGMENT_BYTES:
+                    raise ValueError(f"a marked batch of {whole} bytes cannot fit one segment")
+                if segment.count and segment.size + whole > self.config.segment_bytes:
+                    self._roll()
+                    segment = self._segments[-1]
+                segment.append(base, timestamp_us, flags, principal, payloads, extension_bytes)
+                self._next_offset += len(payloads)
+                return base
             if segment.size + whole <= self.config.segment_bytes:
                 # The common case: the whole batch fits the active segment.
                 segment.append(base, timestamp_us, flags, principal, payloads)
@@ -533,6 +562,24 @@ class Log:
             raise OffsetOutOfRangeError(from_offset, self.start_offset, self._next_offset)
         stop = self.readable_offset if end is None else min(end, self.readable_offset)
         return stop, bisect_right(self._segments, from_offset, key=_base_offset) - 1
+
+    def extensions(self) -> Iterator[tuple[int, int, BatchExtension]]:
+        """(first offset, record count, extension) of every retained batch carrying one.
+
+        In offset order, over every appended batch (durable or not): what a
+        shard replays on open to rebuild its producer table and state view.
+        Reads heads and extension areas, never payloads. Do not append while
+        iterating.
+        """
+        if self._closed:
+            raise LogClosedError(f"log {self.directory} is closed")
+        for segment in list(self._segments):
+            fd = segment.fd if segment.fd is not None else os.open(segment.path, os.O_RDONLY)
+            try:
+                yield from segment.extensions(fd)
+            finally:
+                if fd != segment.fd:
+                    os.close(fd)
 
     def offset_for_time(self, at_us: int) -> int | None:
         """The first readable offset appended at or after ``at_us``.

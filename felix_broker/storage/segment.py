@@ -19,8 +19,10 @@ from felix_broker.storage.format import (
     BATCH_HEAD_SIZE,
     HEADER_SIZE,
     INDEX_MAGIC,
+    PREVIOUS_VERSION,
     SEGMENT_MAGIC,
     Batch,
+    BatchExtension,
     BatchHead,
     IndexEntry,
     Record,
@@ -29,12 +31,14 @@ from felix_broker.storage.format import (
     check_payload,
     encode_batch,
     encode_header,
+    header_version,
     index_path,
     pack_index_entry,
     read_batch_head,
     read_batch_table,
     segment_path,
     unpack_index_entries,
+    upgrade_segment,
 )
 
 __all__ = ["Segment"]
@@ -182,6 +186,8 @@ class Segment:
         segment = cls(directory, base_offset, index_interval)
         path = segment.path
         data = path.read_bytes()
+        if len(data) >= HEADER_SIZE and header_version(data) == PREVIOUS_VERSION:
+            data = segment._upgrade(data, sync_file)
         if len(data) < HEADER_SIZE and active:
             # A roll that crashed before the header reached the disk.
             _log.warning("%s: rewriting a torn segment header (%d bytes)", path, len(data))
@@ -276,6 +282,23 @@ class Segment:
             os.close(fd)
         os.replace(tmp, self.index_path)
 
+    def _upgrade(self, data: bytes, sync_file: Callable[[int], None] | None) -> bytes:
+        # Written beside and renamed, so a crash leaves the old file or the new
+        # one; the index (derived data, with the old version in its header) goes.
+        upgraded = upgrade_segment(self.path, data, self.base_offset)
+        tmp = self.path.with_name(self.path.name + ".upgrade")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+        try:
+            _write_at(fd, upgraded, 0)
+            if sync_file is not None:
+                sync_file(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        self.index_path.unlink(missing_ok=True)
+        _log.info("%s: upgraded from storage format version %d", self.path, PREVIOUS_VERSION)
+        return upgraded
+
     def _rewrite(self, data: bytes, sync_file: Callable[[int], None] | None) -> None:
         fd = os.open(self.path, os.O_WRONLY | os.O_TRUNC)
         try:
@@ -301,11 +324,15 @@ class Segment:
         flags: int,
         principal: bytes,
         payloads: Sequence[bytes],
+        extension: bytes = b"",
     ) -> None:
-        """Write records ``first_offset, first_offset + 1, ...`` as one batch, with one write."""
+        """Write records ``first_offset, first_offset + 1, ...`` as one batch, with one write.
+
+        ``flags`` include those of ``extension`` (see ``format.encode_extension``).
+        """
         if self.fd is None:
             raise RuntimeError(f"{self.path} is not the active segment")
-        pieces = encode_batch(first_offset, timestamp_us, flags, principal, payloads)
+        pieces = encode_batch(first_offset, timestamp_us, flags, principal, payloads, extension)
         position = self.size
         length = sum(map(len, pieces))
         _write_pieces(self.fd, pieces, position, length)
@@ -315,7 +342,16 @@ class Segment:
         # (and no second file growing under every fsync) is enough.
         self._account(
             position,
-            BatchHead(0, length, first_offset, timestamp_us, len(payloads), flags, len(principal)),
+            BatchHead(
+                0,
+                length,
+                first_offset,
+                timestamp_us,
+                len(payloads),
+                flags,
+                len(principal),
+                len(extension),
+            ),
         )
 
     def seal(self) -> int | None:
@@ -372,6 +408,16 @@ class Segment:
                 if not check_payload(payload, crc):
                     raise CorruptionError(self.path, position, "record checksum mismatch")
                 yield Record(record_offset, head.timestamp_us, batch.publisher, bytes(payload))
+
+    def extensions(self, fd: int) -> Iterator[tuple[int, int, BatchExtension]]:
+        """(first offset, record count, extension) of every batch here that carries one.
+
+        Reads heads, extension areas and record tables only, never payloads.
+        """
+        reader = _Reader(self.path, fd, self.size)
+        for _position, batch in self._batches_from(reader, self.base_offset):
+            if batch.extension is not None:
+                yield batch.head.base_offset, batch.head.record_count, batch.extension
 
     def _batches_from(self, reader: _Reader, offset: int) -> Iterator[tuple[int, Batch]]:
         """Each batch (head and table verified) from the one the index says holds ``offset``."""

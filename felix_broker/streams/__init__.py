@@ -1,2 +1,3 @@
 """Streams: the publish/subscribe/read service, the shard engine (publish queues,
-fanout), a subscription's delivery, and the publish byte budgets."""
+fanout), a subscription's delivery, the publish byte budgets, and the guarded writes
+(idempotent producers, conditional publishes, atomic commits, publish widths)."""

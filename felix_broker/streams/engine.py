@@ -57,6 +57,9 @@ from felix_broker.catalog import Catalog, StreamSpec
 from felix_broker.config import BrokerConfig, SubscriberQueuePolicy
 from felix_broker.metrics import BrokerMetrics
 from felix_broker.storage import Log, LogStore, Retention, ShardKey, StorageError
+from felix_broker.storage.format import BatchExtension
+from felix_broker.streams.guards import AppendGuard, AppendRefusedError, ShardMarks
+from felix_broker.streams.producers import Append, Duplicate
 from felix_wire.binary import (
     EventBatchLegacyFrame,
     EventBatchSharedFrame,
@@ -187,6 +190,9 @@ class PublishRequest:
     done: asyncio.Future[int] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future()
     )
+    guard: AppendGuard | None = None
+    """Checked where the offsets are assigned (idempotent, conditional, commit); a
+    refusal resolves ``done`` with :class:`AppendRefusedError`, nothing appended."""
 
     @property
     def size(self) -> int:
@@ -213,6 +219,10 @@ class Subscriber:
         self.dropped = 0
         self.delivered = 0
         self.closed = False
+        self.created = time.monotonic()  # for the subscription's age (inspection)
+        # One past the last offset taken from the queue (durable streams; None until
+        # the first live batch is taken).
+        self.position: int | None = None
         self._metrics = metrics
         # (frame, records, base offset of its first record); offsets exist on durable
         # streams only, where the writer uses them to join replay and live delivery.
@@ -275,6 +285,8 @@ class Subscriber:
             await self._ready.wait()
         frames = list(self._frames)
         records = sum(r for _, r, _ in frames)
+        _, last_records, last_base = frames[-1]
+        self.position = last_base + last_records
         self._metrics.subscriber_queue_depth.dec(len(frames))
         self._frames.clear()
         self.delivered += records
@@ -306,12 +318,21 @@ class Shard:
     subscribers and the records appended since the last flush."""
 
     def __init__(
-        self, spec: StreamSpec, index: int, config: BrokerConfig, log: Log | None = None
+        self,
+        spec: StreamSpec,
+        index: int,
+        config: BrokerConfig,
+        log: Log | None = None,
+        marks: ShardMarks | None = None,
     ) -> None:
         self.spec = spec
         self.index = index
         self.log = log
         self.next_offset = log.next_offset if log is not None else 0
+        # Idempotent producers and commit state, replayed from the log's marks
+        # before the shard serves anything (in memory only for in-memory streams);
+        # `Engine.recover` passes them in, rebuilt off the event loop.
+        self.marks = marks if marks is not None else ShardMarks.rebuild(log)
         self.subscribers: list[Subscriber] = []
         # Called on each flush, once appended records are durable (per fsync mode) and
         # so readable: consumer groups wake their long polls here.
@@ -325,13 +346,26 @@ class Shard:
     def durable(self) -> bool:
         return self.log is not None
 
-    def append(self, payloads: list[bytes], publisher: str | None, timestamp_us: int) -> int:
+    @property
+    def start_offset(self) -> int:
+        """The oldest offset retained (0 for in-memory streams, which keep none)."""
+        return self.log.start_offset if self.log is not None else 0
+
+    def append(
+        self,
+        payloads: list[bytes],
+        publisher: str | None,
+        timestamp_us: int,
+        extension: BatchExtension | None = None,
+    ) -> int:
         """Append one publish batch; returns its base offset. A durable stream stores the
         publisher only when record_publishers is on (and reports what it stored); an
         in-memory stream reports the publishing connection's principal."""
         if self.log is not None:
             stored = publisher if self._record_publishers else None
-            base = self.log.append(payloads, timestamp_us=timestamp_us, publisher=stored)
+            base = self.log.append(
+                payloads, timestamp_us=timestamp_us, publisher=stored, extension=extension
+            )
             self.next_offset = base + len(payloads)
             # Kept even with no subscriber yet: one may register before the flush, and
             # its writer then skips or keeps these by offset.
@@ -450,8 +484,24 @@ class _TenantPipeline:
                 ):
                     batch.append(queue.get_nowait())
                 shard = request.shard
+                guard = request.guard
+                extension = None
+                if guard is not None:
+                    # Checked here, in the same synchronous step as the append:
+                    # nothing else can take the offset in between.
+                    admission = guard.admit(shard.next_offset, shard.start_offset)
+                    if isinstance(admission, Duplicate):
+                        # Answered like a write, once what it duplicates is durable.
+                        touched[id(shard)] = shard
+                        written.append((request, admission.offset))
+                        continue
+                    if not isinstance(admission, Append):
+                        if not request.done.done():
+                            request.done.set_exception(AppendRefusedError(admission))
+                        continue
+                    extension = guard.extension(shard.durable)
                 try:
-                    base = shard.append(request.payloads, request.publisher, now)
+                    base = shard.append(request.payloads, request.publisher, now, extension)
                 except (StorageError, ValueError) as exc:
                     _log.error(
                         "append to %s shard %d failed: %s", shard.spec.name, shard.index, exc
@@ -459,6 +509,8 @@ class _TenantPipeline:
                     if not request.done.done():
                         request.done.set_exception(exc)
                     continue
+                if guard is not None:
+                    guard.appended(base)
                 touched[id(shard)] = shard
                 written.append((request, base))
                 self._metrics.publishes.inc(len(request.payloads))
@@ -488,6 +540,8 @@ class _TenantPipeline:
                 if id(request.shard) in failed:
                     request.done.set_exception(StorageError("the shard's log failed"))
                 else:
+                    if request.guard is not None:
+                        request.guard.durable(base)
                     request.done.set_result(base)
             for _ in batch:
                 queue.task_done()
@@ -515,6 +569,27 @@ class Engine:
 
     def stream(self, tenant_id: str, namespace: str, stream: str) -> StreamSpec | None:
         return self.catalog.stream(tenant_id, namespace, stream)
+
+    async def recover(self) -> int:
+        """Build the shard of every stream log the store recovered, replaying each one's
+        producer marks and commits on a worker thread (one pass over the retained
+        batch heads), so that neither the first request nor the event loop pays for
+        it. Call once, before serving; returns how many shards were built."""
+        if self.store is None:
+            return 0
+        built = 0
+        for key in self.store.offsets():
+            spec = self.catalog.stream(key.tenant, key.namespace, key.stream)
+            if spec is None or not spec.durable or key.shard >= spec.shards:
+                continue  # a log the catalog no longer names: left alone
+            index = (key.tenant, key.namespace, key.stream, key.shard)
+            if index in self._shards:
+                continue
+            log = self.store.open_log(key, retention=self.retention_for(spec))
+            marks = await asyncio.to_thread(ShardMarks.rebuild, log)
+            self._shards[index] = Shard(spec, key.shard, self.config, log, marks)
+            built += 1
+        return built
 
     def shard(self, spec: StreamSpec, index: int) -> Shard:
         key = (spec.tenant_id, spec.namespace, spec.name, index)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 from felix_broker.catalog import StreamSpec
 from felix_broker.config import BrokerConfig
@@ -42,6 +42,7 @@ from felix_broker.streams.engine import (
     Subscriber,
     publisher_of,
 )
+from felix_broker.streams.width import StreamWidths
 from felix_common.permissions import Action, stream_object
 from felix_transport import Stream, StreamClosedError
 from felix_transport.events import ConnectionClosedError
@@ -106,6 +107,13 @@ class StreamService:
         self._metrics = metrics
         self._durable = durable
         self._inflight = ByteBudget(config.pub_inflight_bytes)  # the whole broker's
+        # Set by the composition root when guarded writes are served (guarded.py):
+        # binary idempotent frames (0x0100) go there, and keyed batches routed by a
+        # width other than the stream's (publish_width) are refused stale_width.
+        self.idempotent_frames: (
+            Callable[[PublishBatchFrame, RequestContext], Awaitable[None]] | None
+        ) = None
+        self.widths: StreamWidths | None = None
 
     @property
     def features(self) -> int:
@@ -123,6 +131,9 @@ class StreamService:
     # -- publish ---------------------------------------------------------------------
 
     async def publish_binary(self, frame: PublishBatchFrame, ctx: RequestContext) -> None:
+        if frame.producer_id is not None and self.idempotent_frames is not None:
+            await self.idempotent_frames(frame, ctx)
+            return
         acked = frame.request_id is not None
         await self._publish(
             ctx,
@@ -212,6 +223,17 @@ class StreamService:
         if not payloads:
             await refuse(ErrorCode.INVALID_REQUEST, "a publish batch needs at least one payload")
             return
+        if self.widths is not None:
+            announced = self.widths.stale(
+                ctx.io, tenant_id, namespace, stream, keyed=key is not None, actual=spec.shards
+            )
+            if announced is not None:
+                await refuse(
+                    ErrorCode.STALE_WIDTH,
+                    f"stale width: the batch was routed by {announced} shard(s); "
+                    f"stream {stream} has {spec.shards}",
+                )
+                return
         shard = self._engine.shard_for(spec, key)
         publish = PublishRequest(shard, payloads, publisher_of(ctx.principal.subject))
         # Held until the worker has appended it; waiting here stops this stream's reader.
@@ -249,6 +271,10 @@ class StreamService:
             return proto.publish_answer(rid, binary=binary, offset=offset if durable else None)
 
         await ctx.answer_in_order(done if after_write else None, answer)
+
+    async def hold_publish_bytes(self, ctx: RequestContext, size: int) -> Callable[[], None]:
+        """The byte budgets of `_hold_bytes`, for the engine's other publishers (guarded.py)."""
+        return await self._hold_bytes(ctx, size)
 
     async def _hold_bytes(self, ctx: RequestContext, size: int) -> Callable[[], None]:
         """Take `size` bytes from the connection's identity budget, the connection's

@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 3ca34e9fbd1261b10b40385faf30a046f9459a9b6e1d1ab504a1ac168f01e3f1
+# spec sha256: f89dd090f3ce1834423a46d71d8919d607db08226f2be5b8d9e3fd40dd95134a
 """Read-only index of the catalogue: every name the generated layer knows.
 
 Tests count these against tests/vectors/protocol-tables.yaml; tools (the conformance
@@ -30,7 +30,7 @@ __all__ = [
     "COUNTS",
 ]
 
-SPEC_SHA256 = "3ca34e9fbd1261b10b40385faf30a046f9459a9b6e1d1ab504a1ac168f01e3f1"
+SPEC_SHA256 = "f89dd090f3ce1834423a46d71d8919d607db08226f2be5b8d9e3fd40dd95134a"
 
 
 class Decision(NamedTuple):
@@ -122,6 +122,21 @@ DECISIONS: Mapping[str, Decision] = MappingProxyType(
             "accepted on decode; unpadded input, a wrong alphabet or wrong padding is refused; encoders always write canonical base64",
             "the reference decoder is strict; msgspec's decoder accepts these bits, and refusing them would cost a second pass over every byte field for no interoperability gain since every encoder writes canonical base64",
         ),
+        "sequence-reused-unoffered": Decision(
+            "a remembered sequence with other payloads, from a client that did not offer FEATURE_SEQUENCE_REUSED",
+            "publish_ok with the original batch's offset; nothing is written",
+            "the later-dated upstream answer table (cluster facts A.14); the protocol facts only restrict sequence_reused to offerers",
+        ),
+        "state-read-not-ready": Decision(
+            "state_get before the state view is rebuilt",
+            "a standalone broker rebuilds a shard's state view from its log before the shard serves anything, so no read is ever not ready; a shard whose log failed answers error storage with retry class retry",
+            "cluster facts A.16 describe the refusal for a view rebuilt after a promotion or catch-up, which a standalone broker never has",
+        ),
+        "subscriptions-list-dropping": Decision(
+            "subscriptions_list filter dropping",
+            "true keeps the subscribers that have dropped records (dropped > 0)",
+            "the facts name the filter without its meaning",
+        ),
         "pending-feature-words": Decision(
             "extended bits 0x2 and 0x8 offered by the official client",
             "catalogued as unnamed bits that we neither advertise nor gate anything on",
@@ -150,6 +165,6 @@ COUNTS: Mapping[str, int] = MappingProxyType(
         "error_codes": 17,
         "retry_classes": 5,
         "shapes": 25,
-        "decisions": 18,
+        "decisions": 21,
     }
 )

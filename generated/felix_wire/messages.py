@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 3ca34e9fbd1261b10b40385faf30a046f9459a9b6e1d1ab504a1ac168f01e3f1
+# spec sha256: f89dd090f3ce1834423a46d71d8919d607db08226f2be5b8d9e3fd40dd95134a
 """Every JSON message of the protocol (frames with flags 0) as a msgspec Struct.
 
 Messages are internally tagged by "type" and encoded compactly, "type" first,

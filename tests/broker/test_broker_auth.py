@@ -36,7 +36,9 @@ async def test_auth_ok_to_a_client_that_offered_flags(tmp_path: Path) -> None:
         _, answer = await client.authed()
         assert isinstance(answer, AuthOk)
         assert answer.server_flags == SERVER_FLAGS
-        assert not answer.server_flags & Flag.BINARY_PUBLISH_IDEMPOTENT
+        assert answer.server_flags & Flag.BINARY_PUBLISH_IDEMPOTENT  # idempotent frames served
+        # The extended word: FEATURE_INSPECT (0x1) and FEATURE_PUBLISH_WIDTH (0x4).
+        assert answer.server_features_hi == 0x5
         advertised = answer.server_features or 0
         assert advertised & Feature.FEATURE_STREAM_SHARDS
         # Nothing a standalone broker cannot answer: no cluster features.
@@ -167,12 +169,13 @@ async def test_unknown_flag_bit_is_a_per_frame_error(tmp_path: Path) -> None:
         client.close()
 
 
-async def test_unadvertised_idempotent_frames_are_refused(tmp_path: Path) -> None:
+async def test_idempotent_frames_need_the_acked_bit(tmp_path: Path) -> None:
+    # 0x0100 is served (streams/guarded.py), but only with 0x0008: 0x0101 is refused.
     async with running_broker(tmp_path) as broker:
         client = await WireClient.connect(broker)
         stream, _ = await client.authed()
-        body = struct.pack(">QBQQ", 1, 2, 7, 0)
-        await stream.send(encode_header(0x0109, len(body)) + body)
+        body = struct.pack(">QQ", 7, 0)
+        await stream.send(encode_header(0x0101, len(body)) + body)
         answer = await stream.recv()
         assert isinstance(answer, Error) and answer.code == "invalid_request"
         client.close()
@@ -218,9 +221,12 @@ async def test_extended_feature_word_only_to_a_client_that_set_the_marker(tmp_pa
     async with running_broker(tmp_path) as broker:
         client = await WireClient.connect(broker)
         _, answer = await client.authed(features=OFFICIAL_FEATURES)
-        assert (
-            isinstance(answer, AuthOk) and answer.server_features_hi is None
-        )  # no extended feature served
+        # FEATURE_INSPECT (0x1) and FEATURE_PUBLISH_WIDTH (0x4), with the marker.
+        assert isinstance(answer, AuthOk) and answer.server_features_hi == 0x5
+        assert (answer.server_features or 0) & 0x8000_0000
+        _, answer = await client.authed(features=OFFICIAL_FEATURES & 0x7FFF_FFFF)
+        assert isinstance(answer, AuthOk) and answer.server_features_hi is None
+        assert not (answer.server_features or 0) & 0x8000_0000
         client.close()
 
 

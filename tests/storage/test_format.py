@@ -60,20 +60,20 @@ def test_header_with_unknown_version_names_the_file(version: int) -> None:
 def test_bytes_match_the_documented_layout_with_crc32c() -> None:
     # Packed by hand from docs/storage-format.md, so a change of layout or of
     # checksum algorithm (CRC-32C, check value 0xE3069283) cannot go unnoticed.
-    assert FORMAT_VERSION == 2
+    assert FORMAT_VERSION == 3
     assert crc32c(b"123456789") == 0xE3069283
-    head = b"FLXS" + struct.pack(">HHQ", 2, 0, 5)
+    head = b"FLXS" + struct.pack(">HHQ", 3, 0, 5)
     assert encode_header(SEGMENT_MAGIC, 5) == head + struct.pack(">I", crc32c(head))
-    length = 30 + 1 + 2 * 8 + 2 + 3
+    length = 34 + 1 + 2 * 8 + 2 + 3
     covered = (
-        struct.pack(">IQqIBB", length, 5, 77, 2, 1, 1)
+        struct.pack(">IQqIBBI", length, 5, 77, 2, 1, 1, 0)
         + b"p"
         + struct.pack(">IIII", 2, crc32c(b"hi"), 3, crc32c(b"abc"))
     )
     batch = struct.pack(">I", crc32c(covered)) + covered + b"hi" + b"abc"
     assert b"".join(encode_batch(5, 77, 1, b"p", [b"hi", b"abc"])) == batch
     assert batch_size(1, 2, 5) == len(batch) == length
-    assert (BATCH_HEAD_SIZE, RECORD_ENTRY_SIZE) == (30, 8)
+    assert (BATCH_HEAD_SIZE, RECORD_ENTRY_SIZE) == (34, 8)
 
 
 def test_header_checks_magic_checksum_and_base() -> None:

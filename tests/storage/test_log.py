@@ -126,9 +126,9 @@ def test_offset_for_time_after_retention_and_restart(tmp_path: Path) -> None:
     log = Log.open(tmp_path, SMALL)
     for ts in range(20):
         log.append([b"z" * 100], timestamp_us=ts * 10)
-    log.apply_retention(Retention(max_bytes=640), now_us=0)
-    # One 158-byte segment per record (a 20-byte header, a 138-byte batch of one):
-    # four fit in 640 bytes.
+    log.apply_retention(Retention(max_bytes=648), now_us=0)
+    # One 162-byte segment per record (a 20-byte header, a 142-byte batch of one):
+    # four fit in 648 bytes.
     assert log.start_offset == 16
     log.close()
     log = Log.open(tmp_path, SMALL)

@@ -85,7 +85,7 @@ async def test_background_fsync_and_retention(tmp_path: Path) -> None:
     now = 10_000_000
     store = LogStore(
         tmp_path,
-        config=LogConfig(fsync_mode=FsyncMode.PERIODIC, fsync_interval=0.02, segment_bytes=300),
+        config=LogConfig(fsync_mode=FsyncMode.PERIODIC, fsync_interval=0.02, segment_bytes=310),
         retention_interval=0.02,
         fsync=fsync,
         clock_us=lambda: now,

@@ -1,0 +1,1 @@
+"""Operator inspection (FEATURE_INSPECT): what this broker holds, read-only."""
