@@ -8,7 +8,12 @@ run, with the ratio client/raw:
 - single publishes: acked (per_message) 100 B records, 64 in flight;
 - batches of 64: acked (per_batch) batches of 64 x 100 B records, 8 in flight;
 - cache get latency p50/p99 with 32 requests in flight (skipped, with a note,
-  when the broker does not serve cache operations).
+  when the broker does not serve cache operations);
+- consumer groups: records/s of the high-level consumer (`client.consumer`,
+  one shard, as an application writes it: `await record.ack()` per record, and
+  with the acks left to run as tasks) against the raw poll/ack loop of
+  bench/groups.py (polls of 32, the batch's acks pipelined, awaited before the
+  next poll). Each run fills the shard with fresh records for a fresh group.
 
 Figures are medians over the runs. Broker and benchmark are separate
 processes; both share the machine, so absolute numbers depend on it and the
@@ -39,7 +44,15 @@ from felix_transport import StreamClosedError
 from felix_wire.binary import BinaryAckMode, PublishAckFrame, PublishBatchFrame
 from felix_wire.codec import decode_payload, encode_frame
 from felix_wire.features import Feature
-from felix_wire.messages import CacheGet, CachePut, CacheValue
+from felix_wire.messages import (
+    CacheGet,
+    CacheOk,
+    CachePut,
+    CacheValue,
+    GroupAck,
+    GroupPoll,
+    GroupRecords,
+)
 
 RECORD = b"r" * 100
 Result = dict[str, float]
@@ -259,6 +272,81 @@ async def cache_raw(doc: dict[str, Any], n: int, depth: int) -> Result:
     return percentiles(samples)
 
 
+async def _group_ready(doc: dict[str, Any], records: int) -> tuple[str, int]:
+    """A fresh group at the tail of one shard, then `records` new records there."""
+    group = f"bench-{time.monotonic_ns()}"
+    async with await _connect(doc) as client:
+        stream = doc["durable_stream"]
+        shard = await client.shard_for_key(stream, b"bench")
+        await client.group(stream, group).seek(shard, "latest")
+        for start in range(0, records, 500):
+            count = min(500, records - start)
+            await client.publish_batch(stream, [RECORD] * count, key=b"bench")
+    return group, shard
+
+
+async def _connect(doc: dict[str, Any]) -> felix_client.Client:
+    return await felix_client.connect(
+        doc["addrs"],
+        tenant_id=doc["tenant_id"],
+        token=doc["token"],
+        namespace=doc["namespace"],
+        ca_file=doc["ca_file"],
+    )
+
+
+async def consume_client(doc: dict[str, Any], n: int, acks_in_tasks: bool) -> Result:
+    group, shard = await _group_ready(doc, n)
+    async with await _connect(doc) as client:
+        consumer = client.consumer(
+            doc["durable_stream"], group=group, shards=[shard], batch=32, wait=0.5
+        )
+        pending: set[asyncio.Task[None]] = set()
+        start = time.perf_counter()
+        async with consumer:
+            for _ in range(n):
+                record = await consumer.next(timeout=30)
+                if acks_in_tasks:
+                    task = asyncio.get_running_loop().create_task(record.ack())
+                    pending.add(task)
+                    task.add_done_callback(pending.discard)
+                else:
+                    await record.ack()
+            await asyncio.gather(*pending)
+            seconds = time.perf_counter() - start
+    return throughput(n, seconds)
+
+
+async def consume_raw(doc: dict[str, Any], n: int) -> Result:
+    group, shard = await _group_ready(doc, n)
+    raw, connection = await RawStream.open(doc)
+    scope = {
+        "tenant_id": doc["tenant_id"],
+        "namespace": doc["namespace"],
+        "stream": doc["durable_stream"],
+        "shard": shard,
+        "group": group,
+    }
+
+    def poll(rid: int) -> bytes:
+        return encode_frame(GroupPoll(**scope, max_records=32, wait_ms=500, request_id=rid))
+
+    def ack(offset: int) -> Callable[[int], bytes]:
+        return lambda rid: encode_frame(GroupAck(**scope, offset=offset, request_id=rid))
+
+    done = 0
+    start = time.perf_counter()
+    while done < n:
+        answer = await raw.request(poll)
+        assert isinstance(answer, GroupRecords) and answer.records, answer
+        acks = await asyncio.gather(*(raw.request(ack(r.offset)) for r in answer.records))
+        assert all(isinstance(a, CacheOk) for a in acks)
+        done += len(answer.records)
+    seconds = time.perf_counter() - start
+    connection.close()
+    return throughput(done, seconds)
+
+
 # -- driver --------------------------------------------------------------------------
 
 
@@ -285,7 +373,7 @@ async def serves_cache(doc: dict[str, Any]) -> bool:
     return True
 
 
-async def run(doc: dict[str, Any], runs: int, quick: bool) -> None:
+async def run(doc: dict[str, Any], runs: int, quick: bool, only: str | None = None) -> None:
     singles = 2_000 if quick else 20_000
     batched = 64 * (100 if quick else 1_000)
     gets = 2_000 if quick else 20_000
@@ -317,6 +405,23 @@ async def run(doc: dict[str, Any], runs: int, quick: bool) -> None:
         )
     else:
         print("note: the broker does not serve cache operations; cache latency skipped")
+    consumed = 2_000 if quick else 10_000
+    cases += [
+        (
+            "consumer, await record.ack()",
+            lambda: consume_client(doc, consumed, False),
+            lambda: consume_raw(doc, consumed),
+            "rec/s",
+        ),
+        (
+            "consumer, acks as tasks",
+            lambda: consume_client(doc, consumed, True),
+            lambda: consume_raw(doc, consumed),
+            "rec/s",
+        ),
+    ]
+    if only is not None:
+        cases = [case for case in cases if only in case[0]]
     for name, client_case, raw_case, key in cases:
         client_results, raw_results = [], []
         for _ in range(runs):
@@ -334,12 +439,13 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="1 run, small workloads")
+    parser.add_argument("--only", help="only the workloads whose name contains this")
     args = parser.parse_args()
     runs = 1 if args.quick else args.runs
     with tempfile.TemporaryDirectory() as tmp:
         process, doc = start_broker(Path(tmp))
         try:
-            asyncio.run(run(doc, runs, args.quick))
+            asyncio.run(run(doc, runs, args.quick, args.only))
         finally:
             process.terminate()
             process.wait(timeout=15)

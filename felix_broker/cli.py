@@ -29,6 +29,7 @@ from felix_broker.config import (
 )
 from felix_broker.fixture.run import full_rights, run_fixture
 from felix_common.tokens import DevIssuer
+from felix_transport import __version__
 
 __all__ = ["full_rights", "main"]
 
@@ -37,7 +38,14 @@ _log = logging.getLogger(__name__)
 
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="felix-broker", description="A Felix broker.")
-    parser.add_argument("--log-level", default="WARNING", help="logging level (default WARNING)")
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
+    parser.add_argument(
+        "--log-level",
+        default="WARNING",
+        type=str.upper,
+        choices=["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"],
+        help="logging level (default WARNING)",
+    )
     add_cli_arguments(parser)
     sub = parser.add_subparsers(dest="command")
     token = sub.add_parser("token", help="print a token signed by this broker's development issuer")
@@ -76,7 +84,13 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "token":
         issuer = DevIssuer.load_or_create(config.data_dir)
         perms = args.perms if args.perms is not None else full_rights(args.tenant)
-        print(issuer.mint(args.tenant, subject=args.subject, perms=perms, ttl_seconds=args.ttl))
+        try:
+            ttl = args.ttl
+            token = issuer.mint(args.tenant, subject=args.subject, perms=perms, ttl_seconds=ttl)
+        except ValueError as exc:  # a bad --perm or --ttl: nothing is minted
+            print(f"felix-broker token: {exc}", file=sys.stderr)
+            return 2
+        print(token)
         return 0
     if args.command == "fixture":
         return asyncio.run(run_fixture(args.out, args.ca_file, control_plane=args.control_plane))

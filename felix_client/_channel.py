@@ -187,9 +187,12 @@ class Channel:
         ack: AckMode,
         single: bool,
         timeout: float,
+        on_sent: Callable[[], None] | None = None,
     ) -> Answer | None:
         """Send one publish; wait for its answer when acked. Acked publishes are
-        pipelined: many may be in flight, answers are matched by request id."""
+        pipelined: many may be in flight, answers are matched by request id.
+        `on_sent` is called once the frame is written (or failed to be), before
+        the answer is awaited."""
         session = self._session
 
         def build() -> tuple[int | None, bytes]:
@@ -203,12 +206,25 @@ class Channel:
             )
 
         if ack is AckMode.NONE:
-            await self._send(build)
+            try:
+                await self._send(build)
+            finally:
+                if on_sent is not None:
+                    on_sent()
             return None
         size = sum(len(p) for p in payloads)
-        await self._budget.acquire(size)
         try:
-            future = await self._send(build)
+            await self._budget.acquire(size)
+        except BaseException:
+            if on_sent is not None:
+                on_sent()
+            raise
+        try:
+            try:
+                future = await self._send(build)
+            finally:
+                if on_sent is not None:
+                    on_sent()
             return await self._wait(future, timeout)
         finally:
             self._budget.release(size)
@@ -310,6 +326,8 @@ class Channel:
         self._error = error
         if not self._auth.done():
             self._auth.set_exception(error)
+            # Retrieved here: an opener that gave up (cancelled) no longer waits.
+            self._auth.exception()
         lost = ConnectionLostError(f"{self.label}: stream ended before the answer ({error})")
         for future in self._waiters.values():
             if not future.done():

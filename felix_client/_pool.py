@@ -29,7 +29,12 @@ from felix_transport import (
 from ._channel import Channel, TokenSource
 from ._events import EventStreamDecoder, Hello, Item
 from ._session import Offer
-from .errors import ClientTimeoutError, ConnectionLostError, ProtocolViolationError
+from .errors import (
+    BrokerUnreachableError,
+    ClientTimeoutError,
+    ConnectionLostError,
+    ProtocolViolationError,
+)
 
 __all__ = ["Dialer", "EventHandoff", "EventRouter", "Link", "Pool"]
 
@@ -50,6 +55,7 @@ class Dialer:
     token: TokenSource
     offer: Offer
     connect_timeout: float
+    auth_timeout: float
     max_inflight_bytes: int
     default_window: int
     _turn: itertools.count[int] = field(default_factory=itertools.count, compare=False)
@@ -66,8 +72,15 @@ class Dialer:
                 async with asyncio.timeout(self.connect_timeout):
                     connection = await connect(self.transport, host, port)
             except TimeoutError:
-                last = ClientTimeoutError(f"{label}: no handshake with {host}:{port}")
-            except (ConnectionClosedError, OSError) as exc:
+                last = self._unreachable(host, port, self.connect_timeout)
+            except ConnectionClosedError as exc:
+                # A handshake nobody answers ends in the transport's idle timeout
+                # when that is shorter than the connect timeout.
+                if exc.error_code is None or "idle" in exc.reason_phrase.lower():
+                    last = self._unreachable(host, port, self.transport.idle_timeout)
+                else:
+                    last = ConnectionLostError(f"{label}: cannot connect to {host}:{port}: {exc}")
+            except OSError as exc:
                 last = ConnectionLostError(f"{label}: cannot connect to {host}:{port}: {exc}")
             else:
                 logger.debug("%s: connected to %s:%d (%s)", label, host, port, connection.impl)
@@ -76,6 +89,13 @@ class Dialer:
         assert last is not None
         raise last
 
+    @staticmethod
+    def _unreachable(host: str, port: int, waited: float) -> BrokerUnreachableError:
+        where = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+        return BrokerUnreachableError(
+            f"no broker answered at {where} within {waited:.1f} s (is it running?)"
+        )
+
     async def channel(self, connection: Connection, label: str) -> Channel:
         return await Channel.open(
             connection,
@@ -83,7 +103,7 @@ class Dialer:
             token=self.token,
             offer=self.offer,
             label=label,
-            timeout=self.connect_timeout,
+            timeout=self.auth_timeout,
             max_inflight_bytes=self.max_inflight_bytes,
             default_window=self.default_window,
         )

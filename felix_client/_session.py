@@ -29,7 +29,7 @@ from felix_wire.codec import decode_payload, encode_frame
 from felix_wire.errors import BrokerError, NotLeaderError, broker_error
 from felix_wire.features import Capabilities, Feature
 from felix_wire.flags import Flag
-from felix_wire.frame import MAX_FRAME_BYTES, FrameReader
+from felix_wire.frame import HEADER_SIZE, MAX_FRAME_BYTES, FrameReader
 from felix_wire.gating import (
     FIELD_GATES,
     MESSAGE_GATES,
@@ -55,7 +55,12 @@ from felix_wire.messages import (
 )
 from felix_wire.wire_errors import WireError
 
-from .errors import CursorError, NotSupportedByBrokerError, ProtocolViolationError
+from .errors import (
+    CursorError,
+    NotSupportedByBrokerError,
+    PayloadTooLargeError,
+    ProtocolViolationError,
+)
 
 __all__ = [
     "DEFAULT_OFFER",
@@ -109,6 +114,9 @@ _OFFERED_FEATURES = int(
     | Feature.FEATURE_PUBLISH_PIPELINE
     | Feature.FEATURE_SUBSCRIPTION_LAGGED
     | Feature.FEATURE_CACHE_CONDITIONAL
+    | Feature.FEATURE_GROUP_SKIPPED
+    | Feature.FEATURE_GROUP_PUBLISHER
+    | Feature.FEATURE_RECORD_TIMESTAMPS
 )
 DEFAULT_OFFER = Offer(_OFFERED_FLAGS, _OFFERED_FEATURES)
 
@@ -315,13 +323,14 @@ class Session:
         kind = message_type(message)
         if kind not in REQUEST_ANSWERS:
             raise ValueError(f"{kind} is not a request that gets an answer")
+        if _carries_request_id(message) and getattr(message, "request_id", None) != request_id:
+            raise ValueError("build() must use the request id it is given")
+        frame = _fitting(encode_frame(message), kind)
         if _carries_request_id(message):
-            if getattr(message, "request_id", None) != request_id:
-                raise ValueError("build() must use the request id it is given")
             self._keyed[request_id] = kind
         else:
             self._unkeyed.append((request_id, kind))
-        return request_id, encode_frame(message)
+        return request_id, frame
 
     def publish(
         self,
@@ -337,6 +346,9 @@ class Session:
         needs, otherwise as the JSON compatibility message. Returns the request id
         (None when unacked: nothing will answer) and the frame bytes."""
         peer = self._peer()
+        size = sum(len(p) for p in payloads)
+        if size > MAX_FRAME_BYTES:
+            raise PayloadTooLargeError("a publish payload", size, MAX_FRAME_BYTES)
         acked = ack is not AckMode.NONE
         needed = Flag.BINARY_PUBLISH_BATCH
         if acked:
@@ -393,6 +405,7 @@ class Session:
                 )
             )
             kind = "publish_batch"
+        frame = _fitting(frame, "a publish")
         if request_id is not None:
             self._keyed[request_id] = kind
         return request_id, frame
@@ -614,6 +627,15 @@ class Session:
         self._unkeyed.clear()
         self.state = SessionState.CLOSED
         out.append(Closed(lost, error))
+
+
+def _fitting(frame: bytes, what: str) -> bytes:
+    """`frame`, unless its payload is over the protocol's frame limit (the broker
+    would reset the stream): then PayloadTooLargeError, before anything is sent."""
+    size = len(frame) - HEADER_SIZE
+    if size > MAX_FRAME_BYTES:
+        raise PayloadTooLargeError(f"{what} frame", size, MAX_FRAME_BYTES)
+    return frame
 
 
 def check_supported(message: Message, peer: Capabilities) -> None:

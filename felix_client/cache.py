@@ -10,9 +10,9 @@ without sending anything when the broker lacks it.
 from __future__ import annotations
 
 import zlib
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from typing import Protocol, TypeVar
+from typing import Protocol, TypeVar, overload
 
 from felix_wire.messages import (
     CacheCondition,
@@ -38,9 +38,9 @@ from felix_wire.messages import (
 from ._events import CacheChange, Item, StreamEnd
 from ._pool import EventHandoff
 from .errors import ProtocolViolationError
-from .subscription import Feed
+from .subscription import Feed, ShardedFeed
 
-__all__ = ["Cache", "CacheEntry", "CacheWatchFeed", "ConditionResult"]
+__all__ = ["Cache", "CacheEntry", "CacheWatchFeed", "ConditionResult", "ShardedCacheWatch"]
 
 M = TypeVar("M", bound=Message)
 
@@ -64,6 +64,8 @@ class _Requester(Protocol):
     async def _open_event_stream(
         self, build: Callable[[int], Message], started: type[M]
     ) -> tuple[M, EventHandoff]: ...
+
+    async def cache_shards(self, cache: str, *, namespace: str | None = None) -> int: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,23 +218,93 @@ class Cache:
         )
         return answer.value
 
+    @overload
+    def watch(
+        self,
+        *,
+        key: str,
+        prefix: None = None,
+        shard: int | None = None,
+        from_offset: int | None = None,
+        retained: bool = False,
+    ) -> CacheWatchFeed: ...
+
+    @overload
+    def watch(
+        self,
+        *,
+        key: None = None,
+        prefix: str,
+        shard: int,
+        from_offset: int | None = None,
+        retained: bool = False,
+    ) -> CacheWatchFeed: ...
+
+    @overload
+    def watch(
+        self,
+        *,
+        key: None = None,
+        prefix: str,
+        shard: None = None,
+        from_offset: int | Mapping[int, int | None] | None = None,
+        retained: bool = False,
+    ) -> ShardedCacheWatch: ...
+
     def watch(
         self,
         *,
         key: str | None = None,
         prefix: str | None = None,
         shard: int | None = None,
-        from_offset: int | None = None,
+        from_offset: int | Mapping[int, int | None] | None = None,
         retained: bool = False,
-    ) -> CacheWatchFeed:
-        """Changes to one key or a prefix of one shard, as an async iterator of
+    ) -> CacheWatchFeed | ShardedCacheWatch:
+        """Changes to one key, or to a prefix, as an async iterator of
         `CacheChange` (value None = deleted). `from_offset` replays from there;
         `retained` starts with the current values. Checked against the broker's
-        features now; opened when awaited, entered or iterated."""
+        features now; opened when awaited, entered or iterated.
+
+        A key watch follows the key's shard. A prefix watch reads the `shard`
+        named, or every shard of the cache without one (one watch per shard,
+        per-shard order; `from_offset` may then be a vector of offsets, one per
+        shard, as `positions` returns)."""
         if (key is None) == (prefix is None):
             raise ValueError("give exactly one of key and prefix")
         if retained and from_offset is not None:
             raise ValueError("retained and from_offset cannot be combined")
+        if prefix is not None and shard is None:
+            return self._sharded_watch(prefix, from_offset, retained)
+        if isinstance(from_offset, Mapping):
+            raise ValueError("an offset vector needs a prefix watch of every shard")
+        return self._watch(key, prefix, shard, from_offset, retained)
+
+    def _sharded_watch(
+        self, prefix: str, from_offset: int | Mapping[int, int | None] | None, retained: bool
+    ) -> ShardedCacheWatch:
+        self._watch(None, prefix, 0, None, retained)  # the feature checks, now
+
+        async def open_parts() -> dict[int, Feed[CacheChange]]:
+            count = max(1, await self._client.cache_shards(self.name, namespace=self.namespace))
+            parts: dict[int, Feed[CacheChange]] = {}
+            for index in range(count):
+                start = from_offset.get(index) if isinstance(from_offset, Mapping) else from_offset
+                parts[index] = self._watch(None, prefix, index, start, retained)
+            return parts
+
+        def reopen(index: int, position: int | None) -> Feed[CacheChange]:
+            return self._watch(None, prefix, index, position, False)
+
+        return ShardedCacheWatch(f"watch {self.name}/{prefix}*", open_parts, reopen)
+
+    def _watch(
+        self,
+        key: str | None,
+        prefix: str | None,
+        shard: int | None,
+        from_offset: int | None,
+        retained: bool,
+    ) -> CacheWatchFeed:
         scope = self._scope()
         client = self._client
 
@@ -258,8 +330,14 @@ class Cache:
             build = build_for(resume, retained and first)
             return await client._open_event_stream(build, CacheWatchStarted)
 
-        label = f"watch {self.name}/{key if key is not None else f'{prefix}*'}"
-        return CacheWatchFeed(opener, label, from_offset)
+        where = key if key is not None else f"{prefix}*"
+        label = f"watch {self.name}/{where}" + (f" shard {shard}" if prefix is not None else "")
+        return CacheWatchFeed(opener, label, from_offset, shard=shard)
+
+
+class ShardedCacheWatch(ShardedFeed[CacheChange]):
+    """A prefix watch over every shard of a cache (see `ShardedFeed`): `positions`
+    gives, per shard, the offset to resume from."""
 
 
 class CacheWatchFeed(Feed[CacheChange]):
@@ -270,10 +348,13 @@ class CacheWatchFeed(Feed[CacheChange]):
         opener: Callable[[int | None, bool], Awaitable[tuple[CacheWatchStarted, EventHandoff]]],
         label: str,
         from_offset: int | None,
+        *,
+        shard: int | None = None,
     ) -> None:
         super().__init__(label)
         self._opener = opener
         self._from = from_offset
+        self.shard = shard
         self._opened = False
         self.resume_offset: int | None = None
         self.resnapshot = False
@@ -283,12 +364,21 @@ class CacheWatchFeed(Feed[CacheChange]):
         started, handoff = await self._opener(self._from, not self._opened)
         self._opened = True
         self.resume_offset = started.resume_offset
+        if self._from is None:
+            self._from = started.resume_offset
         self.resnapshot = started.resnapshot
         return handoff
+
+    @property
+    def position(self) -> int | None:
+        """The offset to watch from again without missing or repeating a change."""
+        return self._from
 
     def _accept(self, item: Item) -> None:
         if isinstance(item, CacheChange):
             self._buffer.append(item)
+            # Retained values carry older offsets: the position never goes back.
+            self._from = max(self._from or 0, item.offset + 1)
         elif isinstance(item, StreamEnd) and isinstance(item.terminal, CacheWatchLagged):
             # The watch fell behind and the broker ended it; watch again from where
             # its changes resume, so the caller sees every change once.

@@ -15,20 +15,22 @@ import inspect
 import logging
 import ssl
 import zlib
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from types import TracebackType
-from typing import Self, TypeVar
+from typing import Self, TypeVar, overload
 
 from felix_transport import TransportConfig
 from felix_wire.binary import PublishAckFrame
 from felix_wire.features import Capabilities, Feature
+from felix_wire.frame import MAX_FRAME_BYTES
 from felix_wire.messages import (
     AckMode,
     CacheShards,
     CacheShardsView,
+    GroupPoll,
     Message,
     OffsetForTime,
     OffsetValue,
@@ -48,11 +50,27 @@ from felix_wire.messages import (
 from felix_wire.routing import RoutingMode, shard_for_key
 
 from ._channel import Channel
+from ._order import Lanes
 from ._pool import Dialer, EventHandoff, Link, Pool
 from ._session import DEFAULT_OFFER, Offer, check_supported, message_type
 from .cache import Cache
-from .errors import ProtocolViolationError
-from .subscription import Start, Subscription
+from .errors import (
+    ClientTimeoutError,
+    CursorError,
+    PayloadTooLargeError,
+    ProtocolViolationError,
+)
+from .groups import Consumer, Group
+from .subscription import (
+    Event,
+    Feed,
+    Start,
+    StartVector,
+    StreamSubscription,
+    Subscription,
+    shard_start,
+    start_position,
+)
 
 __all__ = ["Client", "ClientConfig", "ReadPage", "StreamRecord", "connect", "parse_addr"]
 
@@ -64,23 +82,55 @@ TokenProvider = Callable[[], Awaitable[str] | str]
 
 @dataclass(frozen=True)
 class ClientConfig:
-    """Pool sizes and limits. Connections and streams are opened on first use, so
-    unused capacity costs nothing; raise a size after measuring, not before."""
+    """Pool sizes, limits and timeouts. Connections and streams are opened on first
+    use, so unused capacity costs nothing; raise a size after measuring, not before.
+
+    Idle connections are kept alive with QUIC PINGs every `keepalive_interval`
+    seconds (None: a third of `idle_timeout`), never more than a third of the
+    idle timeout both ends agreed on (the broker's `max_idle_timeout_ms` when
+    shorter), so a subscription or a pooled connection with no traffic stays
+    up. `keepalive=False` lets idle connections close (they are reopened on
+    next use; subscriptions end).
+    """
 
     publish_conn_pool: int = 2
     publish_streams_per_conn: int = 2
     cache_conn_pool: int = 2
     cache_streams_per_conn: int = 4
     event_conn_pool: int = 2
+    # Streams used one request at a time (consumer-group calls, whose answers
+    # the broker may send out of order), at most this many at once.
+    exclusive_streams: int = 32
     # Bound on acked publish payload bytes in flight per stream.
     max_inflight_publish_bytes: int = 4 * 1024 * 1024
     # Acked publishes in flight per stream when the broker grants no window.
     default_publish_window: int = 64
     request_timeout: float = 10.0
-    connect_timeout: float = 10.0
+    # How long a QUIC handshake may take before the broker is reported unreachable.
+    connect_timeout: float = 2.0
+    idle_timeout: float = 6.0
+    keepalive: bool = True
+    keepalive_interval: float | None = None
     # Ask the broker to acknowledge publishes after the write (with offsets).
     ack_on_commit: bool = False
     max_datagram_size: int = 1350
+
+    def __post_init__(self) -> None:
+        for name in ("request_timeout", "connect_timeout", "idle_timeout"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"ClientConfig.{name} must be positive")
+        interval = self.keepalive_interval
+        if interval is not None and not 0 < interval < self.idle_timeout:
+            raise ValueError("ClientConfig.keepalive_interval must be within (0, idle_timeout)")
+        if self.exclusive_streams < 1:
+            raise ValueError("ClientConfig.exclusive_streams must be >= 1")
+
+    @property
+    def ping_interval(self) -> float | None:
+        """Seconds between keepalive PINGs (None: no keepalive)."""
+        if not self.keepalive:
+            return None
+        return self.keepalive_interval or self.idle_timeout / 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -91,20 +141,25 @@ class StreamRecord:
     payload: bytes
     timestamp_micros: int
     publisher: str | None
+    shard: int = 0
 
 
 @dataclass(frozen=True, slots=True)
 class ReadPage:
+    """Records of one shard; read that shard's next page from `next_offset`."""
+
     records: list[StreamRecord]
     next_offset: int
+    shard: int = 0
 
 
 def parse_addr(addr: str) -> tuple[str, int]:
-    """`host:port` (or `[v6]:port`) to a pair."""
-    host, sep, port = addr.rpartition(":")
-    if not sep or not port.isdigit():
-        raise ValueError(f"address must be host:port, not {addr!r}")
-    return host.strip("[]"), int(port)
+    """`host:port` (or `[v6]:port`) to a pair; ValueError naming the address otherwise."""
+    host, sep, port = addr.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"a broker address is HOST:PORT (e.g. 127.0.0.1:5000), not {addr!r}")
+    return host, int(port)
 
 
 def _platform_ca_pem() -> bytes:
@@ -177,6 +232,8 @@ async def connect(
         server_name=server_name,
         offer_alpn=offer_alpn,
         max_datagram_size=config.max_datagram_size,
+        idle_timeout=config.idle_timeout,
+        keepalive_interval=config.ping_interval,
     )
     offer = DEFAULT_OFFER
     if config.ack_on_commit:
@@ -188,6 +245,9 @@ async def connect(
         token=_token_source(token, token_provider),
         offer=offer,
         connect_timeout=config.connect_timeout,
+        # A broker that completed the handshake is there: its auth answer gets
+        # the request timeout, as any answer does.
+        auth_timeout=config.request_timeout,
         max_inflight_bytes=config.max_inflight_publish_bytes,
         default_window=config.default_publish_window,
     )
@@ -226,6 +286,10 @@ class Client:
         self._capabilities: Capabilities | None = None
         self._turn = 0
         self._shards: dict[tuple[str, str], tuple[int, RoutingMode]] = {}
+        self._lanes = Lanes()
+        # Streams that carry one request at a time (group calls), idle ones kept.
+        self._exclusive_slots = asyncio.Semaphore(config.exclusive_streams)
+        self._exclusive_idle: list[Channel] = []
         self._closed = False
 
     async def _start(self) -> None:
@@ -297,6 +361,43 @@ class Client:
             )
         return answer
 
+    async def _exclusive_call(
+        self,
+        build: Callable[[int], Message],
+        answer_type: type[M],
+        *,
+        timeout: float | None = None,
+    ) -> M:
+        """One request on a stream of its own while it is in flight (for requests
+        the broker answers out of order, refusing with an `error` that names no
+        request). Idle streams are reused; one whose request was given up on is
+        retired, since its late answer would meet the next request."""
+        self._require(build(0))
+        async with self._exclusive_slots:
+            channel = None
+            while self._exclusive_idle and channel is None:
+                candidate = self._exclusive_idle.pop()
+                channel = None if candidate.closed else candidate
+            if channel is None:
+                link = await self._requests.link(self._next_turn())
+                channel = await self._dialer.channel(
+                    link.connection, f"{link.label}/x{self._next_turn()}"
+                )
+            try:
+                answer = await channel.call(build, timeout or self.config.request_timeout)
+            except BaseException as exc:
+                if isinstance(exc, ClientTimeoutError | asyncio.CancelledError):
+                    channel.abandon()
+                elif not channel.closed:
+                    self._exclusive_idle.append(channel)
+                raise
+            self._exclusive_idle.append(channel)
+        if not isinstance(answer, answer_type):
+            raise ProtocolViolationError(
+                f"{message_type(build(0))} answered with {type(answer).__name__}"
+            )
+        return answer
+
     async def _request_channel(self, hint: int | None) -> Channel:
         return await self._requests.channel(self._next_turn() if hint is None else hint)
 
@@ -360,10 +461,20 @@ class Client:
         single: bool,
     ) -> int | None:
         ns = self._ns(namespace)
-        # Same stream and key, same pooled stream: per-key order holds even for
-        # publishes nobody awaits one by one (PublishSharding::HashStream).
-        hint = zlib.crc32(b"%s\0%s\0%s" % (ns.encode(), stream.encode(), key or b""))
-        channel = await self._publish.channel(hint)
+        size = sum(len(p) for p in payloads)
+        if size > MAX_FRAME_BYTES:
+            raise PayloadTooLargeError("a publish payload", size, MAX_FRAME_BYTES)
+        # One ordered lane per stream and key (the key None is the stream's own
+        # lane): its publishes are written in call order, on one pooled stream,
+        # so the broker sees them in that order (per-key order, §10).
+        ticket = self._lanes.ticket((ns, stream, key))
+        await ticket.turn()
+        try:
+            hint = zlib.crc32(b"%s\0%s\0%s" % (ns.encode(), stream.encode(), key or b""))
+            channel = await self._publish.channel(hint)
+        except BaseException:
+            ticket.leave()
+            raise
         answer = await channel.publish(
             namespace=ns,
             stream=stream,
@@ -372,6 +483,7 @@ class Client:
             ack=ack,
             single=single,
             timeout=timeout or self.config.request_timeout,
+            on_sent=ticket.leave,
         )
         if answer is None:
             return None
@@ -381,18 +493,88 @@ class Client:
 
     # -- subscribing -----------------------------------------------------------------
 
+    @overload
     def subscribe(
         self,
         stream: str,
         *,
         start: Start = "latest",
-        shard: int = 0,
+        shard: int,
         namespace: str | None = None,
         queue_capacity: int | None = None,
-    ) -> Subscription:
-        """A subscription to one shard of `stream`, from `start` ("latest",
-        "earliest" or an offset). Await it, use it with `async with`, or iterate."""
+    ) -> Subscription: ...
+
+    @overload
+    def subscribe(
+        self,
+        stream: str,
+        *,
+        start: StartVector = "latest",
+        shard: None = None,
+        namespace: str | None = None,
+        queue_capacity: int | None = None,
+    ) -> StreamSubscription: ...
+
+    def subscribe(
+        self,
+        stream: str,
+        *,
+        start: StartVector = "latest",
+        shard: int | None = None,
+        namespace: str | None = None,
+        queue_capacity: int | None = None,
+    ) -> Subscription | StreamSubscription:
+        """A subscription to `stream` from `start` ("latest", "earliest" or an
+        offset). Await it, use it with `async with`, or iterate.
+
+        Without `shard`, every shard of the stream (one subscription per shard,
+        per-shard order; `start` may be a vector of positions, one per shard, as
+        `positions` returns). With `shard`, that shard only (a `Subscription`)."""
         ns = self._ns(namespace)
+        if shard is not None:
+            if isinstance(start, Mapping):
+                raise ValueError("a start vector needs shard=None (every shard)")
+            return self._shard_subscription(ns, stream, shard, start, queue_capacity)
+        self._require(
+            Subscribe(
+                tenant_id=self.tenant_id,
+                namespace=ns,
+                stream=stream,
+                queue_capacity=queue_capacity,
+            )
+        )
+        for value in start.values() if isinstance(start, Mapping) else [start]:
+            start_position(value)  # a bad start fails now, not on first read
+
+        async def open_parts() -> dict[int, Feed[Event]]:
+            count = await self._shard_count(ns, stream)
+            if isinstance(start, Mapping) and any(s >= count for s in start):
+                raise ValueError(f"the start vector names a shard {stream} does not have")
+            return {
+                index: self._shard_subscription(
+                    ns, stream, index, shard_start(start, index), queue_capacity
+                )
+                for index in range(count)
+            }
+
+        def reopen(index: int, position: int | None) -> Feed[Event]:
+            again: Start = "latest" if position is None else position
+            return self._shard_subscription(ns, stream, index, again, queue_capacity)
+
+        return StreamSubscription(stream, open_parts, reopen)
+
+    async def _shard_count(self, ns: str, stream: str) -> int:
+        """The stream's shard count for reading every shard: 1 for a broker that
+        cannot say (it has then one shard as far as this client can tell) and for
+        an unknown stream (whose shard 0 the broker refuses with its reason)."""
+        if not self.supports(Feature.FEATURE_STREAM_SHARDS):
+            return 1
+        shards, _mode = await self._stream_layout(ns, stream)
+        return max(1, shards)
+
+    def _shard_subscription(
+        self, ns: str, stream: str, shard: int, start: Start, queue_capacity: int | None
+    ) -> Subscription:
         probe = Subscribe(
             tenant_id=self.tenant_id,
             namespace=ns,
@@ -442,25 +624,29 @@ class Client:
         self,
         stream: str,
         *,
-        start: int,
+        start: int | Mapping[int, int],
         end: int | None = None,
-        shard: int = 0,
+        shard: int | None = None,
         max_records: int | None = None,
         max_bytes: int | None = None,
         namespace: str | None = None,
     ) -> AsyncIterator[ReadPage]:
         """Pages of records from `start` up to `end` (exclusive; the committed tail
         when None), as an async iterator; ends at `end`, or at the first empty page
-        when reading to the tail. Needs FEATURE_STREAM_READ (checked now)."""
+        when reading to the tail. Needs FEATURE_STREAM_READ (checked now).
+
+        Without `shard`, every shard in turn (each page names its shard; `start`
+        is then the first offset on every shard, or a vector of one per shard; a
+        shard whose tail is below `start` has nothing to read and is skipped)."""
         ns = self._ns(namespace)
 
-        def build_at(offset: int) -> Callable[[int], StreamRead]:
+        def build_at(index: int, offset: int) -> Callable[[int], StreamRead]:
             def build(request_id: int) -> StreamRead:
                 return StreamRead(
                     tenant_id=self.tenant_id,
                     namespace=ns,
                     stream=stream,
-                    shard=shard,
+                    shard=index,
                     from_=offset,
                     end=end,
                     max_records=max_records,
@@ -470,20 +656,49 @@ class Client:
 
             return build
 
-        self._require(build_at(start)(0))
-        return self._read_pages(build_at, start, end)
+        if shard is not None and isinstance(start, Mapping):
+            raise ValueError("a start vector needs shard=None (every shard)")
+        self._require(build_at(shard or 0, 0)(0))
+        return self._read_shards(ns, stream, build_at, start, end, shard)
+
+    async def _read_shards(
+        self,
+        ns: str,
+        stream: str,
+        build_at: Callable[[int, int], Callable[[int], StreamRead]],
+        start: int | Mapping[int, int],
+        end: int | None,
+        shard: int | None,
+    ) -> AsyncIterator[ReadPage]:
+        if shard is not None:
+            assert isinstance(start, int)
+            async for page in self._read_pages(build_at, shard, start, end):
+                yield page
+            return
+        for index in range(await self._shard_count(ns, stream)):
+            first = start.get(index, 0) if isinstance(start, Mapping) else start
+            try:
+                async for page in self._read_pages(build_at, index, first, end):
+                    yield page
+            except CursorError as exc:
+                if exc.reason != "in_future":
+                    raise
 
     async def _read_pages(
-        self, build_at: Callable[[int], Callable[[int], StreamRead]], start: int, end: int | None
+        self,
+        build_at: Callable[[int, int], Callable[[int], StreamRead]],
+        shard: int,
+        start: int,
+        end: int | None,
     ) -> AsyncIterator[ReadPage]:
         offset = start
         while end is None or offset < end:
-            page = await self._call(build_at(offset), StreamRecords)
+            page = await self._call(build_at(shard, offset), StreamRecords)
             records = [
-                StreamRecord(r.offset, r.payload, r.timestamp_micros, r.publisher)
+                StreamRecord(r.offset, r.payload, r.timestamp_micros, r.publisher, shard)
                 for r in page.records
             ]
-            yield ReadPage(records, page.next_offset)
+            yield ReadPage(records, page.next_offset, shard)
             if not records and (end is None or page.next_offset == offset):
                 return  # nothing more is committed yet
             offset = page.next_offset
@@ -568,3 +783,48 @@ class Client:
     def cache(self, name: str, *, namespace: str | None = None) -> Cache:
         """A handle on one cache: get, put, delete, conditional writes, watches, counters."""
         return Cache(self, name, self._ns(namespace))
+
+    # -- consumer groups ---------------------------------------------------------------
+
+    def group(self, stream: str, name: str, *, namespace: str | None = None) -> Group:
+        """A handle on consumer group `name` of `stream`: poll, ack, nack, extend,
+        dead letters, seek, describe, delete (each call names its shard)."""
+        return Group(self, stream, name, self._ns(namespace))
+
+    def consumer(
+        self,
+        stream: str,
+        *,
+        group: str,
+        consumer: str | None = None,
+        max_in_flight: int = 256,
+        batch: int = 64,
+        wait: float = 1.0,
+        visibility: float | None = 30.0,
+        shards: Sequence[int] | None = None,
+        namespace: str | None = None,
+    ) -> Consumer:
+        """A consumer of every shard of `stream` (or of `shards`) for `group`:
+        `async with client.consumer("jobs", group="fulfilment") as consumer:
+        async for record in consumer: ...; await record.ack()`. See `Consumer`."""
+        self._require(
+            GroupPoll(
+                tenant_id=self.tenant_id,
+                namespace=self._ns(namespace),
+                stream=stream,
+                shard=0,
+                group=group,
+                max_records=1,
+                request_id=0,
+            )
+        )
+        return Consumer(
+            self,
+            self.group(stream, group, namespace=namespace),
+            consumer=consumer,
+            max_in_flight=max_in_flight,
+            batch=batch,
+            wait=wait,
+            visibility=visibility,
+            shards=None if shards is None else list(shards),
+        )

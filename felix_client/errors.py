@@ -36,6 +36,7 @@ from felix_wire.errors import (
 
 __all__ = [
     "BrokerError",
+    "BrokerUnreachableError",
     "ClientError",
     "ClientTimeoutError",
     "ConnectionLostError",
@@ -51,10 +52,12 @@ __all__ = [
     "NotLeaderError",
     "NotSupportedByBrokerError",
     "OverloadedError",
+    "PayloadTooLargeError",
     "ProtocolViolationError",
     "QuorumTimeoutError",
     "RetryClass",
     "RevokedError",
+    "ShardLostError",
     "ShardUnavailableError",
     "StaleClaimError",
     "StaleWidthError",
@@ -108,3 +111,34 @@ class CursorError(ClientError):
         self.reason = reason
         self.requested = requested
         self.available = available
+
+
+class BrokerUnreachableError(ConnectionLostError):
+    """No broker completed a QUIC handshake at any of the addresses within the
+    connect timeout (`ClientConfig.connect_timeout`): most often nothing listens
+    there. Nothing was sent."""
+
+
+class PayloadTooLargeError(ClientError, ValueError):
+    """A request would not fit in one frame (the protocol's 16 MiB limit); it was
+    refused before anything was sent."""
+
+    def __init__(self, what: str, size: int, limit: int) -> None:
+        super().__init__(
+            f"{what} of {size:,} bytes exceeds the frame limit of {limit // (1024 * 1024)} MiB"
+            f" ({limit:,} bytes); nothing was sent"
+        )
+        self.size = size
+        self.limit = limit
+
+
+class ShardLostError(ConnectionLostError):
+    """One shard of a multi-shard subscription or watch failed; the other shards
+    keep delivering. `shard` names it and `position` is where it would resume (the
+    offset after the last item delivered from it, None when none was)."""
+
+    def __init__(self, shard: int, position: int | None, cause: BaseException) -> None:
+        super().__init__(f"shard {shard} was lost ({cause}); the other shards keep delivering")
+        self.shard = shard
+        self.position = position
+        self.cause = cause

@@ -1,12 +1,20 @@
-"""A small retry helper that retries only what the retry class allows.
+"""A small retry helper that resends exactly what the retry class allows.
 
-`retry`, `retry_after` and `redirect`... only the first two say "nothing was
-applied, the same request may succeed": those are retried, after the broker's
-suggested wait when it gave one. `outcome_unknown` (and a local timeout or lost
-connection, which are just as unknown) may have been applied, so it is
-retried only for a request the caller declares idempotent. `redirect` needs a
-different broker, and this helper resends to the same client, so it is not
-retried here; `fatal` never is.
+The broker's class decides, never the code's default table (§8):
+
+- `retry`: nothing was applied; resent after a jittered backoff.
+- `retry_after`: nothing was applied; resent after `detail.retry_after_ms` when
+  the broker gave it, else after the backoff.
+- `redirect`: nothing was applied, but the request belongs to another broker;
+  this helper resends to the same client, so it does not retry it.
+- `outcome_unknown`: the request may have been applied. Never resent here: a
+  second publish would be a duplicate. (The idempotent producer, which resends
+  under the same sequence, is the one safe way; this client has none yet.)
+- `fatal`, or no class at all (a broker that sent no code): never resent.
+
+A local timeout or lost connection is just as unknown as `outcome_unknown`,
+so it is resent only for a call the caller declares `idempotent` (one that
+changes nothing, such as a read): the caller knows that, the wire does not.
 """
 
 from __future__ import annotations
@@ -27,20 +35,20 @@ logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 
+_RESENDABLE = frozenset({RetryClass.RETRY, RetryClass.RETRY_AFTER})
 
-def should_retry(error: BaseException, *, idempotent: bool) -> bool:
+
+def should_retry(error: BaseException, *, idempotent: bool = False) -> bool:
     """Whether resending the request that failed with `error` is allowed."""
     if isinstance(error, BrokerError):
-        if error.retry in (RetryClass.RETRY, RetryClass.RETRY_AFTER):
-            return True
-        return error.retry is RetryClass.OUTCOME_UNKNOWN and idempotent
+        return error.retry in _RESENDABLE
     if isinstance(error, ClientTimeoutError | ConnectionLostError):
         return idempotent
     return False
 
 
 def _delay(error: BaseException, attempt: int, base: float, cap: float) -> float:
-    if isinstance(error, BrokerError):
+    if isinstance(error, BrokerError) and error.retry is RetryClass.RETRY_AFTER:
         suggested = error.detail.get("retry_after_ms")
         if isinstance(suggested, int) and suggested > 0:
             return min(cap, suggested / 1000)
@@ -56,8 +64,9 @@ async def retry(
     base_delay: float = 0.05,
     max_delay: float = 2.0,
 ) -> T:
-    """Run `call()` until it succeeds, up to `attempts` times, retrying only errors
-    whose retry class allows it; the last error is raised unchanged."""
+    """Run `call()` until it succeeds, up to `attempts` times, resending only after
+    errors whose retry class allows it (see the module); the last error is raised
+    unchanged. `idempotent` only widens local timeouts and lost connections."""
     if attempts < 1:
         raise ValueError("attempts must be >= 1")
     for attempt in range(attempts):

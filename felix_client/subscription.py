@@ -15,7 +15,7 @@ import abc
 import asyncio
 import logging
 from collections import deque
-from collections.abc import Awaitable, Callable, Generator
+from collections.abc import Awaitable, Callable, Generator, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, Literal, Self, TypeVar
@@ -33,9 +33,22 @@ from felix_wire.messages import (
 
 from ._events import Item, OffsetTracker, Records, StreamEnd
 from ._pool import EventHandoff
-from .errors import ClientTimeoutError, ConnectionLostError, ProtocolViolationError
+from .errors import (
+    ClientTimeoutError,
+    ConnectionLostError,
+    ProtocolViolationError,
+    ShardLostError,
+)
 
-__all__ = ["Event", "Feed", "Start", "Subscription", "start_position"]
+__all__ = [
+    "Event",
+    "Feed",
+    "ShardedFeed",
+    "Start",
+    "StreamSubscription",
+    "Subscription",
+    "start_position",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +104,12 @@ class Feed(abc.ABC, Generic[T]):
     @abc.abstractmethod
     def _accept(self, item: Item) -> None:
         """Take one decoded item: buffer what it delivers, or react to a last frame."""
+
+    @property
+    @abc.abstractmethod
+    def position(self) -> int | None:
+        """Where the feed would resume: the offset after the last item delivered
+        (None before the first one, without offsets)."""
 
     # -- opening ---------------------------------------------------------------------
 
@@ -223,6 +242,10 @@ class Subscription(Feed[Event]):
         """The offset after the last event delivered (None without offsets)."""
         return self._tracker.next_offset
 
+    @property
+    def position(self) -> int | None:
+        return self._tracker.next_offset
+
     async def _open_stream(self) -> EventHandoff:
         subscribed, handoff = await self._opener(self._start)
         self.subscription_id = subscribed.subscription_id
@@ -287,3 +310,215 @@ class Subscription(Feed[Event]):
         self._tracker.next_offset = offset
         self.resumes += 1
         self._restart()
+
+
+class ShardedFeed(Generic[T]):
+    """One feed per shard, read as one async iterator (the protocol's
+    `subscribe_sharded`): items keep their order within a shard, shards
+    interleave as their items arrive.
+
+    Opening opens every shard's feed, and fails if any shard cannot be opened.
+    `positions` is the vector to resume from, one position per shard. When one
+    shard's feed fails, the next read raises `ShardLostError` naming it once;
+    reading again goes on with the other shards (`lost` keeps what failed), and
+    `await recover(shard)` opens that shard again from its position.
+    Nothing is buffered beyond what each shard's feed holds: a pending read per
+    shard, so a slow reader holds every shard back through flow control.
+    """
+
+    def __init__(
+        self,
+        label: str,
+        open_parts: Callable[[], Awaitable[dict[int, Feed[T]]]],
+        reopen: Callable[[int, int | None], Feed[T]],
+    ) -> None:
+        self.label = label
+        self._open_parts = open_parts
+        self._reopen = reopen
+        self.parts: dict[int, Feed[T]] = {}
+        self.lost: dict[int, BaseException] = {}
+        self._positions: dict[int, int | None] = {}
+        self._pending: dict[int, asyncio.Task[T]] = {}
+        self._ready: deque[tuple[int, asyncio.Task[T]]] = deque()
+        self._closing: set[asyncio.Task[None]] = set()
+        self._opened = False
+        self._closed = False
+        self._open_lock = asyncio.Lock()
+
+    async def open(self) -> Self:
+        async with self._open_lock:
+            if self._opened or self._closed:
+                return self
+            parts = await self._open_parts()
+            try:
+                await asyncio.gather(*(part.open() for part in parts.values()))
+            except BaseException:
+                await asyncio.gather(*(part.aclose() for part in parts.values()))
+                raise
+            self.parts = parts
+            self._opened = True
+        return self
+
+    def __await__(self) -> Generator[Any, None, Self]:
+        return self.open().__await__()
+
+    async def __aenter__(self) -> Self:
+        return await self.open()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+    @property
+    def shards(self) -> list[int]:
+        """The shards read (lost ones included)."""
+        return sorted({*self.parts, *self.lost})
+
+    @property
+    def positions(self) -> dict[int, int | None]:
+        """Per shard, where it would resume (pass it back as the start vector)."""
+        out: dict[int, int | None] = dict(self._positions)
+        for shard, part in self.parts.items():
+            out[shard] = part.position
+        return dict(sorted(out.items()))
+
+    @property
+    def closed(self) -> bool:
+        return self._closed or (self._opened and not self.parts and not self._ready)
+
+    def __aiter__(self) -> Self:
+        return self
+
+    async def __anext__(self) -> T:
+        return await self._next()
+
+    async def next(self, timeout: float | None = None) -> T:
+        """The next item of any shard; StopAsyncIteration once every shard ended;
+        ClientTimeoutError when nothing came within `timeout` seconds (the reads
+        stay pending, nothing is lost)."""
+        if timeout is None:
+            return await self._next()
+        try:
+            async with asyncio.timeout(timeout):
+                return await self._next()
+        except TimeoutError as exc:
+            if isinstance(exc, ClientTimeoutError):
+                raise
+            raise ClientTimeoutError(f"{self.label}: nothing within {timeout} s") from None
+
+    async def _next(self) -> T:
+        if not self._opened:
+            await self.open()
+        while True:
+            if self._closed:
+                raise StopAsyncIteration
+            if self._ready:
+                shard, task = self._ready.popleft()
+                error = task.exception()
+                if error is None:
+                    return task.result()
+                self._retire(shard, error)
+                continue
+            loop = asyncio.get_running_loop()
+            for shard, part in self.parts.items():
+                if shard not in self._pending:
+                    self._pending[shard] = loop.create_task(
+                        part.__anext__(), name=f"felix-{self.label}-{shard}"
+                    )
+            if not self._pending:
+                raise StopAsyncIteration
+            done, _ = await asyncio.wait(
+                self._pending.values(), return_when=asyncio.FIRST_COMPLETED
+            )
+            for shard, task in sorted(self._pending.items()):
+                if task in done:
+                    del self._pending[shard]
+                    self._ready.append((shard, task))
+
+    def _retire(self, shard: int, error: BaseException) -> None:
+        """A shard's feed ended (quietly when the broker ended it for good) or
+        failed (ShardLostError, raised once)."""
+        part = self.parts.pop(shard)
+        self._positions[shard] = part.position
+        if isinstance(error, StopAsyncIteration):
+            return
+        self.lost[shard] = error
+        logger.warning("%s: shard %d lost: %s", self.label, shard, error)
+        self._closing.add(asyncio.get_running_loop().create_task(part.aclose()))
+        raise ShardLostError(shard, part.position, error) from error
+
+    async def recover(self, shard: int) -> None:
+        """Open a lost shard again, from where it stopped (its position; the
+        tail when it had none). Raises what opening raises; the shard then
+        stays lost."""
+        if shard not in self.lost:
+            raise ValueError(f"shard {shard} is not lost")
+        if self._closed:
+            raise ConnectionLostError(f"{self.label} is closed")
+        part = self._reopen(shard, self._positions.get(shard))
+        await part.open()
+        del self.lost[shard]
+        self._positions.pop(shard, None)
+        self.parts[shard] = part
+        logger.info("%s: shard %d recovered", self.label, shard)
+
+    async def aclose(self) -> None:
+        """Stop every shard's feed."""
+        if self._closed:
+            return
+        self._closed = True
+        for task in self._pending.values():
+            task.cancel()
+        await asyncio.gather(*self._pending.values(), return_exceptions=True)
+        self._pending.clear()
+        for _shard, task in self._ready:
+            if not task.cancelled():
+                task.exception()  # retrieved: nobody will read it now
+        self._ready.clear()
+        await asyncio.gather(*(part.aclose() for part in self.parts.values()))
+        await asyncio.gather(*self._closing, return_exceptions=True)
+
+
+StartVector = Start | Mapping[int, Start]
+"""A start for every shard, or one per shard (a `positions` vector; a shard it
+does not name, or names with None, starts at `latest`)."""
+
+
+class StreamSubscription(ShardedFeed[Event]):
+    """Every shard of one stream: one subscription per shard (`parts`), events in
+    order within a shard, each `Event` naming its `shard`. Created by
+    `client.subscribe(stream)`; see `ShardedFeed` for positions and lost shards."""
+
+    def __init__(
+        self,
+        stream: str,
+        open_parts: Callable[[], Awaitable[dict[int, Feed[Event]]]],
+        reopen: Callable[[int, int | None], Feed[Event]],
+    ) -> None:
+        super().__init__(f"subscription {stream}", open_parts, reopen)
+        self.stream = stream
+
+    @property
+    def dropped(self) -> int:
+        """Events lost so far on every shard, from gaps in the offsets."""
+        return sum(p.dropped for p in self.parts.values() if isinstance(p, Subscription))
+
+    @property
+    def subscription_ids(self) -> dict[int, int | None]:
+        return {
+            shard: p.subscription_id
+            for shard, p in self.parts.items()
+            if isinstance(p, Subscription)
+        }
+
+
+def shard_start(start: StartVector | Mapping[int, int | None], shard: int) -> Start:
+    """The start of one shard from a start for all or a vector of positions."""
+    if isinstance(start, Mapping):
+        value = start.get(shard)
+        return "latest" if value is None else value
+    return start

@@ -28,6 +28,7 @@ from felix_common.files import create_file_once, replace_file
 from felix_controlplane.api import ControlPlane, Settings
 from felix_controlplane.http import HttpServer
 from felix_controlplane.store import DEFAULT_MAX_CHANGES, SqliteStore
+from felix_transport import __version__
 
 __all__ = ["build_parser", "main", "parse_args", "run"]
 
@@ -67,6 +68,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog=_EPILOG,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument(
         "--db",
         type=Path,

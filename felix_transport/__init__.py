@@ -17,7 +17,18 @@ Layout:
   :func:`connect`, :class:`Server`.
 
 This is the only package of the project that imports qh3 or aioquic.
+
+``__version__`` is the suite's one version (the installed distribution's, from
+pyproject.toml): every console script reports it, and this package is the one
+all of them stand on.
 """
+
+from importlib.metadata import PackageNotFoundError, version
+
+try:
+    __version__ = version("felix-suite")
+except PackageNotFoundError:  # run from a source tree that was never installed
+    __version__ = "0+unknown"
 
 from .backends import Capabilities, ConnectionAdapter
 from .certs import CertKeyPair, generate_ca, generate_leaf
@@ -59,6 +70,7 @@ __all__ = [
     "StreamReset",
     "TransportConfig",
     "TransportEvent",
+    "__version__",
     "build_quic_configuration",
     "connect",
     "default_impl",

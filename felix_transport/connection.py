@@ -357,6 +357,7 @@ class Connection:
         self._timer: asyncio.TimerHandle | None = None
         self._timer_at: float | None = None
         self._keepalive: asyncio.TimerHandle | None = None
+        self._keepalive_interval: float | None = None
         # Receive pause (backends without per-stream credit only).
         self._over_limit: set[int] = set()
         self._held: deque[tuple[bytes, Address]] = deque()
@@ -586,17 +587,30 @@ class Connection:
         if self._handshake.done():
             return
         self._handshake.set_result(None)
-        interval = self._config.keepalive_interval
-        if interval is not None:
-            self._keepalive = self._loop.call_later(interval, self._send_keepalive)
+        self._keepalive_interval = self._negotiated_keepalive()
+        if self._keepalive_interval is not None:
+            self._keepalive = self._loop.call_later(self._keepalive_interval, self._send_keepalive)
         self._driver.handshake_completed(self)
+
+    def _negotiated_keepalive(self) -> float | None:
+        """The configured keep-alive interval, capped at a third of the idle timeout
+        both ends agreed on (the smaller of ours and the peer's): a peer with a
+        shorter idle timeout than ours must still hear from us in time."""
+        interval = self._config.keepalive_interval
+        if interval is None:
+            return None
+        idle = self._config.idle_timeout
+        peer = self._adapter.peer_idle_timeout()
+        if peer is not None:
+            idle = min(idle, peer)
+        return min(interval, idle / 3)
 
     def _send_keepalive(self) -> None:
         if self.closed:
             return
         self._adapter.ping()
         self._transmit()
-        interval = self._config.keepalive_interval
+        interval = self._keepalive_interval
         assert interval is not None
         self._keepalive = self._loop.call_later(interval, self._send_keepalive)
 

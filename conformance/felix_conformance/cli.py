@@ -24,6 +24,8 @@ from typing import Any
 
 from rich.console import Console
 
+from felix_transport import __version__
+
 from .corpus import load_corpus, select
 from .coverage import compute_coverage, format_coverage
 from .model import Case
@@ -62,6 +64,7 @@ def _run_parser() -> argparse.ArgumentParser:
         description="Check which parts of the Felix wire protocol a broker honours, case by case. "
         "Subcommands: coverage, record, serve (see `felix-conformance SUBCOMMAND -h`).",
     )
+    p.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     p.add_argument("--target", metavar="HOST:PORT", help="the broker to test")
     p.add_argument("--ca-file", type=Path, help="PEM of the CA the broker's certificate chains to")
     p.add_argument("--server-name", help="TLS server name to verify (default localhost)")

@@ -129,6 +129,11 @@ class ConnectionAdapter(abc.ABC):
         """Queue an ack-eliciting PING (keep-alive)."""
 
     @abc.abstractmethod
+    def peer_idle_timeout(self) -> float | None:
+        """The peer's max_idle_timeout transport parameter in seconds (None: it
+        sent none, or the handshake has not brought it yet)."""
+
+    @abc.abstractmethod
     def send_backlog(self, stream_id: int) -> int:
         """Bytes the stack still holds for ``stream_id`` (see Capabilities)."""
 

@@ -193,6 +193,11 @@ class AioquicAdapter(ConnectionAdapter):
     def ping(self) -> None:
         self._quic.send_ping(0)
 
+    def peer_idle_timeout(self) -> float | None:
+        # aioquic keeps the peer's value in seconds, privately.
+        value = getattr(self._quic, "_remote_max_idle_timeout", None)
+        return float(value) if value else None
+
     def send_backlog(self, stream_id: int) -> int:
         stream = self._quic._streams.get(stream_id)
         if stream is None:

@@ -163,6 +163,12 @@ class Qh3Adapter(ConnectionAdapter):
     def ping(self) -> None:
         self._quic.send_ping(0)
 
+    def peer_idle_timeout(self) -> float | None:
+        # qh3 keeps the peer's transport parameters (milliseconds), privately.
+        parameters = getattr(self._quic, "_applied_transport_parameters", None)
+        value = getattr(parameters, "max_idle_timeout", None)
+        return value / 1000 if value else None
+
     def send_backlog(self, stream_id: int) -> int:
         return self._quic.get_send_buffer_size(stream_id)
 

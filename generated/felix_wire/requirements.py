@@ -1,5 +1,5 @@
 # Generated from spec/requirements.yaml by codegen - DO NOT EDIT.
-# requirements sha256: 29a1d6bc910c90ba794671a3d21b65df4f1fe800310e91ab8ba2600535f27cbb
+# requirements sha256: d994e23a986c549f68fab80730d25e5ac3a871dd4c7555bbd01bb8410475be95
 """The protocol's requirements as a read-only table.
 
 Code, tests and conformance transcripts cite a requirement by its id ("(T7)",
@@ -23,7 +23,7 @@ __all__ = [
     "SECTION_CITATION",
 ]
 
-REQUIREMENTS_SHA256 = "29a1d6bc910c90ba794671a3d21b65df4f1fe800310e91ab8ba2600535f27cbb"
+REQUIREMENTS_SHA256 = "d994e23a986c549f68fab80730d25e5ac3a871dd4c7555bbd01bb8410475be95"
 
 
 class Requirement(NamedTuple):
@@ -393,6 +393,13 @@ REQUIREMENTS: Mapping[str, Requirement] = MappingProxyType(
             "7",
             "Without pipelining a reference broker still owes an answer to a JSON publish with a request_id and no ack field.",
             None,
+            False,
+        ),
+        "PL8": Requirement(
+            "PL8",
+            "7",
+            "A broker that advertised FEATURE_PUBLISH_WIDTH takes publish_width without an answer and refuses a keyed batch routed by a width the stream does not have with stale_width, writing nothing.",
+            "publish-width",
             False,
         ),
         "N1": Requirement(

@@ -16,6 +16,7 @@ from typing import Any
 
 import pytest
 
+from felix_transport import Connection
 from felix_wire.codec import encode_frame
 from felix_wire.features import Feature
 from felix_wire.gating import client_auth
@@ -31,8 +32,16 @@ from felix_wire.messages import (
     StreamRecords,
 )
 
-from ..support.wire import NS, TENANT, WireStream
-from .test_broker_durable import CRASH_CONFIG, _client, _free_udp_port
+from ..support.wire import NS, TENANT, BrokerProcess, WireClient, WireStream, token
+from .test_broker_durable import CRASH_CONFIG, _free_udp_port
+
+
+async def _client(data: Path, port: int) -> tuple[Connection, str]:
+    """A connection to the broker process on `port` (files in `data`) and a token for it."""
+    broker = BrokerProcess(port, data)
+    client = await WireClient.connect(broker)
+    return client.connection, token(broker, subject="crash")
+
 
 pytestmark = pytest.mark.timeout(240)
 

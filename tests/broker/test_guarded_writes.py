@@ -377,7 +377,7 @@ async def test_idempotent_frames_on_a_publish_only_stream_land_once_unanswered(
     from felix_wire.codec import encode_frame
     from felix_wire.gating import client_auth
 
-    from .harness import token
+    from ..support.wire import token
 
     async with running_broker(tmp_path) as broker:
         client = await WireClient.connect(broker)

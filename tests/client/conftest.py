@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import json
+import logging
 import urllib.request
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 import pytest
@@ -39,6 +41,16 @@ def mint_token(doc: dict[str, Any], *, ttl_secs: int = 3600, forged: bool = Fals
 
 async def amint_token(doc: dict[str, Any], **options: Any) -> str:
     return await asyncio.to_thread(mint_token, doc, **options)
+
+
+@pytest.fixture(autouse=True)
+def no_stray_asyncio_complaints(caplog: pytest.LogCaptureFixture) -> Iterator[None]:
+    """Fail a test after which asyncio complained (a future's exception never
+    retrieved, a task destroyed while pending, an exception in a callback)."""
+    yield
+    gc.collect()
+    complaints = [r for r in caplog.records if r.name == "asyncio" and r.levelno >= logging.WARNING]
+    assert not complaints, "\n".join(r.getMessage() for r in complaints)
 
 
 @pytest.fixture

@@ -140,3 +140,126 @@ def test_token_from_file_and_env(felix_fixture: dict[str, Any], tmp_path: Path) 
     assert "sub: fixture" in done.stdout and "exp: " in done.stdout
     done = felix(felix_fixture, "token", FELIX_TOKEN="not-a-token")
     assert done.returncode == 2
+
+
+# -- ordinary mistakes: one line, no traceback, exit 2 (usage) or 1 ------------------
+
+BROKER = [sys.executable, "-m", "felix_broker.cli"]
+
+
+def _one_line(done: subprocess.CompletedProcess[str]) -> str:
+    lines = done.stderr.strip().splitlines()
+    assert "Traceback" not in done.stderr and len(lines) == 1, done.stderr
+    return lines[0]
+
+
+def test_usage_mistakes_are_one_line(felix_fixture: dict[str, Any]) -> None:
+    done = felix(felix_fixture, "publish", "s", "x", "--addr", "localhost")
+    assert done.returncode == 2
+    assert _one_line(done) == (
+        "felix: a broker address is HOST:PORT (e.g. 127.0.0.1:5000), not 'localhost'"
+    )
+    done = felix(felix_fixture, "subscribe", "s", "--timeout", "-1")
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    done = felix(felix_fixture, "publish", "s", "x", FELIX_CA_FILE="/no/such/ca.pem")
+    assert done.returncode == 2 and "no CA certificate" in _one_line(done)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [["--ttl", "0"], ["--perm", ""], ["--perm", "bogus"]],
+    ids=["ttl-0", "perm-empty", "perm-bogus"],
+)
+def test_broker_token_mistakes_are_one_line(tmp_path: Path, args: list[str]) -> None:
+    done = subprocess.run(
+        [*BROKER, "--data-dir", str(tmp_path), "token", "--tenant", "t1", *args],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and done.stdout == ""
+    assert _one_line(done).startswith("felix-broker token: ")
+
+
+def test_broker_log_level_is_checked(tmp_path: Path) -> None:
+    done = subprocess.run(
+        [*BROKER, "--log-level", "verbose", "--data-dir", str(tmp_path), "token", "--tenant", "t"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert "invalid choice: 'VERBOSE'" in done.stderr
+
+
+def test_no_broker_answering_is_named(felix_fixture: dict[str, Any]) -> None:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as silent:
+        silent.bind(("127.0.0.1", 0))
+        port = silent.getsockname()[1]
+        done = felix(
+            felix_fixture, "publish", "s", "x", "--connect-timeout", "0.5",
+            FELIX_ADDR=f"127.0.0.1:{port}",
+        )  # fmt: skip
+    assert done.returncode == 1
+    assert _one_line(done).endswith(
+        f"no broker answered at 127.0.0.1:{port} within 0.5 s (is it running?)"
+    )
+
+
+def test_a_reader_that_goes_away_is_one_line(felix_fixture: dict[str, Any]) -> None:
+    """`felix subscribe | head -1`: the pipe closes after the first line."""
+    stream = felix_fixture["memory_stream"]
+    sub = subprocess.Popen(
+        [*FELIX, "subscribe", stream, "--timeout", "30"],
+        env=env_for(felix_fixture),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    try:
+        assert sub.stdout is not None
+        deadline = time.monotonic() + 30
+        first = ""
+        while not first and time.monotonic() < deadline:
+            assert felix(felix_fixture, "publish", stream, "pipe").returncode == 0
+            time.sleep(0.3)
+            import select
+
+            if select.select([sub.stdout], [], [], 0)[0]:
+                first = sub.stdout.readline()
+        assert first.strip().endswith("pipe")
+        sub.stdout.close()  # what head does after its line
+        while sub.poll() is None and time.monotonic() < deadline:
+            felix(felix_fixture, "publish", stream, "more")
+        _, err = sub.communicate(timeout=30)
+    finally:
+        if sub.poll() is None:
+            sub.kill()
+    assert sub.returncode == 1
+    assert "Traceback" not in err and err.strip() == "felix: output closed by the reader"
+
+
+def test_subscribe_and_read_cover_every_shard(felix_fixture: dict[str, Any]) -> None:
+    """On the 4-shard stream, 8 keyed records reach `felix subscribe` and `felix read`."""
+    stream = felix_fixture["durable_stream"]
+    tag = f"all-{time.monotonic_ns()}"
+    for i in range(8):
+        done = felix(felix_fixture, "publish", stream, f"{tag}-{i}", "--key", f"k{i}")
+        assert done.returncode == 0, done.stderr
+    # From the oldest record of every shard, until nothing comes for 3 s.
+    done = felix(
+        felix_fixture, "subscribe", stream, "--from", "earliest", "--timeout", "3", "--json"
+    )
+    assert done.returncode == 0, done.stderr
+    events = [json.loads(line) for line in done.stdout.splitlines()]
+    events = [e for e in events if e["payload"].startswith(tag)]
+    assert sorted(e["payload"] for e in events) == sorted(f"{tag}-{i}" for i in range(8))
+    assert len({e["shard"] for e in events}) == 4
+    done = felix(felix_fixture, "read", stream, "--from", "0", "--json")
+    assert done.returncode == 0, done.stderr
+    read = [json.loads(line) for line in done.stdout.splitlines()]
+    mine = [r for r in read if r["payload"].startswith(tag)]
+    assert sorted(r["payload"] for r in mine) == sorted(f"{tag}-{i}" for i in range(8))
+    assert len({r["shard"] for r in mine}) == 4

@@ -71,7 +71,7 @@ async def test_subscribe_receives_events(
 ) -> None:
     stream = felix_fixture["memory_stream"]
     async with client.subscribe(stream) as sub:
-        assert sub.subscription_id is not None
+        assert sub.shards == [0] and sub.subscription_ids[0] is not None
         await client.publish_batch(stream, [b"one", b"two"])
         await client.publish(stream, b"three", ack="none")
         got = [await sub.next(timeout=5) for _ in range(3)]

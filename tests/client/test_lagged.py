@@ -31,7 +31,7 @@ async def _run(doc: dict[str, Any]) -> None:
     stream = doc["durable_stream"]
     total = 400
     async with await connect_client(doc) as publisher, await connect_client(doc) as reader:
-        sub = await reader.subscribe(stream, start="earliest")
+        sub = await reader.subscribe(stream, start="earliest", shard=0)
         payloads = [b"r%04d" % i + b"." * 2000 for i in range(total)]
         for i in range(0, total, 50):
             await publisher.publish_batch(stream, payloads[i : i + 50])
