@@ -1,23 +1,45 @@
-"""Which catalogue entries the corpus exercises: messages, binary layouts, legal
-flag values, feature bits and error codes, each against the catalogue's total, and
-the protocol requirements its cases cite (requirements.py).
+"""Which catalogue entries the corpus *exercises*: messages, binary layouts,
+legal flag values, feature bits, error codes and retry classes, each against
+the catalogue's total, and the protocol requirements its cases cite
+(requirements.py).
 
-An entry counts when a case declares it under `exercises` (or, for features,
-`requires`), or when a step sends or expects it (message types, layouts, and
-the flags of binary frames written with literal flags).
+Only what a case really puts on the wire, or provokes the broker into putting
+there, counts; what a case merely declares or `requires` does not:
+
+- a message type or layout counts when a step sends it or expects it (an
+  expectation with alternatives, `any_of`, provokes none of them for sure, so
+  it counts for none);
+- a flag value counts when a binary frame a step sends has it (derived from its
+  fields, as the encoder does) or a single expected binary frame names it;
+- an error code or retry class counts when an expected frame fixes it: `code:
+  not_found` / `retry: fatal` in a JSON message, the numbers in a binary ack;
+- a feature counts when the case names it under `exercises.features` and the
+  case uses it: it offers the bit in an auth it sends, or it sends or expects a
+  message (or a field) whose gate is that feature.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from felix_wire.catalogue import BINARY_LAYOUTS, ERROR_CODES, FEATURES, LEGAL_FLAG_VALUES, MESSAGES
+from felix_wire.errors import ErrorCode, RetryClass
+from felix_wire.frame import FrameReader
+from felix_wire.gating import FIELD_GATES, MESSAGE_GATES
+from felix_wire.wire_errors import WireError
 
-from .model import Case, parse_int
+from .frames import build_frame
+from .matching import MissingVariableError, is_matcher
+from .model import Case, FrameSpec, parse_int
 from .requirements import REQUIREMENT_IDS, covered_requirements
+from .schema import TranscriptError
 
 __all__ = ["Coverage", "Dimension", "compute_coverage", "format_coverage"]
+
+_ERROR_NAMES = {c.wire for c in ErrorCode}
+_RETRY_NAMES = {r.wire for r in RetryClass}
 
 
 @dataclass(frozen=True)
@@ -42,62 +64,186 @@ class Coverage:
     def get(self, name: str) -> Dimension:
         return next(d for d in self.dimensions if d.name == name)
 
+    def counts(self) -> dict[str, int]:
+        return {d.name: d.count for d in self.dimensions}
+
 
 def _flag_text(value: int) -> str:
     return f"{value:#06x}"
 
 
-def _step_names(case: Case) -> Iterable[tuple[str, str]]:
-    """(kind, name) of every message type, layout and literal binary flag in the steps."""
+class _Placeholders(Mapping[str, Any]):
+    """Every variable has the same stand-in value: enough to encode a frame and
+    read the flags its fields give it."""
+
+    def __init__(self, value: Any) -> None:
+        self._value = value
+
+    def __getitem__(self, key: str) -> Any:
+        return self._value
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(())
+
+    def __len__(self) -> int:
+        return 0
+
+    def __contains__(self, key: object) -> bool:
+        return True
+
+
+def _sent_flags(spec: FrameSpec) -> int | None:
+    """The frame flags a sent binary frame will carry."""
+    for stand_in in ("conformance", 1):
+        try:
+            data = build_frame(spec, _Placeholders(stand_in))
+            (frame,) = FrameReader().feed(data)
+        except (TranscriptError, MissingVariableError, WireError, ValueError):
+            continue
+        return frame.flags
+    return None
+
+
+def _fixed(value: Any) -> Any:
+    """The value an expectation fixes, or None when it is a matcher."""
+    return None if is_matcher(value) else value
+
+
+def _codes(body: Any, binary: bool) -> Iterable[tuple[str, str]]:
+    """("error", name) / ("retry", name) pairs an expected body fixes, at any depth."""
+    if isinstance(body, list):
+        for item in body:
+            yield from _codes(item, binary)
+        return
+    if not isinstance(body, dict) or is_matcher(body):
+        return
+    for key, value in body.items():
+        fixed = _fixed(value)
+        if key == "code":
+            if isinstance(fixed, str) and fixed in _ERROR_NAMES:
+                yield "error", fixed
+            elif binary and isinstance(fixed, int) and fixed in ERROR_CODES:
+                yield "error", ERROR_CODES[fixed].wire
+        elif key == "retry":
+            if isinstance(fixed, str) and fixed in _RETRY_NAMES:
+                yield "retry", fixed
+            elif binary and isinstance(fixed, int) and fixed in set(RetryClass):
+                yield "retry", RetryClass(fixed).wire
+        else:
+            yield from _codes(value, binary)
+
+
+def _offered(body: dict[str, Any]) -> int:
+    words = 0
+    low, high = body.get("client_features"), body.get("client_features_hi")
+    if isinstance(low, int | str) and not isinstance(low, bool):
+        words |= parse_int(low)
+    if isinstance(high, int | str) and not isinstance(high, bool):
+        words |= parse_int(high) << 32
+    return words
+
+
+def _gated_features(spec: FrameSpec) -> set[str]:
+    if spec.kind != "message":
+        return set()
+    name = spec.type_name
+    gate = MESSAGE_GATES.get(name)
+    found = set(gate.names) if gate is not None else set()
+    for field_gate in FIELD_GATES.get(name, ()):
+        if field_gate.attr in spec.body:
+            found.update(field_gate.names)
+    return found
+
+
+@dataclass
+class _Exercised:
+    messages: set[str]
+    layouts: set[str]
+    flags: set[str]
+    features: set[str]
+    errors: set[str]
+    retries: set[str]
+
+
+def _case_exercises(case: Case, into: _Exercised) -> None:
+    offered = 0
+    gated: set[str] = set()
     for step in case.steps:
-        for spec in step.frames:
+        if step.action == "send":
+            (spec,) = step.frames
             if spec.kind == "message":
-                yield "message", spec.type_name
+                into.messages.add(spec.type_name)
+                if spec.type_name == "auth":
+                    offered |= _offered(spec.body)
             elif spec.kind == "binary":
-                yield "layout", spec.type_name
-                flags = spec.body.get("flags")
-                if isinstance(flags, int | str) and not isinstance(flags, bool):
-                    yield "flag", _flag_text(parse_int(flags))
+                into.layouts.add(spec.type_name)
+                flags = _sent_flags(spec)
+                if flags is not None:
+                    into.flags.add(_flag_text(flags))
+            gated |= _gated_features(spec)
+        elif step.action == "expect" and len(step.frames) == 1:
+            (spec,) = step.frames
+            if spec.kind == "message":
+                into.messages.add(spec.type_name)
+                codes = _codes(spec.body, binary=False)
+            else:
+                into.layouts.add(spec.type_name)
+                flags_value = _fixed(spec.body.get("flags"))
+                if isinstance(flags_value, int | str) and not isinstance(flags_value, bool):
+                    into.flags.add(_flag_text(parse_int(flags_value)))
+                codes = _codes(spec.body.get("fields", {}), binary=True)
+            for kind, name in codes:
+                (into.errors if kind == "error" else into.retries).add(name)
+            gated |= _gated_features(spec)
+    for name in case.features:
+        value = FEATURES[name].value
+        if name in gated or (value is not None and offered & value == value):
+            into.features.add(name)
 
 
 def compute_coverage(cases: Sequence[Case]) -> Coverage:
-    messages: set[str] = set()
-    layouts: set[str] = set()
-    flags: set[str] = set()
-    features: set[str] = set()
-    errors: set[str] = set()
+    found = _Exercised(set(), set(), set(), set(), set(), set())
     for case in cases:
-        messages.update(case.messages)
-        layouts.update(case.layouts)
-        flags.update(_flag_text(v) for v in case.flags)
-        features.update(case.features)
-        features.update(case.required_features)
-        errors.update(case.error_codes)
-        for kind, name in _step_names(case):
-            {"message": messages, "layout": layouts, "flag": flags}[kind].add(name)
+        _case_exercises(case, found)
     return Coverage(
         (
-            Dimension("messages", tuple(MESSAGES), frozenset(messages)),
-            Dimension("binary layouts", tuple(BINARY_LAYOUTS), frozenset(layouts)),
+            Dimension("messages", tuple(MESSAGES), frozenset(found.messages)),
+            Dimension("binary layouts", tuple(BINARY_LAYOUTS), frozenset(found.layouts)),
             Dimension(
                 "flag values",
                 tuple(_flag_text(v) for v in sorted(LEGAL_FLAG_VALUES)),
-                frozenset(flags),
+                frozenset(found.flags),
             ),
-            Dimension("features", tuple(FEATURES), frozenset(features)),
+            Dimension("features", tuple(FEATURES), frozenset(found.features)),
             Dimension(
-                "error codes", tuple(c.wire for c in ERROR_CODES.values()), frozenset(errors)
+                "error codes", tuple(c.wire for c in ERROR_CODES.values()), frozenset(found.errors)
             ),
             Dimension("requirements", REQUIREMENT_IDS, covered_requirements(cases)),
+            Dimension("retry classes", tuple(r.wire for r in RetryClass), frozenset(found.retries)),
         )
     )
 
 
+def _needs(name: str) -> str:
+    """What the catalogue says a feature needs, where that explains a missing case."""
+    info = FEATURES.get(name)
+    if info is None:
+        return ""
+    if info.value is None:
+        return " (no bit value is known: never negotiable)"
+    availability = info.availability or ""
+    keep = ("cluster", "needs", "grant")
+    return f" ({availability})" if any(word in availability for word in keep) else ""
+
+
 def format_coverage(coverage: Coverage, *, show_missing: bool = True) -> str:
+    """Each dimension's count, what is exercised, and what has no case; a missing
+    feature carries what the catalogue says it needs (a cluster, a grant...)."""
     lines = []
     for d in coverage.dimensions:
-        lines.append(f"{d.name}: {d.count}/{len(d.total)}")
-        lines.append("  covered: " + (", ".join(n for n in d.total if n in d.covered) or "-"))
+        lines.append(f"{d.name}: {d.count}/{len(d.total)} exercised")
+        lines.append("  exercised: " + (", ".join(n for n in d.total if n in d.covered) or "-"))
         if show_missing:
-            lines.append("  missing: " + (", ".join(d.missing) or "-"))
+            missing = [n + (_needs(n) if d.name == "features" else "") for n in d.missing]
+            lines.append("  none: " + (", ".join(missing) or "-"))
     return "\n".join(lines) + "\n"

@@ -8,6 +8,8 @@ A transcript value is matched against a decoded field:
 - a mapping whose keys all start with `$` is a matcher:
   `$any`/`$present` (present, any value), `$absent` (not present),
   `$range: [lo, hi]` (inclusive, null = open), `$regex` (full match on a string),
+  `$type: integer|number|string|boolean|list|object|null` (the value's JSON
+  shape, for values the broker chooses),
   `$one_of: [...]`, `$set: [...]` (the same items in any order, for unordered
   batches), `$capture: name` (store the value as `${name}` for later steps; may
   be combined with the others) and `$example` (a value the playback server
@@ -27,6 +29,7 @@ __all__ = [
     "NotConcreteError",
     "concrete",
     "is_matcher",
+    "json_type",
     "match",
     "substitute",
 ]
@@ -93,6 +96,35 @@ def substitute(
     return value
 
 
+_TYPES: dict[str, tuple[type, ...]] = {
+    "integer": (int,),
+    "number": (int, float),
+    "string": (str,),
+    "boolean": (bool,),
+    "list": (list,),
+    "object": (dict,),
+    "null": (type(None),),
+}
+
+
+def json_type(value: Any) -> str:
+    """The `$type` name of a decoded value."""
+    if isinstance(value, bool):
+        return "boolean"
+    for name, kinds in _TYPES.items():
+        if isinstance(value, kinds):
+            return name
+    return "object"
+
+
+def _has_type(name: str, value: Any) -> bool:
+    if name not in _TYPES:
+        return False
+    if isinstance(value, bool):
+        return name == "boolean"
+    return isinstance(value, _TYPES[name])
+
+
 def _show(value: Any) -> str:
     text = repr(value)
     return text if len(text) <= 120 else text[:117] + "..."
@@ -109,6 +141,8 @@ def _match_matcher(
     problems: list[str] = []
     if spec.get("$absent"):
         problems.append(f"{path}: expected absent, got {_show(actual)}")
+    if "$type" in spec and not _has_type(str(spec["$type"]), actual):
+        problems.append(f"{path}: expected a {spec['$type']}, got {_show(actual)}")
     if "$range" in spec:
         low, high = spec["$range"]
         if not isinstance(actual, int | float) or isinstance(actual, bool):

@@ -8,6 +8,7 @@ at run time.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -100,6 +101,8 @@ class Case:
     steps: tuple[Step, ...]
     source: str = ""
     recorded: str | None = None
+    # Every `${name}` the steps use that no step of the case captures: target variables.
+    variables: tuple[str, ...] = ()
     document: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
 
@@ -138,6 +141,31 @@ def _check_names(source: str, kind: str, names: list[str], known: set[str]) -> N
     for name in names:
         if name not in known:
             raise TranscriptError(source, f"unknown {kind} {name!r} (not in the catalogue)")
+
+
+_VAR = re.compile(r"\$\{([A-Za-z_][A-Za-z0-9_.-]*)\}")
+
+
+def _walk_names(value: Any, used: set[str], captured: set[str]) -> None:
+    if isinstance(value, str):
+        used.update(_VAR.findall(value))
+    elif isinstance(value, list):
+        for v in value:
+            _walk_names(v, used, captured)
+    elif isinstance(value, dict):
+        for k, v in value.items():
+            if k == "$capture":
+                captured.add(str(v))
+            else:
+                _walk_names(v, used, captured)
+
+
+def target_variables(steps: list[Any]) -> tuple[str, ...]:
+    """The `${names}` the steps use minus those they capture themselves, sorted."""
+    used: set[str] = set()
+    captured: set[str] = set()
+    _walk_names(steps, used, captured)
+    return tuple(sorted(used - captured))
 
 
 def parse_case(document: dict[str, Any], source: str) -> Case:
@@ -182,5 +210,6 @@ def parse_case(document: dict[str, Any], source: str) -> Case:
         steps=steps,
         source=source,
         recorded=document.get("recorded"),
+        variables=target_variables(document["steps"]),
         document=document,
     )

@@ -16,6 +16,7 @@ import asyncio
 import itertools
 import logging
 import signal
+import tempfile
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -42,7 +43,7 @@ from .session import StreamIO
 from .target import parse_host_port
 from .wirelog import WireLog
 
-__all__ = ["PlaybackResult", "PlaybackServer", "main_serve"]
+__all__ = ["PlaybackResult", "PlaybackServer", "main_serve", "serve_parser"]
 
 _log = logging.getLogger(__name__)
 
@@ -189,7 +190,7 @@ class _Play:
         await io.write(data, spec.type_name)
 
 
-def main_serve(argv: list[str]) -> int:
+def serve_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="felix-conformance serve",
         description="Play the broker's side of transcripts to a client under test.",
@@ -198,25 +199,41 @@ def main_serve(argv: list[str]) -> int:
     p.add_argument("--listen", required=True, metavar="HOST:PORT")
     p.add_argument("-t", "--test", action="append", default=[], metavar="GLOB")
     p.add_argument("--set", action="append", default=[], metavar="NAME=VALUE")
-    p.add_argument("--ca-out", type=Path, default=Path("playback-ca.pem"), help="CA to trust")
-    args = p.parse_args(argv)
+    p.add_argument(
+        "--ca-out",
+        type=Path,
+        metavar="PEM",
+        help="where to write the CA clients must trust (default: a temporary folder, "
+        "printed at start and removed at exit)",
+    )
+    return p
+
+
+def main_serve(argv: list[str]) -> int:
+    args = serve_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO)
     cases = select(load_corpus(args.transcripts), args.test, strict=True)
     if not cases:
         raise ValueError("no case matches the selection")
     variables = dict(pair.partition("=")[::2] for pair in args.set)
     host, port = parse_host_port(args.listen)
-    return asyncio.run(_serve(PlaybackServer(cases, variables), host, port, args.ca_out))
+    with tempfile.TemporaryDirectory(prefix="felix-playback-") as scratch:
+        ca_out = args.ca_out if args.ca_out is not None else Path(scratch) / "playback-ca.pem"
+        return asyncio.run(_serve(PlaybackServer(cases, variables), host, port, ca_out))
 
 
 async def _serve(server: PlaybackServer, host: str, port: int, ca_out: Path) -> int:
-    ca_out.write_bytes(server.ca_pem)
-    bound = await server.start(host, port)
-    print(f"playing {len(server.cases)} case(s) on {bound[0]}:{bound[1]}; trust {ca_out}")
+    # Handlers first: a signal right after the announcement still ends us cleanly.
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
         loop.add_signal_handler(sig, stop.set)
+    ca_out.write_bytes(server.ca_pem)
+    bound = await server.start(host, port)
+    print(
+        f"playing {len(server.cases)} case(s) on {bound[0]}:{bound[1]}; trust {ca_out}",
+        flush=True,
+    )
     await stop.wait()
     await server.close()
     failed = [r for r in server.results if not r.passed]

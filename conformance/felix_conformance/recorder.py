@@ -11,6 +11,10 @@ connection; when the connection closes it writes one transcript:
   reused wherever they appear later; fields that differ from run to run or
   broker to broker (offsets, advertised flags, windows, producer ids, texts)
   become `$any` matchers keeping the recorded value as `$example`;
+- any other number the broker chose (not an echo of the same field the client
+  sent earlier on that connection, like a request_id or a shard: a counter's
+  sum, a count, a length) is matched by its shape (`$type: integer`), never as
+  the literal seen once;
 - streams that carried nothing but auth (the official client opens a pool of
   them) are left out unless asked for.
 
@@ -32,11 +36,12 @@ import yaml
 from felix_wire.frame import Frame
 
 from .frames import Received, decode_received, spec_of
+from .matching import json_type
 from .model import parse_case
 from .relay import TO_BROKER, Relay, StreamRef
 from .target import Target, parse_host_port, target_from_fixture, with_defaults
 
-__all__ = ["Recorder", "main_record", "transcript_of"]
+__all__ = ["Recorder", "main_record", "record_parser", "recorder_from_args", "transcript_of"]
 
 _log = logging.getLogger(__name__)
 
@@ -139,8 +144,21 @@ class _Generalizer:
         # Longest values first, and only strings worth naming.
         self.by_value = {v: k for k, v in variables.items() if isinstance(v, str) and len(v) >= 1}
         self.captured: dict[int, str] = {}
+        # (field, number) pairs the client has sent: the broker echoing one is not choosing it.
+        self.client_numbers: set[tuple[str, int | float]] = set()
+
+    def _saw(self, key: str, value: Any) -> None:
+        if isinstance(value, int | float) and not isinstance(value, bool):
+            self.client_numbers.add((key, value))
+        elif isinstance(value, dict):
+            for k, v in value.items():
+                self._saw(k, v)
+        elif isinstance(value, list):
+            for v in value:
+                self._saw(key, v)
 
     def client_value(self, key: str, value: Any) -> Any:
+        self._saw(key, value)
         if isinstance(value, str) and value in self.by_value:
             return "${" + self.by_value[value] + "}"
         if key in _ASSIGNED and isinstance(value, int) and value in self.captured:
@@ -163,6 +181,14 @@ class _Generalizer:
             return "${" + self.by_value[value] + "}"
         if isinstance(value, dict):
             return {k: self.broker_value(k, v) for k, v in value.items()}
+        if isinstance(value, list):
+            return [self.broker_value(key, v) for v in value]
+        if (
+            isinstance(value, int | float)
+            and not isinstance(value, bool)
+            and (key, value) not in self.client_numbers
+        ):
+            return {"$type": json_type(value), "$example": value}
         return value
 
 
@@ -238,7 +264,7 @@ def transcript_of(
     }
 
 
-def _parser() -> argparse.ArgumentParser:
+def record_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="felix-conformance record",
         description="Relay clients to a broker and write what they exchanged as transcripts. "
@@ -256,9 +282,9 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def main_record(argv: list[str]) -> int:
-    args = _parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO)
+def recorder_from_args(argv: list[str]) -> tuple[Recorder, str, int]:
+    """The recorder the command line describes, and where it listens."""
+    args = record_parser().parse_args(argv)
     variables: dict[str, Any] = {}
     if args.fixture is not None:
         upstream = target_from_fixture(args.fixture, server_name=args.server_name)
@@ -274,9 +300,21 @@ def main_record(argv: list[str]) -> int:
     for pair in args.set:
         name, _, value = pair.partition("=")
         variables[name] = value
-    recorder = Recorder(upstream, args.out, variables=with_defaults(variables), name=args.name)
+    recorder = Recorder(
+        upstream,
+        args.out,
+        variables=with_defaults(variables),
+        name=args.name,
+        keep_idle=args.keep_idle,
+    )
     listen_host, listen_port = parse_host_port(args.listen)
-    return asyncio.run(_record(recorder, listen_host, listen_port))
+    return recorder, listen_host, listen_port
+
+
+def main_record(argv: list[str]) -> int:
+    recorder, host, port = recorder_from_args(argv)
+    logging.basicConfig(level=logging.INFO)
+    return asyncio.run(_record(recorder, host, port))
 
 
 async def _record(recorder: Recorder, host: str, port: int) -> int:

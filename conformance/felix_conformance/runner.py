@@ -1,7 +1,8 @@
 """Playing a case's client side against a target, and reaching a verdict.
 
 Before a case runs, its needs are checked against what the target advertised
-and against the target's setup: anything missing makes it "unsupported". Then
+(anything missing: "unsupported") and against the target's setup, the profile's
+streams, caches and tokens (anything missing: "setup", never a fail). Then
 its steps run in order within the case timeout; the first step whose
 expectation is not met fails the case with the expected and actual values and
 the wire log. A target that answers `unsupported` where the case expected
@@ -13,8 +14,8 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Sequence
-from dataclasses import replace
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, replace
 from typing import Any
 
 import msgspec
@@ -33,7 +34,7 @@ from .target import Advertised, Target, TargetUnreachableError
 from .verdicts import CaseResult, RunReport, Verdict
 from .wirelog import WireLog
 
-__all__ = ["missing_needs", "run_case", "run_cases"]
+__all__ = ["Unmet", "missing_needs", "run_case", "run_cases"]
 
 _log = logging.getLogger(__name__)
 
@@ -50,8 +51,21 @@ class TargetUnsupportedError(Exception):
     """The target answered `unsupported` to a request the case needs."""
 
 
-def missing_needs(case: Case, target: Target, advertised: Advertised) -> str | None:
-    """Why the case cannot run against this target, or None."""
+@dataclass(frozen=True)
+class Unmet:
+    """Why a case cannot run against this target: the verdict it gets, and the reason."""
+
+    verdict: Verdict  # UNSUPPORTED (not advertised) or SETUP (the profile lacks it)
+    reason: str
+
+
+def missing_needs(case: Case, target: Target, advertised: Advertised) -> Unmet | None:
+    """Why the case cannot run against this target, or None.
+
+    Not advertising a feature or flag the case needs is "unsupported"; a target
+    variable the case uses (declared under `setup` or named as `${name}` in a
+    step) that the profile does not define is "setup".
+    """
     missing = [
         name
         for name in case.required_features
@@ -59,12 +73,22 @@ def missing_needs(case: Case, target: Target, advertised: Advertised) -> str | N
         or advertised.features & (FEATURES[name].value or 0) != FEATURES[name].value
     ]
     if missing:
-        return "target did not advertise " + ", ".join(missing)
+        return Unmet(Verdict.UNSUPPORTED, "target did not advertise " + ", ".join(missing))
     if case.required_flags & ~advertised.flags:
-        return f"target did not advertise flags {case.required_flags & ~advertised.flags:#06x}"
-    absent = [name for name in case.setup_vars if name not in target.variables]
+        return Unmet(
+            Verdict.UNSUPPORTED,
+            f"target did not advertise flags {case.required_flags & ~advertised.flags:#06x}",
+        )
+    needed = dict.fromkeys((*case.setup_vars, *case.variables))
+    absent = [name for name in needed if name not in target.variables]
     if absent:
-        return "target setup lacks " + ", ".join(absent) + " (use --fixture or --set)"
+        why = [target.unavailable.get(name, "not in the profile") for name in absent]
+        return Unmet(
+            Verdict.SETUP,
+            "target setup lacks "
+            + ", ".join(f"{name} ({reason})" for name, reason in zip(absent, why, strict=True))
+            + "; name it in --profile or --set NAME=VALUE",
+        )
     return None
 
 
@@ -195,9 +219,9 @@ def _spec_text(body: dict[str, Any]) -> str:
 
 async def run_case(case: Case, target: Target, advertised: Advertised) -> CaseResult:
     started = time.monotonic()
-    why_not = missing_needs(case, target, advertised)
-    if why_not is not None:
-        return CaseResult(case, Verdict.UNSUPPORTED, why_not)
+    unmet = missing_needs(case, target, advertised)
+    if unmet is not None:
+        return CaseResult(case, unmet.verdict, unmet.reason)
     log = WireLog()
     run = _CaseRun(case, target, log)
     result: CaseResult
@@ -218,7 +242,11 @@ async def run_case(case: Case, target: Target, advertised: Advertised) -> CaseRe
         result = CaseResult(case, Verdict.UNSUPPORTED, str(exc))
     except TimeoutError:
         result = CaseResult(case, Verdict.FAIL, f"case did not finish within {case.timeout:g}s")
-    except (MissingVariableError, TranscriptError) as exc:
+    except MissingVariableError as exc:
+        # A capture an earlier step should have made, or a variable only known at
+        # run time: the case could not be played, which says nothing of the target.
+        result = CaseResult(case, Verdict.SETUP, f"cannot play the case: {exc}")
+    except TranscriptError as exc:
         result = CaseResult(case, Verdict.FAIL, f"transcript problem: {exc}")
     except (ConnectionClosedError, StreamClosedError, TargetUnreachableError) as exc:
         result = CaseResult(case, Verdict.FAIL, f"connection failed: {exc}")
@@ -230,10 +258,19 @@ async def run_case(case: Case, target: Target, advertised: Advertised) -> CaseRe
     return replace(result, duration=time.monotonic() - started, wire_log=log.text())
 
 
-async def run_cases(cases: Sequence[Case], target: Target, advertised: Advertised) -> RunReport:
+async def run_cases(
+    cases: Sequence[Case],
+    target: Target,
+    advertised: Advertised,
+    *,
+    on_result: Callable[[CaseResult], None] | None = None,
+) -> RunReport:
+    """Every case in order; `on_result` hears of each result as it is reached."""
     report = RunReport(target.address, advertised.flags, advertised.features)
     for case in cases:
         result = await run_case(case, target, advertised)
         _log.info("%s: %s %s", case.id, result.verdict.value, result.detail)
         report.results.append(result)
+        if on_result is not None:
+            on_result(result)
     return report

@@ -18,25 +18,39 @@ from typing import Any
 from felix_transport import (
     Connection,
     ConnectionClosedError,
+    Stream,
     StreamClosedError,
     TransportConfig,
     connect,
 )
 from felix_wire.codec import decode_payload, encode_frame
-from felix_wire.features import FEATURE_INFO
+from felix_wire.features import FEATURE_INFO, Feature
 from felix_wire.flags import KNOWN_FLAGS
 from felix_wire.frame import FrameReader
 from felix_wire.gating import client_auth, server_capabilities
-from felix_wire.messages import AuthOk, Error, Ok
+from felix_wire.messages import (
+    AuthOk,
+    CacheShards,
+    CacheShardsView,
+    Error,
+    Ok,
+    StreamShards,
+    StreamShardsView,
+)
 from felix_wire.wire_errors import WireError
 
 __all__ = [
     "ALL_FEATURES",
+    "CACHE_VARIABLES",
     "FIXTURE_VARIABLES",
+    "STREAM_VARIABLES",
     "Advertised",
+    "Discovery",
     "Target",
     "TargetRefusedError",
     "TargetUnreachableError",
+    "discover",
+    "fixture_ca_file",
     "parse_host_port",
     "probe",
     "target_from_fixture",
@@ -60,6 +74,7 @@ FIXTURE_VARIABLES = (
     "single_shard_cache",
 )
 CONNECT_TIMEOUT = 10.0
+CONNECT_ATTEMPTS = 2
 
 
 class TargetUnreachableError(Exception):
@@ -84,6 +99,8 @@ class Target:
     ca_pem: bytes
     server_name: str = "localhost"
     variables: dict[str, Any] = field(default_factory=dict)
+    # Variables the profile named but the target turned out not to have, and why.
+    unavailable: dict[str, str] = field(default_factory=dict)
 
     @property
     def address(self) -> str:
@@ -93,33 +110,53 @@ class Target:
         return TransportConfig.client(self.ca_pem, server_name=self.server_name)
 
     async def connect(self) -> Connection:
-        try:
-            return await asyncio.wait_for(
-                connect(self.transport_config(), self.host, self.port), CONNECT_TIMEOUT
-            )
-        except (ConnectionClosedError, OSError, TimeoutError) as exc:
-            raise TargetUnreachableError(f"cannot connect to {self.address}: {exc}") from None
+        """A new connection. A handshake that fails is tried once more: on a loaded
+        machine a lost Initial packet can end one in an idle timeout, and a case
+        must not fail for that; two failures in a row are the target's."""
+        problems: list[str] = []
+        for _attempt in range(CONNECT_ATTEMPTS):
+            try:
+                return await asyncio.wait_for(
+                    connect(self.transport_config(), self.host, self.port), CONNECT_TIMEOUT
+                )
+            except (ConnectionClosedError, OSError, TimeoutError) as exc:
+                problems.append(str(exc) or type(exc).__name__)
+                _log.warning("connecting to %s failed: %s", self.address, problems[-1])
+        raise TargetUnreachableError(f"cannot connect to {self.address}: {'; '.join(problems)}")
 
 
 def target_from_fixture(path: Path, *, server_name: str | None = None) -> Target:
-    """The target a `felix-broker fixture` document describes (its first address)."""
+    """The target a `felix-broker fixture` document describes (its first address).
+
+    A relative `ca_file` is relative to the fixture document's folder, as the
+    broker wrote it there, not to wherever the kit happens to run.
+    """
     document: dict[str, Any] = json.loads(path.read_text())
     host, port = parse_host_port(document["addrs"][0])
     variables = {name: document[name] for name in FIXTURE_VARIABLES if name in document}
     return Target(
         host,
         port,
-        Path(document["ca_file"]).read_bytes(),
+        fixture_ca_file(path, document).read_bytes(),
         server_name or "localhost",
         with_defaults(variables),
     )
 
 
+def fixture_ca_file(path: Path, document: dict[str, Any]) -> Path:
+    """The CA file a fixture document names, resolved against the document's folder."""
+    ca_file = Path(document["ca_file"])
+    return ca_file if ca_file.is_absolute() else path.parent / ca_file
+
+
 def with_defaults(variables: dict[str, Any]) -> dict[str, Any]:
-    """Variables every run has: a tenant that is surely not the token's."""
+    """Variables every run has unless the profile names them: a tenant that is
+    surely not the token's, and a stream name that surely does not exist
+    (discovery checks that it does not)."""
     out = dict(variables)
     if "tenant_id" in out:
         out.setdefault("other_tenant", f"{out['tenant_id']}-conformance-other")
+    out.setdefault("missing_stream", "conformance-no-such-stream")
     return out
 
 
@@ -132,31 +169,56 @@ class Advertised:
     legacy: bool  # plain `ok`: an old broker that negotiates nothing
 
 
-async def probe(target: Target, timeout: float = CONNECT_TIMEOUT) -> Advertised:
+class _Control:
+    """One authenticated control stream to the target, for the kit's own questions."""
+
+    def __init__(self, connection: Connection, stream: Stream, timeout: float) -> None:
+        self.connection = connection
+        self.stream = stream
+        self.timeout = timeout
+        self.reader = FrameReader()
+        self.pending: list[Any] = []
+
+    async def next_answer(self) -> Any:
+        async with asyncio.timeout(self.timeout):
+            while not self.pending:
+                data = await self.stream.read()
+                if not data:
+                    raise TargetRefusedError("the target ended the stream without answering")
+                self.pending += [decode_payload(f.flags, f.payload) for f in self.reader.feed(data)]
+        return self.pending.pop(0)
+
+    async def send(self, message: Any) -> None:
+        await self.stream.write(encode_frame(message))
+
+
+async def _authenticated(target: Target, timeout: float) -> tuple[_Control, Any]:
+    """A control stream with the kit's auth sent, and the target's answer to it."""
     connection = await target.connect()
     try:
         stream = await connection.open_bidi_stream()
-        auth = client_auth(
-            target.variables.get("tenant_id", ""),
-            target.variables.get("token", ""),
-            client_flags=KNOWN_FLAGS,
-            client_features=ALL_FEATURES,
+        control = _Control(connection, stream, timeout)
+        await control.send(
+            client_auth(
+                target.variables.get("tenant_id", ""),
+                target.variables.get("token", ""),
+                client_flags=KNOWN_FLAGS,
+                client_features=ALL_FEATURES,
+            )
         )
-        await stream.write(encode_frame(auth))
-        reader = FrameReader()
-        async with asyncio.timeout(timeout):
-            while True:
-                data = await stream.read()
-                if not data:
-                    raise TargetRefusedError("the target ended the stream without answering auth")
-                frames = reader.feed(data)
-                if frames:
-                    break
-        answer = decode_payload(frames[0].flags, frames[0].payload)
+        answer = await control.next_answer()
     except (StreamClosedError, ConnectionClosedError, TimeoutError, WireError) as exc:
-        raise TargetRefusedError(f"no usable answer to auth: {exc!r}") from None
-    finally:
         connection.close()
+        raise TargetRefusedError(f"no usable answer to auth: {exc!r}") from None
+    except BaseException:
+        connection.close()
+        raise
+    return control, answer
+
+
+async def probe(target: Target, timeout: float = CONNECT_TIMEOUT) -> Advertised:
+    control, answer = await _authenticated(target, timeout)
+    control.connection.close()
     if isinstance(answer, Error):
         raise TargetRefusedError(f"the target refused the token: {answer.message}")
     if not isinstance(answer, AuthOk | Ok):
@@ -169,3 +231,116 @@ async def probe(target: Target, timeout: float = CONNECT_TIMEOUT) -> Advertised:
         capabilities.features,
     )
     return Advertised(capabilities.flags, capabilities.features, isinstance(answer, Ok))
+
+
+# Profile variables naming streams and caches, and what each must be on the target.
+STREAM_VARIABLES = ("durable_stream", "memory_stream")
+CACHE_VARIABLES = ("cache", "single_shard_cache")
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """What the kit learnt about the target's setup before the cases ran."""
+
+    target: Target  # with variables the target turned out to lack removed
+    notes: tuple[str, ...]  # one line per finding, for the reports
+
+
+async def discover(
+    target: Target, advertised: Advertised, timeout: float = CONNECT_TIMEOUT
+) -> Discovery:
+    """Check the profile's streams and caches against the target (shard counts),
+    where it advertised the discovery requests.
+
+    A stream or cache the target reports as unknown (0 shards) is removed from
+    the variables and noted in `unavailable`, so cases needing it get "setup"
+    with the reason rather than a fail; a `single_shard_cache` with more than one
+    shard likewise. `missing_stream` must really be missing. A `cache` with one
+    shard serves as `single_shard_cache` when the profile names none. A target
+    that does not answer is left as the profile describes it.
+    """
+    variables = dict(target.variables)
+    unavailable = dict(target.unavailable)
+    notes: list[str] = []
+    asks: list[tuple[str, Any]] = []
+    request_id = 1 << 40  # far from any id a transcript uses
+    if advertised.features & int(Feature.FEATURE_STREAM_SHARDS):
+        for name in (*STREAM_VARIABLES, "missing_stream"):
+            if isinstance(variables.get(name), str):
+                request_id += 1
+                asks.append(
+                    (
+                        name,
+                        StreamShards(
+                            tenant_id=str(variables.get("tenant_id", "")),
+                            namespace=str(variables.get("namespace", "")),
+                            stream=variables[name],
+                            request_id=request_id,
+                        ),
+                    )
+                )
+    if advertised.features & int(Feature.FEATURE_CACHE_SHARDS):
+        for name in CACHE_VARIABLES:
+            if isinstance(variables.get(name), str):
+                request_id += 1
+                asks.append(
+                    (
+                        name,
+                        CacheShards(
+                            tenant_id=str(variables.get("tenant_id", "")),
+                            namespace=str(variables.get("namespace", "")),
+                            cache=variables[name],
+                            request_id=request_id,
+                        ),
+                    )
+                )
+    if not asks:
+        return Discovery(target, ("discovery: the target advertised no shard discovery",))
+    shards: dict[str, int] = {}
+    try:
+        control, answer = await _authenticated(target, timeout)
+    except (TargetRefusedError, TargetUnreachableError) as exc:
+        return Discovery(target, (f"discovery skipped: {exc}",))
+    try:
+        if isinstance(answer, AuthOk | Ok):
+            for name, ask in asks:
+                await control.send(ask)
+                reply = await control.next_answer()
+                if isinstance(reply, StreamShardsView | CacheShardsView):
+                    shards[name] = reply.shards
+                else:
+                    notes.append(f"discovery: {name}: unexpected answer {type(reply).__name__}")
+    except (StreamClosedError, ConnectionClosedError, TimeoutError, WireError) as exc:
+        notes.append(f"discovery stopped: {exc!r}")
+    except TargetRefusedError as exc:
+        notes.append(f"discovery stopped: {exc}")
+    finally:
+        control.connection.close()
+    for name, count in shards.items():
+        value = variables[name]
+        if name == "missing_stream":
+            if count:
+                unavailable[name] = f"stream {value!r} exists ({count} shards)"
+                del variables[name]
+            else:
+                notes.append(f"missing_stream = {value!r}: unknown to the target, as it must be")
+            continue
+        kind = "cache" if name in CACHE_VARIABLES else "stream"
+        if count == 0:
+            unavailable[name] = f"{kind} {value!r} does not exist on the target"
+            del variables[name]
+        elif name == "single_shard_cache" and count != 1:
+            unavailable[name] = f"cache {value!r} has {count} shards, not 1"
+            del variables[name]
+        else:
+            notes.append(f"{name} = {value!r}: {count} shard{'s' if count != 1 else ''}")
+    if "single_shard_cache" not in variables and shards.get("cache") == 1:
+        variables["single_shard_cache"] = variables["cache"]
+        unavailable.pop("single_shard_cache", None)
+        notes.append("single_shard_cache = cache (it has one shard)")
+    for name, why in unavailable.items():
+        notes.append(f"{name}: {why}")
+    found = Target(
+        target.host, target.port, target.ca_pem, target.server_name, variables, unavailable
+    )
+    return Discovery(found, tuple(notes))

@@ -1,5 +1,5 @@
 # Generated from spec/requirements.yaml by codegen - DO NOT EDIT.
-# requirements sha256: d994e23a986c549f68fab80730d25e5ac3a871dd4c7555bbd01bb8410475be95
+# requirements sha256: 000ac4e75e208f131e15e2b22712d6c57f2e53e40ae7e04f60936e335fe255d7
 """The protocol's requirements as a read-only table.
 
 Code, tests and conformance transcripts cite a requirement by its id ("(T7)",
@@ -23,7 +23,7 @@ __all__ = [
     "SECTION_CITATION",
 ]
 
-REQUIREMENTS_SHA256 = "d994e23a986c549f68fab80730d25e5ac3a871dd4c7555bbd01bb8410475be95"
+REQUIREMENTS_SHA256 = "000ac4e75e208f131e15e2b22712d6c57f2e53e40ae7e04f60936e335fe255d7"
 
 
 class Requirement(NamedTuple):
@@ -735,6 +735,13 @@ REQUIREMENTS: Mapping[str, Requirement] = MappingProxyType(
             "K7",
             "9",
             "A cache watch names one key or one prefix (a key watch ignores shard), replays from from_offset then goes live, and on overflow delivers what it holds, sends cache_watch_lagged and ends.",
+            None,
+            False,
+        ),
+        "K9": Requirement(
+            "K9",
+            "9",
+            "A cache_watch asking for retained values, to a broker that advertised FEATURE_CACHE_WATCH_RETAINED, reports how many it holds in cache_watch_started and delivers each current value as a cache_event before any later change.",
             None,
             False,
         ),

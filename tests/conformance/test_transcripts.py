@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from felix_conformance.corpus import load_corpus, load_file, select, shipped_dir
-from felix_conformance.coverage import compute_coverage
+from felix_conformance.coverage import compute_coverage, format_coverage
 from felix_conformance.matching import MissingVariableError, concrete, match, substitute
 from felix_conformance.schema import TranscriptError, validate_document
 from felix_wire.catalogue import BINARY_LAYOUTS
@@ -80,6 +80,55 @@ def test_coverage_of_layouts_and_served_messages() -> None:
     ).covered
 
 
+# What the shipped corpus exercises (sends, or provokes the broker into sending).
+# Raise these as cases are added; the test fails if coverage drops below them.
+COVERAGE_FLOOR = {
+    "messages": 66,
+    "binary layouts": 4,
+    "flag values": 17,
+    "features": 24,
+    "error codes": 5,
+    "retry classes": 3,
+}
+
+
+def test_coverage_never_drops() -> None:
+    counts = compute_coverage(load_corpus()).counts()
+    assert {k: counts[k] for k in COVERAGE_FLOOR} == {
+        k: max(counts[k], floor) for k, floor in COVERAGE_FLOOR.items()
+    }
+
+
+def test_coverage_says_what_a_missing_feature_needs() -> None:
+    text = format_coverage(compute_coverage(load_corpus()))
+    missing = next(line for line in text.splitlines() if line.startswith("  none: FEATURE_"))
+    assert "FEATURE_REDIRECT (brokers advertise it in a cluster only)" in missing
+    assert "FEATURE_STREAM_DELETED (no bit value is known: never negotiable)" in missing
+
+
+def test_coverage_counts_only_what_a_case_exercises(tmp_path: Path) -> None:
+    """Declared and required entries, and alternatives, exercise nothing."""
+    (tmp_path / "c.yaml").write_text(
+        "id: x\ntitle: t\nsection: s\nrequirement: r.\n"
+        "exercises: {messages: [cache_event], features: [FEATURE_CACHE_WATCH, FEATURE_INSPECT], "
+        "error_codes: [overloaded]}\n"
+        "requires: {features: [FEATURE_TOPOLOGY]}\n"
+        "steps:\n  - open: {stream: s1}\n"
+        "  - send: {stream: s1, message: {type: auth, tenant_id: t, token: k, client_flags: 1, "
+        "client_features: 0x0800}}\n"
+        "  - send: {stream: s1, message: {type: cache_watch, tenant_id: t, namespace: n, "
+        "cache: c, key: k, request_id: 1}}\n"
+        "  - expect: {stream: s1, any_of: [{message: {type: ok}}, {message: {type: auth_ok}}]}\n"
+        "  - expect: {stream: s1, message: {type: error, code: not_found, retry: fatal, "
+        "message: {$one_of: [a, b]}}}\n"
+    )
+    coverage = compute_coverage(load_corpus(tmp_path))
+    assert coverage.get("messages").covered == {"auth", "cache_watch", "error"}
+    assert coverage.get("features").covered == {"FEATURE_CACHE_WATCH"}  # gate of cache_watch
+    assert coverage.get("error codes").covered == {"not_found"}
+    assert coverage.get("retry classes").covered == {"fatal"}
+
+
 @pytest.mark.parametrize(
     ("expected", "actual", "ok"),
     [
@@ -92,6 +141,10 @@ def test_coverage_of_layouts_and_served_messages() -> None:
         ({"a": {"$absent": True}}, {"b": 1}, True),
         ({"a": 1}, {"a": True}, False),
         ([1, 2], [1, 2, 3], False),
+        ({"$type": "integer", "$example": 2}, 6, True),
+        ({"$type": "integer"}, True, False),
+        ({"$type": "string"}, 3, False),
+        ({"$type": "no-such-type"}, 3, False),
     ],
 )
 def test_matchers(expected: Any, actual: Any, ok: bool) -> None:

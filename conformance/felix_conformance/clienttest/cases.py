@@ -1,0 +1,519 @@
+"""The client cases: what the scripted broker advertises and answers, what the
+adapter is asked to do, and how the outcome is judged.
+
+A judge sees everything: the frames the client put on the wire (captured by
+the scripted broker), the rule breaches the broker noticed, and the adapter's
+replies. It returns None for a pass, or why the client failed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import msgspec
+
+from felix_wire.binary import AckStatus, EventBatchLegacyFrame, EventBatchSharedFrame
+from felix_wire.binary import PublishAckFrame as Ack
+from felix_wire.errors import ErrorCode, RetryClass
+from felix_wire.features import Feature
+from felix_wire.flags import KNOWN_FLAGS, Flag
+from felix_wire.frame import frame_bytes
+from felix_wire.messages import (
+    CacheValue,
+    Error,
+    EventBatch,
+    EventStreamHello,
+    NotLeader,
+    PublishError,
+    PublishOk,
+    Subscribed,
+)
+
+from ..model import Level
+from .broker import BINARY_PUBLISH, BrokerScript, Exchange, Handler, ScriptedBroker
+
+__all__ = ["CLIENT_CASES", "ClientCase", "ClientUnsupportedError", "Judge"]
+
+TENANT = "t-client-test"
+NAMESPACE = "default"
+TOKEN = "client-test-token"
+
+# Everything our catalogue knows, but the features the cases below take away.
+_ALL_FEATURES = sum(int(f) for f in Feature if int(f) < (1 << 31))
+
+Judge = Callable[[ScriptedBroker, Sequence[dict[str, Any]]], str | None]
+
+
+@dataclass(frozen=True)
+class ClientCase:
+    id: str
+    title: str
+    section: str
+    requirement: str
+    # A fresh script per run (handlers may keep state), given the peers' addresses.
+    script: Callable[[Sequence[str]], BrokerScript]
+    ops: tuple[dict[str, Any], ...]  # what the adapter is asked to do after connecting
+    judge: Judge
+    level: Level = Level.MUST
+    messages: tuple[str, ...] = field(default=())
+    # Scripts of further brokers started first (same CA), e.g. a redirect's target.
+    peers: tuple[Callable[[Sequence[str]], BrokerScript], ...] = ()
+
+
+def _b64(data: bytes) -> str:
+    return base64.b64encode(data).decode()
+
+
+def _violations(broker: ScriptedBroker) -> str | None:
+    return "; ".join(broker.violations) if broker.violations else None
+
+
+def _replies_ok(replies: Sequence[dict[str, Any]]) -> str | None:
+    for reply in replies:
+        if not reply["ok"]:
+            return f"the adapter reported {reply['error']['kind']}: {reply['error']['message']}"
+    return None
+
+
+def _first(*checks: str | None) -> str | None:
+    return next((c for c in checks if c is not None), None)
+
+
+# -- handlers -----------------------------------------------------------------------------
+
+_OFFSET = 41
+
+
+async def _ack_publish(ex: Exchange, request: Any) -> None:
+    """Accept a publish at offset 41, in the form the client negotiated."""
+    request_id = getattr(request, "request_id", None)
+    if request_id is None:
+        return  # unacked: nothing is owed
+    if ex.client.has(int(Flag.BINARY_PUBLISH_ACK)) and hasattr(request, "ack_mode"):
+        offset = _OFFSET if ex.client.has(int(Flag.BINARY_PUBLISH_ACK_OFFSET)) else None
+        await ex.reply(Ack(status=AckStatus.OK, request_id=request_id, message="", offset=offset))
+        return
+    offset = _OFFSET if ex.client.has(int(Flag.BINARY_PUBLISH_ACK_OFFSET)) else None
+    await ex.reply(PublishOk(request_id=request_id, offset=offset))
+
+
+def _refuse_publish(code: ErrorCode | str, retry: RetryClass) -> Handler:
+    async def handler(ex: Exchange, request: Any) -> None:
+        request_id = getattr(request, "request_id", None)
+        if request_id is None:
+            return
+        codes = ex.client.has_feature(int(Feature.FEATURE_ERROR_CODES))
+        if ex.client.has(int(Flag.BINARY_PUBLISH_ACK)) and hasattr(request, "ack_mode"):
+            with_code = ex.client.has(int(Flag.BINARY_PUBLISH_ACK_CODE))
+            number = int(code) if isinstance(code, ErrorCode) else 999
+            await ex.reply(
+                Ack(
+                    status=AckStatus.ERROR,
+                    request_id=request_id,
+                    message="refused by the scripted broker",
+                    code=number if with_code else None,
+                    retry=retry if with_code else None,
+                )
+            )
+            return
+        wire = code.wire if isinstance(code, ErrorCode) else code
+        await ex.reply(
+            PublishError(
+                request_id=request_id,
+                message="refused by the scripted broker",
+                code=wire if codes else None,
+                retry=retry.wire if codes else None,
+            )
+        )
+
+    return handler
+
+
+def _unknown_then_ack() -> Handler:
+    """A message type no catalogue has, then the ack (JSON acks with an unknown field)."""
+
+    async def handler(ex: Exchange, request: Any) -> None:
+        future = msgspec.json.encode({"type": "conformance_future_message", "words": [1, 2]})
+        await ex.reply_raw(frame_bytes(0, future), f"unknown message {future.decode()}")
+        request_id = getattr(request, "request_id", None)
+        if request_id is None:
+            return
+        offset = _OFFSET if ex.client.has(int(Flag.BINARY_PUBLISH_ACK_OFFSET)) else None
+        if ex.client.has(int(Flag.BINARY_PUBLISH_ACK)) and hasattr(request, "ack_mode"):
+            await ex.reply(
+                Ack(status=AckStatus.OK, request_id=request_id, message="", offset=offset)
+            )
+            return
+        body: dict[str, Any] = {"type": "publish_ok", "request_id": request_id}
+        if offset is not None:
+            body["offset"] = offset
+        ok = msgspec.json.encode({**body, "conformance_future_field": "x"})
+        await ex.reply_raw(frame_bytes(0, ok), f"publish_ok with an unknown field {ok.decode()}")
+
+    return handler
+
+
+def _outcome_unknown() -> Handler:
+    """Refuse every publish as quorum_timeout / outcome_unknown: it may have been applied."""
+    return _refuse_publish(ErrorCode.QUORUM_TIMEOUT, RetryClass.OUTCOME_UNKNOWN)
+
+
+class ClientUnsupportedError(Exception):
+    """The client did not offer what the case exercises: the case does not apply."""
+
+
+def _redirect_to(peers: Sequence[str]) -> Handler:
+    """Answer subscribe with not_leader naming the peer (D2), or, to a client that did
+    not offer FEATURE_REDIRECT, with the error code not_leader."""
+
+    async def handler(ex: Exchange, request: Any) -> None:
+        if ex.client.has_feature(int(Feature.FEATURE_REDIRECT)):
+            await ex.reply(NotLeader(node_id="peer-1", addr=peers[0], generation=1))
+        elif ex.client.has_feature(int(Feature.FEATURE_ERROR_CODES)):
+            await ex.reply(
+                Error(message="not the leader", code="not_leader", retry=RetryClass.REDIRECT.wire)
+            )
+        else:
+            await ex.reply(Error(message="not the leader"))
+
+    return handler
+
+
+def _out_of_order_gets(values: dict[str, bytes]) -> Handler:
+    """Hold the first cache_get until the second arrives (or 2 s), answer the later first."""
+    held: list[tuple[Exchange, Any]] = []
+    both = asyncio.Event()
+
+    async def answer(ex: Exchange, request: Any) -> None:
+        await ex.reply(
+            CacheValue(
+                tenant_id=request.tenant_id,
+                namespace=request.namespace,
+                cache=request.cache,
+                key=request.key,
+                value=values.get(request.key),
+                request_id=request.request_id,
+            )
+        )
+
+    async def handler(ex: Exchange, request: Any) -> None:
+        held.append((ex, request))
+        if len(held) < len(values):
+            try:
+                await asyncio.wait_for(both.wait(), 2.0)
+            except TimeoutError:
+                await answer(ex, request)  # the client sends one at a time: nothing to reorder
+            return
+        both.set()
+        for pending_ex, pending in reversed(held):
+            await answer(pending_ex, pending)
+
+    return handler
+
+
+async def _refuse_ungated(ex: Exchange, request: Any) -> None:
+    """An answer for a request the client should not have sent, so it is not left waiting."""
+    await ex.reply(Error(message="this broker did not advertise that request"))
+
+
+async def _subscribe(ex: Exchange, request: Any) -> None:
+    payloads = [b"event-one", b"event-two"]
+    await ex.reply(Subscribed(subscription_id=7))
+    if ex.client.has(int(Flag.BINARY_EVENT_BATCH_SHARED)):
+        batch: Any = EventBatchSharedFrame(payloads=payloads)
+    elif ex.client.has(int(Flag.BINARY_EVENT_BATCH)):
+        batch = EventBatchLegacyFrame(subscription_id=7, payloads=payloads)
+    else:
+        batch = EventBatch(
+            tenant_id=request.tenant_id,
+            namespace=request.namespace,
+            stream=request.stream,
+            payloads=payloads,
+        )
+    await ex.open_events(EventStreamHello(subscription_id=7), batch)
+
+
+# -- judges -------------------------------------------------------------------------------
+
+
+def _judge_connect(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
+    if not broker.auths:
+        return "the client sent no auth"
+    for auth in broker.auths:
+        if auth.client_flags is None:
+            return "an auth without client_flags: the client negotiates nothing"
+        if auth.tenant_id != TENANT or auth.token != TOKEN:
+            return f"an auth for tenant {auth.tenant_id!r} with another token than given"
+    return _first(_violations(broker), _replies_ok(replies))
+
+
+def _published(broker: ScriptedBroker, payload: bytes) -> bool:
+    return any(getattr(r, "payloads", None) == [payload] for r in broker.requests(BINARY_PUBLISH))
+    # (JSON publishes are checked by the caller)
+
+
+def _judge_publish_acked(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
+    payload = b"hello"
+    sent = _published(broker, payload) or any(
+        r.payload == payload for r in broker.requests("publish")
+    )
+    if not sent:
+        return "the publish never reached the broker"
+    problem = _first(_violations(broker), _replies_ok(replies))
+    if problem is not None:
+        return problem
+    offset = replies[-1]["result"].get("offset")
+    negotiated = any(
+        a.client_flags is not None and a.client_flags & int(Flag.BINARY_PUBLISH_ACK_OFFSET)
+        for a in broker.auths
+    )
+    if negotiated and offset != _OFFSET:
+        return f"the broker acked offset {_OFFSET}, the client reported {offset!r}"
+    return None
+
+
+def _judge_refused(code: str | None) -> Judge:
+    def judge(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
+        problem = _violations(broker)
+        if problem is not None:
+            return problem
+        last = replies[-1]
+        if last["ok"]:
+            return "the broker refused the publish, the client reported success"
+        error = last["error"]
+        if error["kind"] != "broker":
+            return f"a refusal reported as {error['kind']}: {error['message']}"
+        if code is not None and error.get("code") not in (code, None):
+            return f"refused with {code}, the client reported {error.get('code')!r}"
+        return None
+
+    return judge
+
+
+def _judge_not_resent(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
+    sent = [
+        r for r in broker.requests(BINARY_PUBLISH) if getattr(r, "payloads", None) == [b"hello"]
+    ]
+    sent += [r for r in broker.requests("publish") if r.payload == b"hello"]
+    if len(sent) > 1:
+        return f"the client sent the publish {len(sent)} times after an outcome_unknown refusal"
+    return _judge_refused("quorum_timeout")(broker, replies)
+
+
+def _judge_values(values: dict[str, bytes]) -> Judge:
+    def judge(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
+        problem = _first(_violations(broker), _replies_ok(replies))
+        if problem is not None:
+            return problem
+        got = replies[-1]["result"].get("values", {})
+        want = {k: _b64(v) for k, v in values.items()}
+        if got != want:
+            return f"values {got} for answers {want}: answers matched to the wrong requests"
+        return None
+
+    return judge
+
+
+def _judge_ungated(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
+    if broker.requests("cache_delete"):
+        return "the client sent cache_delete to a broker that did not advertise it"
+    problem = _violations(broker)
+    if problem is not None:
+        return problem
+    if replies[-1]["ok"]:
+        return "the client reported a cache_delete it cannot have made"
+    return None
+
+
+def _judge_legacy(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
+    breaches = _violations(broker)
+    if breaches is not None:
+        return breaches
+    if not any(r.payload == b"hello" for r in broker.requests("publish")) and not any(
+        getattr(r, "payloads", None) == [b"hello"] for r in broker.requests("publish_batch")
+    ):
+        return "no JSON publish reached the legacy broker"
+    return _first(_violations(broker), _replies_ok(replies))
+
+
+def _judge_subscribe(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
+    problem = _first(_violations(broker), _replies_ok(replies))
+    if problem is not None:
+        return problem
+    got = replies[-1]["result"].get("payloads")
+    want = [_b64(b"event-one"), _b64(b"event-two")]
+    return None if got == want else f"events {got}, the broker sent {want}"
+
+
+def _judge_followed(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
+    offered = any(
+        a.client_features is not None and a.client_features & int(Feature.FEATURE_REDIRECT)
+        for a in broker.auths
+    )
+    if not offered:
+        raise ClientUnsupportedError("the client did not offer FEATURE_REDIRECT")
+    (peer,) = broker.peers
+    if not peer.requests("subscribe"):
+        return "the client did not follow not_leader to the broker it named"
+    return _first(_violations(peer), _judge_subscribe(broker, replies))
+
+
+def _publish_op(ack: str = "per_message") -> dict[str, Any]:
+    return {"op": "publish", "stream": "orders", "payload": _b64(b"hello"), "ack": ack}
+
+
+_VALUES = {"k1": b"value-one", "k2": b"value-two"}
+_FULL = BrokerScript(KNOWN_FLAGS, _ALL_FEATURES)
+
+
+def _script(
+    handlers: Callable[[], dict[str, Handler]] = dict,
+) -> Callable[[Sequence[str]], BrokerScript]:
+    """A broker advertising everything; `handlers` is called per run, so no state
+    (a held answer, a count) outlives the run it belongs to."""
+    return lambda peers: BrokerScript(_FULL.flags, _FULL.features, handlers())
+
+
+CLIENT_CASES: tuple[ClientCase, ...] = (
+    ClientCase(
+        "client.connect-negotiates",
+        "the client authenticates every stream it opens, offering its flags and features",
+        "5.1 Connection setup",
+        "A client MUST begin every stream with auth carrying its tenant, its token and "
+        "client_flags (N1, N2).",
+        _script(),
+        (),
+        _judge_connect,
+        messages=("auth", "auth_ok"),
+    ),
+    ClientCase(
+        "client.publish-acked",
+        "an acked publish reaches the broker and its ack reaches the application",
+        "5.2 Publishing",
+        "A client MUST send an acked publish in a layout the broker advertised and report "
+        "the broker's ack, with its offset when one was negotiated (P1, P4).",
+        _script(lambda: {BINARY_PUBLISH: _ack_publish, "publish": _ack_publish}),
+        (_publish_op(),),
+        _judge_publish_acked,
+        messages=("publish", "publish_ok", "publish_batch", "publish_ack"),
+    ),
+    ClientCase(
+        "client.publish-refused",
+        "a refused publish is reported as the broker's refusal, with its code",
+        "8 Error codes",
+        "A client MUST report a refused acked publish as a refusal carrying the broker's "
+        "error code, never as a success (P4, 8).",
+        _script(
+            lambda: {
+                BINARY_PUBLISH: _refuse_publish(ErrorCode.FORBIDDEN, RetryClass.FATAL),
+                "publish": _refuse_publish(ErrorCode.FORBIDDEN, RetryClass.FATAL),
+            }
+        ),
+        (_publish_op(),),
+        _judge_refused("forbidden"),
+        messages=("publish", "publish_error", "publish_batch", "publish_ack"),
+    ),
+    ClientCase(
+        "client.unknown-error-code",
+        "a refusal with an error code the client does not know is still a refusal",
+        "8 Error codes",
+        "A client MUST treat an error code it does not know as a refusal (with the retry "
+        "class the broker sent), not as a protocol failure or a success (8).",
+        _script(
+            lambda: {
+                BINARY_PUBLISH: _refuse_publish("conformance_future_code", RetryClass.FATAL),
+                "publish": _refuse_publish("conformance_future_code", RetryClass.FATAL),
+            }
+        ),
+        (_publish_op(),),
+        _judge_refused(None),
+        messages=("publish", "publish_error", "publish_batch", "publish_ack"),
+    ),
+    ClientCase(
+        "client.outcome-unknown-not-resent",
+        "a publish refused as outcome_unknown is reported, never sent again by the client",
+        "8 Error codes",
+        "A client MUST NOT resend on its own a request refused with retry class "
+        "outcome_unknown, since it may have been applied; it reports the refusal (8).",
+        _script(lambda: {BINARY_PUBLISH: _outcome_unknown(), "publish": _outcome_unknown()}),
+        (_publish_op(),),
+        _judge_not_resent,
+        messages=("publish", "publish_error", "publish_batch", "publish_ack"),
+    ),
+    ClientCase(
+        "client.tolerates-unknown",
+        "an unknown message type and an unknown field do not break the client",
+        "2 Frame envelope",
+        "A client MUST ignore a message type it does not know and fields it does not know, "
+        "and go on with the answers it is waiting for (G3, N8).",
+        _script(lambda: {BINARY_PUBLISH: _unknown_then_ack(), "publish": _unknown_then_ack()}),
+        (_publish_op(),),
+        _judge_publish_acked,
+        messages=("publish", "publish_ok", "publish_batch", "publish_ack"),
+    ),
+    ClientCase(
+        "client.answers-out-of-order",
+        "answers that come back out of order are matched to their requests by request_id",
+        "7 Ack modes and pipelining",
+        "A client MUST match answers to requests by request_id, not by arrival order (R1).",
+        _script(lambda: {"cache_get": _out_of_order_gets(_VALUES)}),
+        ({"op": "cache_get", "cache": "primary", "keys": list(_VALUES)},),
+        _judge_values(_VALUES),
+        messages=("cache_get", "cache_value"),
+    ),
+    ClientCase(
+        "client.no-ungated-request",
+        "the client does not send a request the broker did not advertise",
+        "6 Negotiation",
+        "A client MUST NOT send a request whose feature the broker did not advertise; it "
+        "reports the operation as unsupported instead (N4).",
+        lambda peers: BrokerScript(
+            KNOWN_FLAGS,
+            _ALL_FEATURES & ~int(Feature.FEATURE_CACHE_DELETE),
+            {"cache_delete": _refuse_ungated},
+        ),
+        ({"op": "cache_delete", "cache": "primary", "key": "k1"},),
+        _judge_ungated,
+        messages=("cache_delete",),
+    ),
+    ClientCase(
+        "client.legacy-broker",
+        "against a broker that negotiates nothing, the client falls back to JSON",
+        "6 Negotiation",
+        "A client MUST, when auth is answered with a plain ok (a broker that negotiates "
+        "nothing), send only JSON messages (N2, N3).",
+        lambda peers: BrokerScript(
+            0, 0, {"publish": _ack_publish, "publish_batch": _ack_publish}, legacy=True
+        ),
+        (_publish_op(),),
+        _judge_legacy,
+        messages=("auth", "ok", "publish", "publish_ok"),
+    ),
+    ClientCase(
+        "client.not-leader-followed",
+        "a subscribe answered with not_leader is sent again to the broker it names",
+        "9 Topology and redirects",
+        "A client that offered FEATURE_REDIRECT MUST follow not_leader to the broker whose "
+        "addr it names and subscribe there (D2).",
+        lambda peers: BrokerScript(_FULL.flags, _FULL.features, {"subscribe": _redirect_to(peers)}),
+        ({"op": "subscribe", "stream": "orders", "count": 2, "timeout": 10},),
+        _judge_followed,
+        messages=("subscribe", "not_leader", "subscribed", "event_stream_hello"),
+        peers=(_script(lambda: {"subscribe": _subscribe}),),
+    ),
+    ClientCase(
+        "client.subscribe-delivers",
+        "a subscription's events reach the application in order",
+        "5.3 Subscribing and delivery",
+        "A client MUST read a subscription's events from the event stream the broker opens "
+        "(after its event_stream_hello) in any layout it offered, in order (S1, 3.4).",
+        _script(lambda: {"subscribe": _subscribe}),
+        ({"op": "subscribe", "stream": "orders", "count": 2, "timeout": 10},),
+        _judge_subscribe,
+        messages=("subscribe", "subscribed", "event_stream_hello", "event_batch"),
+    ),
+)
