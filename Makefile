@@ -5,7 +5,7 @@ PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: setup codegen drift lint types layering unit unit-aioquic test bench run clean
+.PHONY: setup codegen drift lint types layering unit unit-aioquic test soak bench run clean
 
 setup: $(STAMP)
 
@@ -45,6 +45,12 @@ unit-aioquic: setup
 
 # The whole test suite: what CI runs.
 test: drift lint types layering unit unit-aioquic
+
+# The soak of tests/broker/test_soak.py for 30 minutes (make test runs it for 30 s),
+# printing RSS and open fds every 30 s.
+soak: setup
+	FELIX_SOAK_SECONDS=1800 FELIX_SOAK_REPORT_SECONDS=30 $(PY) -m pytest -q -s \
+		-p no:cacheprovider tests/broker/test_soak.py
 
 bench: setup
 	$(PY) bench/codec.py

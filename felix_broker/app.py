@@ -36,6 +36,7 @@ from felix_broker.streams.width import StreamWidths
 from felix_broker.tls import TlsMaterial, prepare_tls
 from felix_common.tokens import DevIssuer, Principal, TokenError, TokenVerifier
 from felix_transport import Server, TransportConfig, serve
+from felix_wire import frame
 from felix_wire.errors import ErrorCode
 from felix_wire.features import Feature
 from felix_wire.flags import KNOWN_FLAGS
@@ -142,6 +143,10 @@ class Broker:
             # After the engine replayed every log's marks on worker threads: no
             # retention pass may delete a segment while one is being read.
             self.store.start()
+        stream_window = min(config.pub_stream_recv_window, config.pub_conn_recv_window)
+        preauth_window = max(
+            4096, min(stream_window, config.preauth_max_frame_bytes + frame.HEADER_SIZE)
+        )
         transport = TransportConfig.server(
             self.tls.chain_pem(),
             self.tls.key_pem(),
@@ -150,7 +155,13 @@ class Broker:
             max_datagram_size=config.max_datagram_size,
             idle_timeout=config.max_idle_timeout_ms / 1000,
             connection_receive_window=config.pub_conn_recv_window,
-            stream_receive_window=min(config.pub_stream_recv_window, config.pub_conn_recv_window),
+            stream_receive_window=stream_window,
+            # Until a connection's first stream authenticates (Session trusts it then).
+            preauth_stream_window=preauth_window,
+            preauth_connection_budget=max(preauth_window, config.preauth_conn_recv_budget),
+            preauth_global_budget=max(
+                preauth_window, config.preauth_conn_recv_budget, config.preauth_recv_budget
+            ),
         )
         assert self.session is not None
         self._server = await serve(
@@ -160,7 +171,18 @@ class Broker:
             self.session.on_connection,
             max_connections=config.max_client_connections,
         )
+        self.health.failed_logs = self.failed_logs
+        self.metrics.failed_logs.set_function(self.failed_logs)
         self.health.mark_ready()
+
+    def failed_logs(self) -> int:
+        """Logs of every kind in the failed state (``/ready`` and ``/metrics``)."""
+        count = len(self.store.failed_logs()) if self.store is not None else 0
+        if self.cache is not None:
+            count += self.cache.failed_logs()
+        if self.groups is not None:
+            count += self.groups.failed_logs()
+        return count
 
     async def _build_services(self) -> None:
         """Every capability service, its shards recovered, its handlers in the table."""

@@ -28,7 +28,7 @@ from felix_broker.config import (
     config_from_args,
 )
 from felix_broker.fixture.run import full_rights, run_fixture
-from felix_common.tokens import DevIssuer
+from felix_common.tokens import LEEWAY_SECONDS, DevIssuer
 from felix_transport import __version__
 
 __all__ = ["full_rights", "main"]
@@ -37,7 +37,16 @@ _log = logging.getLogger(__name__)
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="felix-broker", description="A Felix broker.")
+    parser = argparse.ArgumentParser(
+        prog="felix-broker",
+        description="A Felix broker.",
+        epilog=(
+            f"Tokens: exp and nbf are checked at auth with {LEEWAY_SECONDS} s of leeway; a "
+            f"stream's authority ends when its token's exp plus {LEEWAY_SECONDS} s passes "
+            "(its next request is refused unauthenticated, then the stream ends, and the "
+            "subscriptions and watches opened on it end)."
+        ),
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument(
         "--log-level",

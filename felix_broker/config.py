@@ -344,7 +344,22 @@ class BrokerConfig:
     auth_timeout_ms: int = _int(
         10000,
         "FELIX_AUTH_TIMEOUT_MS",
-        doc="A connection that authenticates no stream in this time is closed (0: never).",
+        doc="A connection that authenticates no stream in this time is closed, and every "
+        "stream that has not authenticated this long after opening is abandoned (0: never).",
+    )
+    preauth_conn_recv_budget: int = _int(
+        256 * 1024,
+        "FELIX_PREAUTH_CONN_RECV_BUDGET",
+        minimum=4096,
+        doc="Bytes a connection's streams may hold unread until its first stream "
+        "authenticates (each stream gets preauth_max_frame_bytes plus a header of credit).",
+    )
+    preauth_recv_budget: int = _int(
+        16 * _MIB,
+        "FELIX_PREAUTH_RECV_BUDGET",
+        minimum=4096,
+        doc="Bytes all connections not authenticated yet may hold unread together; at the "
+        "bound their input pauses.",
     )
     max_client_connections: int = _int(
         8192,
@@ -458,6 +473,22 @@ class BrokerConfig:
         "FELIX_SUB_QUEUE_POLICY",
         doc="A full subscriber queue drops the new batch (drop_new), the oldest (drop_old), "
         "or makes the tenant's worker wait for room (block, loses nothing).",
+    )
+    subscriber_queue_max_bytes: int = _int(
+        8 * _MIB,
+        "FELIX_SUBSCRIBER_QUEUE_MAX_BYTES",
+        minimum=1,
+        maximum=2**63 - 1,
+        doc="Encoded bytes one subscriber's queue may hold (an empty queue still takes one "
+        "batch); at the bound the queue policy applies.",
+    )
+    subscriber_queued_bytes_max: int = _int(
+        256 * _MIB,
+        "FELIX_SUBSCRIBER_QUEUED_BYTES_MAX",
+        minimum=1,
+        maximum=2**63 - 1,
+        doc="Encoded bytes all subscriber queues of the broker may hold together; at the "
+        "bound each subscriber's queue policy applies.",
     )
     subscriber_writer_lanes: int = _int(
         4,

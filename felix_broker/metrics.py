@@ -79,6 +79,34 @@ class BrokerMetrics:
             ["reason"],
             registry=r,
         )
+        self.auth_timeouts = Counter(
+            "felix_broker_auth_timeouts",
+            "Streams abandoned because they did not authenticate within auth_timeout_ms.",
+            registry=r,
+        )
+        self.subscriber_queued_bytes = Gauge(
+            "felix_broker_subscriber_queued_bytes",
+            "Encoded event bytes queued for all subscribers (bounded by "
+            "subscriber_queued_bytes_max).",
+            registry=r,
+        )
+        self.failed_logs = Gauge(
+            "felix_broker_failed_logs",
+            "Logs (streams, caches, groups) in the failed state after an I/O error; "
+            "they take no writes until the broker restarts.",
+            registry=r,
+        )
+        self.token_expiries = Counter(
+            "felix_broker_token_expiries",
+            "Streams whose token expired (plus the leeway) while they were open.",
+            registry=r,
+        )
+        self.internal_errors = Counter(
+            "felix_broker_internal_errors",
+            "Requests answered `internal` after an unexpected exception, by request type.",
+            ["type"],
+            registry=r,
+        )
 
         self.publish_inflight_bytes = Gauge(
             "felix_broker_publish_inflight_bytes",

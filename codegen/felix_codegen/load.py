@@ -14,6 +14,7 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,7 @@ from .model import (
     Flag,
     JsonField,
     Message,
+    NameRule,
     RetryClass,
     Shape,
     TypeRef,
@@ -370,6 +372,27 @@ def _build(m: dict[str, Any], f: dict[str, Any], spec_hash: str) -> Catalogue:
     numbers = [ec.number for ec in error_codes]
     check(len(set(numbers)) == len(numbers), "messages.yaml: $.error_codes", "duplicate number")
 
+    raw_names = m["names"]
+    names = NameRule(
+        doc=raw_names["doc"],
+        kinds=tuple(raw_names["kinds"]),
+        alphabet=raw_names["alphabet"],
+        min_length=raw_names["min_length"],
+        max_length=raw_names["max_length"],
+        reserved=tuple(raw_names["reserved"]),
+        notes=tuple(raw_names.get("notes", ())),
+    )
+    check(
+        names.min_length <= names.max_length,
+        "messages.yaml: $.names",
+        "min_length is above max_length",
+    )
+    for sep in ("/", "\\", "\0"):
+        check(
+            re.fullmatch(names.pattern, sep * names.min_length) is None,
+            "messages.yaml: $.names.alphabet",
+            f"admits the path-unsafe character {sep!r}",
+        )
     decisions = tuple(Decision(**d) for d in m["decisions"])
     decision_ids = {d.id for d in decisions}
     all_notes = [fd.note for msg in messages for fd in msg.fields] + [msg.note for msg in messages]
@@ -395,6 +418,7 @@ def _build(m: dict[str, Any], f: dict[str, Any], spec_hash: str) -> Catalogue:
         error_codes=error_codes,
         error_code_unknown_name=m["error_code_unknown_name"],
         routing=m["routing"],
+        names=names,
         decisions=decisions,
         messages=tuple(messages),
         features=features,

@@ -266,6 +266,24 @@ class Feature:
 
 
 @dataclass(frozen=True)
+class NameRule:
+    """The one rule for tenant, namespace, stream, cache and group names."""
+
+    doc: str
+    kinds: tuple[str, ...]
+    alphabet: str
+    min_length: int
+    max_length: int
+    reserved: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def pattern(self) -> str:
+        """The whole-name regular expression (ASCII; matched with fullmatch)."""
+        return f"[{self.alphabet}]{{{self.min_length},{self.max_length}}}"
+
+
+@dataclass(frozen=True)
 class Decision:
     id: str
     topic: str
@@ -287,6 +305,7 @@ class Catalogue:
     error_codes: tuple[ErrorCode, ...]
     error_code_unknown_name: str
     routing: dict[str, Any]
+    names: NameRule
     decisions: tuple[Decision, ...]
     messages: tuple[Message, ...]
     features: tuple[Feature, ...]

@@ -35,6 +35,7 @@ MODULES = (
     "codec.py",
     "gating.py",
     "routing.py",
+    "names.py",
     "catalogue.py",
     "requirements.py",
     "strategies.py",

@@ -69,6 +69,7 @@ from felix_broker.session.dispatch import DispatchTable, Handler
 from felix_broker.session.protocol import StreamProtocol
 from felix_broker.storage import Log, LogConfig, Retention, StorageError
 from felix_broker.storage.format import Record
+from felix_broker.storage.paths import log_dir
 from felix_broker.streams.engine import Engine, Shard
 from felix_common.permissions import Action, group_object
 from felix_transport import StreamClosedError
@@ -97,6 +98,7 @@ from felix_wire.messages import (
     GroupSeek,
     StartOffset,
 )
+from felix_wire.names import name_problem
 
 __all__ = ["GROUP_FEATURES", "GroupService", "GroupServiceLimits"]
 
@@ -132,7 +134,6 @@ GROUP_FEATURES = int(
 POLL_MAX_RECORDS = 1000  # Q3
 POLL_MAX_BYTES = 4 * 1024 * 1024  # Q3
 MAX_CONSUMER_BYTES = 128  # Q16
-_GROUPS_DIR = "@groups"
 _MIB = 1024 * 1024
 _READ_BATCH = 4096
 
@@ -284,6 +285,10 @@ class GroupService:
                 _log.error("closing a group log failed: %s", exc)
         self._shards.clear()
 
+    def failed_logs(self) -> int:
+        """Open group logs in the failed state (they take no writes until restart)."""
+        return sum(1 for groups in self._shards.values() if groups.log.failed)
+
     def _run(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)
         self._tasks.add(task)
@@ -323,7 +328,7 @@ class GroupService:
     def _directory(self, spec: StreamSpec, index: int) -> Path:
         root = self._config.durable_storage_dir
         assert root is not None
-        return Path(root, _GROUPS_DIR, spec.tenant_id, spec.namespace, spec.name, str(index))
+        return log_dir(root, "groups", spec.tenant_id, spec.namespace, spec.name, index)
 
     def _shard_groups(self, spec: StreamSpec, index: int) -> _ShardGroups:
         """The shard's groups, its group log opened and replayed on first use."""
@@ -331,6 +336,9 @@ class GroupService:
         found = self._shards.get(key)
         if found is not None:
             return found
+        # The stream's shard first: if it cannot be had, no group log was opened
+        # (nothing to close on that path).
+        stream = self._engine.shard(spec, index)
         log = Log.open(
             self._directory(spec, index),
             LogConfig(
@@ -354,7 +362,6 @@ class GroupService:
         except BaseException:
             log.close()
             raise
-        stream = self._engine.shard(spec, index)
         groups = _ShardGroups(stream, log, durable, last_stamp_us=last_stamp)
         stream.listeners.append(groups.signal.fire)
         self._shards[key] = groups
@@ -491,8 +498,10 @@ class GroupService:
         tenant, namespace, stream = request.tenant_id, request.namespace, request.stream
         if tenant != principal.tenant_id:
             raise _Refused(ErrorCode.FORBIDDEN, "forbidden: the token is for another tenant")
-        if not request.group:
-            raise _Refused(ErrorCode.INVALID_REQUEST, "a group needs a name")
+        problem = name_problem(request.group)
+        if problem is not None:
+            # The catalogue's one name rule (group names go into permission objects).
+            raise _Refused(ErrorCode.INVALID_REQUEST, f"invalid group name: {problem}")
         obj = group_object(tenant, namespace, stream, request.group)
         if not principal.permissions.allows(action, obj):
             raise _Refused(ErrorCode.FORBIDDEN, f"forbidden: {action.value} on {obj}")
@@ -513,8 +522,6 @@ class GroupService:
                 ErrorCode.INVALID_REQUEST,
                 f"stream {stream} has {spec.shards} shard(s), not {request.shard + 1}",
             )
-        if len(request.group.encode()) > 0xFFFF:
-            raise _Refused(ErrorCode.INVALID_REQUEST, "the group name is too long")
         return self._shard_groups(spec, request.shard)
 
     def _live(self, groups: _ShardGroups, name: str) -> GroupState:

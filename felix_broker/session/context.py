@@ -62,6 +62,23 @@ class StreamIO:
         # publishes (PL2); at most `window` may be pending (PL3).
         self.answers: asyncio.Queue[tuple[asyncio.Future[int] | None, AnswerBuilder]]
         self.answers = asyncio.Queue(maxsize=max(1, window))
+        # Once the stream's token has expired (plus the leeway) its authority ends:
+        # `expired` refuses further requests, `on_expire` ends what was opened under
+        # it (subscriptions register here).
+        self.expired = False
+        self.on_expire: list[Callable[[], None]] = []
+
+    def expire(self) -> None:
+        """The stream's authority ends now (see `expired` and `on_expire`)."""
+        if self.expired:
+            return
+        self.expired = True
+        callbacks, self.on_expire = self.on_expire, []
+        for callback in callbacks:
+            try:
+                callback()
+            except Exception:
+                _log.exception("ending what an expired token opened failed")
 
     async def write(self, data: bytes) -> None:
         async with self._lock:

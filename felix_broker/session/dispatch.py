@@ -15,6 +15,10 @@ Two ways to run a handler:
   waiting for fsync) holds back nothing else; answers then go out in
   completion order, matched by request_id.
 
+A handler that raises what it did not expect (a bug) still answers: `internal`,
+naming the request_id, logged once and counted in
+`felix_broker_internal_errors_total{type}` (`answer_refused`).
+
 A known client request type with no handler is answered as not served:
 `unsupported` to a client that negotiated FEATURE_UNSUPPORTED, otherwise an
 `invalid_request` error. Which types are deliberately never served, and why,
@@ -34,17 +38,20 @@ redirects the client. A standalone broker owns every shard, so its placement
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import logging
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
 from felix_broker.session.context import RequestContext
+from felix_transport import ConnectionClosedError, StreamClosedError
 from felix_wire.binary import PublishBatchFrame
 from felix_wire.errors import ErrorCode
 from felix_wire.features import Feature
 from felix_wire.gating import MESSAGE_GATES
-from felix_wire.messages import Message, Unsupported
+from felix_wire.messages import Message, Publish, PublishBatch, Unsupported
 
 __all__ = [
     "NOT_SERVED",
@@ -55,9 +62,12 @@ __all__ = [
     "PlacementDecision",
     "Request",
     "Standalone",
+    "answer_refused",
     "not_served_answer",
     "type_name",
 ]
+
+_log = logging.getLogger(__name__)
 
 Request = Message | PublishBatchFrame
 R = TypeVar("R", bound=Request)
@@ -151,9 +161,50 @@ class DispatchTable:
         decision = self._placement.place(request, ctx)
         assert decision is PlacementDecision.SERVE_HERE
         if route.concurrent:
-            await ctx.connection.spawn_request(route.handler(request, ctx), route.name)
+            await ctx.connection.spawn_request(self._run(route, request, ctx), route.name)
         else:
+            await self._run(route, request, ctx)
+
+    async def _run(self, route: _Route, request: Request, ctx: RequestContext) -> None:
+        """The handler, with every unexpected exception answered `internal`.
+
+        Handlers answer every error they expect; anything else is a bug, and the
+        client still gets an answer (`internal`, naming the request_id), the
+        exception is logged once and counted in felix_broker_internal_errors_total.
+        The stream or connection going away is not an error: there is nobody left
+        to answer (an inline handler's caller ends the stream).
+        """
+        try:
             await route.handler(request, ctx)
+        except (StreamClosedError, ConnectionClosedError):
+            if not route.concurrent:
+                raise
+        except Exception as exc:
+            ctx.connection.metrics.internal_errors.labels(type=route.name).inc()
+            _log.error("%s request failed", route.name, exc_info=exc)
+            with contextlib.suppress(StreamClosedError, ConnectionClosedError):
+                await answer_refused(ctx, request, ErrorCode.INTERNAL, "internal error")
+
+
+async def answer_refused(ctx: RequestContext, request: Request, code: ErrorCode, text: str) -> None:
+    """Refuse a request with `code` whatever its type (an unexpected failure:
+    `internal`; an expired token: `unauthenticated`).
+
+    An acked publish gets its publish answer (in order with the stream's other
+    publish answers); an unacked one is owed nothing. Any other request gets an
+    `error` naming its request_id in the message.
+    """
+    proto = ctx.proto
+    request_id = getattr(request, "request_id", None)
+    about = f"{text} (request_id {request_id})" if request_id is not None else text
+    if isinstance(request, PublishBatchFrame | Publish | PublishBatch):
+        if request_id is None or proto.publish_only:
+            return
+        binary = isinstance(request, PublishBatchFrame)
+        answer = proto.publish_answer(request_id, binary=binary, error=(code, about))
+        await ctx.answer_in_order(None, lambda _r: answer)
+        return
+    await ctx.write(proto.error(code, about))
 
 
 def not_served_answer(ctx: RequestContext, request: Message, reason: str | None = None) -> bytes:

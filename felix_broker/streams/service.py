@@ -32,6 +32,7 @@ from felix_broker.config import BrokerConfig
 from felix_broker.metrics import BrokerMetrics
 from felix_broker.session.context import ConnectionState, RequestContext
 from felix_broker.session.dispatch import DispatchTable
+from felix_broker.storage import StorageError
 from felix_broker.streams.budget import ByteBudget
 from felix_broker.streams.delivery import SubscriptionWriter
 from felix_broker.streams.engine import (
@@ -234,7 +235,12 @@ class StreamService:
                     f"stream {stream} has {spec.shards}",
                 )
                 return
-        shard = self._engine.shard_for(spec, key)
+        try:
+            shard = self._engine.shard_for(spec, key)
+        except StorageError as exc:
+            # The shard's log could not be opened (e.g. ENOSPC on its first segment).
+            await refuse(ErrorCode.STORAGE, str(exc))
+            return
         publish = PublishRequest(shard, payloads, publisher_of(ctx.principal.subject))
         # Held until the worker has appended it; waiting here stops this stream's reader.
         release = await self._hold_bytes(ctx, publish.size)
@@ -352,7 +358,11 @@ class StreamService:
                 proto.error(ErrorCode.LIMIT_EXCEEDED, "too many subscriptions on this connection")
             )
             return
-        shard = self._engine.shard(spec, index)
+        try:
+            shard = self._engine.shard(spec, index)
+        except StorageError as exc:
+            await ctx.write(proto.error(ErrorCode.STORAGE, str(exc)))
+            return
         start = _start_position(shard, request)
         if isinstance(start, SubscribeCursorError):
             await ctx.write(proto.message(start))
@@ -365,6 +375,8 @@ class StreamService:
         live = shard.next_offset
         sub = self._engine.subscribe(shard, proto.client, capacity=capacity)
         state.subscriptions[sub] = identity
+        # It ends when the token it was opened under expires (plus the leeway).
+        ctx.io.on_expire.append(lambda: self.end_subscription(state, sub))
         subscribed = Subscribed(subscription_id=sub.subscription_id, queue_capacity=capacity)
         if shard.durable:
             # Shaping keeps these for clients that negotiated EVENT_BATCH_OFFSETS only.
@@ -453,7 +465,10 @@ class StreamService:
             )
         if not spec.durable:
             return proto.error(ErrorCode.INVALID_REQUEST, f"stream {name} is in memory: no log")
-        return self._engine.shard(spec, index)
+        try:
+            return self._engine.shard(spec, index)
+        except StorageError as exc:
+            return proto.error(ErrorCode.STORAGE, str(exc))
 
     async def stream_read(self, request: StreamRead, ctx: RequestContext) -> None:
         """A page of committed records; never waits for new ones (R1)."""

@@ -147,6 +147,13 @@ class ConnectionAdapter(abc.ABC):
         """
 
     @abc.abstractmethod
+    def set_receive_limits(self, stream_window: int, connection_budget: int | None) -> None:
+        """Credit the peer ``stream_window`` bytes per stream beyond what was read and,
+        with ``connection_budget``, at most that many bytes beyond what was read on all
+        streams together (None: the stack's own connection window). Backends without
+        per-stream credit ignore this; the connection layer pauses input instead."""
+
+    @abc.abstractmethod
     def forget_stream(self, stream_id: int) -> None:
         """Drop per-stream bookkeeping once the stream is finished both ways."""
 

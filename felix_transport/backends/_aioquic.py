@@ -79,12 +79,33 @@ def build_configuration(config: TransportConfig, *, is_client: bool) -> QuicConf
 
 
 class _CreditedConnection(QuicConnection):
-    """A QuicConnection whose MAX_STREAM_DATA follows application reads."""
+    """A QuicConnection whose MAX_STREAM_DATA (and, with a connection budget,
+    MAX_DATA) follows application reads."""
 
-    def __init__(self, *, window: int, **kwargs: Any) -> None:
+    def __init__(self, *, window: int, connection_budget: int | None = None, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.felix_window = window
+        self.felix_connection_budget = connection_budget
         self.felix_consumed: dict[int, int] = {}
+        self.felix_consumed_total = 0
+
+    def _write_connection_limits(self, builder: QuicPacketBuilder, space: QuicPacketSpace) -> None:
+        # Private hook (aioquic 1.7). aioquic doubles MAX_DATA once half of it has
+        # *arrived*; under a budget it instead follows reads, in half-budget steps.
+        budget = self.felix_connection_budget
+        if budget is None:
+            super()._write_connection_limits(builder, space)
+            return
+        max_data = self._local_max_data
+        target = self.felix_consumed_total + budget
+        if target - max_data.value >= budget // 2:
+            max_data.value = target
+        used = max_data.used
+        max_data.used = 0  # keeps the stock doubling from firing
+        try:
+            super()._write_connection_limits(builder, space)
+        finally:
+            max_data.used = used
 
     def _write_stream_limits(
         self, builder: QuicPacketBuilder, space: QuicPacketSpace, stream: QuicStream
@@ -119,7 +140,7 @@ class AioquicAdapter(ConnectionAdapter):
 
     def __init__(self, quic: _CreditedConnection, config: TransportConfig) -> None:
         self._quic = quic
-        self._window = config.stream_receive_window
+        self._connection_window = config.connection_receive_window
         self._alpn: str | None = None
         # Stream-count limits are private Limit objects; set before any
         # transport parameters are serialised (at connect / first datagram).
@@ -208,14 +229,35 @@ class AioquicAdapter(ConnectionAdapter):
         return sender._buffer_stop - sender._buffer_start
 
     def consumed(self, stream_id: int, total: int) -> bool:
-        self._quic.felix_consumed[stream_id] = total
-        stream = self._quic._streams.get(stream_id)
+        quic = self._quic
+        quic.felix_consumed_total += total - quic.felix_consumed.get(stream_id, 0)
+        quic.felix_consumed[stream_id] = total
+        budget = quic.felix_connection_budget
+        if budget is not None:
+            sent_data: int = quic._local_max_data.sent
+            if quic.felix_consumed_total + budget - sent_data >= budget // 2:
+                return True
+        stream = quic._streams.get(stream_id)
         if stream is None or not stream.max_stream_data_local:
             return False
+        window = quic.felix_window
         sent: int = stream.max_stream_data_local_sent
-        return total + self._window - sent >= self._window // 2
+        return total + window - sent >= window // 2
+
+    def set_receive_limits(self, stream_window: int, connection_budget: int | None) -> None:
+        quic = self._quic
+        quic.felix_window = stream_window
+        if connection_budget is None and quic.felix_connection_budget is not None:
+            # Back to the stock window, at least the configured size beyond reads.
+            max_data = quic._local_max_data
+            max_data.value = max(
+                max_data.value, quic.felix_consumed_total + self._connection_window
+            )
+        quic.felix_connection_budget = connection_budget
 
     def forget_stream(self, stream_id: int) -> None:
+        # The stream's bytes stay counted in felix_consumed_total, which is what
+        # MAX_DATA is measured against.
         self._quic.felix_consumed.pop(stream_id, None)
 
     @property
@@ -237,10 +279,18 @@ class AioquicServerFactory(ServerFactory):
     def __init__(self, config: TransportConfig) -> None:
         self._config = config
         self._qc = build_configuration(config, is_client=False)
+        self._window = config.stream_receive_window
+        self._budget: int | None = None
+        if config.preauth_stream_window is not None:
+            # Connections start untrusted: the transport parameters carry the
+            # pre-authentication credit; Connection.trust() raises it.
+            self._window = self._qc.max_stream_data = config.preauth_stream_window
+            self._budget = self._qc.max_data = config.preauth_connection_budget
 
     def create(self, original_destination_cid: bytes) -> ConnectionAdapter:
         quic = _CreditedConnection(
-            window=self._config.stream_receive_window,
+            window=self._window,
+            connection_budget=self._budget,
             configuration=self._qc,
             original_destination_connection_id=original_destination_cid,
         )

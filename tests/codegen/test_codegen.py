@@ -184,3 +184,19 @@ def test_a_bad_requirement_fails_with_its_path(spec_copy: Path, change, expected
     with pytest.raises(CatalogueError) as info:
         load(spec_copy)
     assert expected in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("alphabet", "expected"),
+    [("A-Za-z/", "$.names.alphabet"), ("A-Z\\\\", "$.names.alphabet")],
+)
+def test_the_name_rule_cannot_admit_a_path_separator(
+    spec_copy: Path, alphabet: str, expected: str
+) -> None:
+    def loosen(data):  # type: ignore[no-untyped-def]
+        data["names"]["alphabet"] = alphabet
+
+    _edit(spec_copy, "messages", loosen)
+    with pytest.raises(CatalogueError) as info:
+        load(spec_copy)
+    assert expected in str(info.value)
