@@ -31,8 +31,13 @@ The serve / forward / redirect seam. Every request passes `Placement.place`
 before its handler runs: the one place where, per request, a broker decides
 whether it serves the request here, forwards it to the shard's owner, or
 redirects the client. A standalone broker owns every shard, so its placement
-(`STANDALONE`) always answers `SERVE_HERE`; the cluster supplies another
-`Placement` and the decisions that go with it.
+(`STANDALONE`) always answers `SERVE_HERE`; a fleet member's placement
+(felix_broker/fleet/placement.py) also answers `FORWARD` (the owner serves it
+and this broker relays the owner's answer), `REDIRECT` (the client is told who
+leads: `not_leader`, or its error and refusal forms) and `UNAVAILABLE` (no
+broker serves the shard now: `shard_unavailable` with its reason), and
+answers those itself (`Placement.elsewhere`). A request whose decision is not
+`SERVE_HERE` never reaches this broker's handler.
 """
 
 from __future__ import annotations
@@ -93,12 +98,21 @@ class PlacementDecision(enum.Enum):
     """What a broker does with one request (see the module docs)."""
 
     SERVE_HERE = "serve_here"
+    FORWARD = "forward"  # served by the shard's owner; its answer is relayed
+    REDIRECT = "redirect"  # the client is sent to the shard's owner
+    UNAVAILABLE = "unavailable"  # no broker serves the shard now
 
 
 class Placement(Protocol):
-    """Decides, per request, where it is served."""
+    """Decides, per request, where it is served, and answers what is not served here."""
 
     def place(self, request: Request, ctx: RequestContext) -> PlacementDecision: ...
+
+    async def elsewhere(
+        self, decision: PlacementDecision, request: Request, ctx: RequestContext
+    ) -> None:
+        """Answer a request `place` did not keep here (forward, redirect, refuse)."""
+        ...
 
 
 class Standalone:
@@ -106,6 +120,11 @@ class Standalone:
 
     def place(self, request: Request, ctx: RequestContext) -> PlacementDecision:
         return PlacementDecision.SERVE_HERE
+
+    async def elsewhere(
+        self, decision: PlacementDecision, request: Request, ctx: RequestContext
+    ) -> None:
+        raise AssertionError(f"a standalone broker serves everything here, not {decision}")
 
 
 STANDALONE = Standalone()
@@ -163,6 +182,11 @@ class DispatchTable:
         timer: _Timer = _Untimed() if metrics is None else metrics.request_timer(name)
         self._routes[kind] = _Route(handler, concurrent, name, timer)
 
+    def handler_for(self, kind: type[R]) -> Handler[R] | None:
+        """The handler registered for `kind` (an owner runs forwarded requests with it)."""
+        route = self._routes.get(kind)
+        return None if route is None else route.handler
+
     def handled(self) -> frozenset[str]:
         """The wire names of every type with a handler."""
         return frozenset(route.name for route in self._routes.values())
@@ -177,7 +201,9 @@ class DispatchTable:
             await ctx.write(not_served_answer(ctx, request, reason))
             return
         decision = self._placement.place(request, ctx)
-        assert decision is PlacementDecision.SERVE_HERE
+        if decision is not PlacementDecision.SERVE_HERE:
+            await self._placement.elsewhere(decision, request, ctx)
+            return
         started = time.perf_counter()
         if route.concurrent:
             timed = _timed(self._run(route, request, ctx), route.timer, started)
