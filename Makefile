@@ -4,6 +4,7 @@ VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.bench-installed
 
 .PHONY: setup codegen drift lint types layering unit unit-aioquic test soak bench run clean
 
@@ -14,6 +15,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# The peers' Python clients for bench/peers.py (the servers come from the system:
+# apt-get install nats-server redis-server).
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
 
 # Regenerate generated/ from spec/ (validates the catalogue first).
 codegen: setup
@@ -29,7 +36,8 @@ lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check codegen felix_common felix_broker felix_controlplane felix_transport felix_client conformance tests bench tools
 
-types: setup
+# bench/ is type-checked too: its peers' clients (the bench extra) must be installed.
+types: setup $(BENCH_STAMP)
 	$(PY) -m mypy codegen/felix_codegen felix_common felix_broker felix_controlplane felix_transport felix_client conformance/felix_conformance bench tools
 
 layering: setup
@@ -52,7 +60,7 @@ soak: setup
 	FELIX_SOAK_SECONDS=1800 FELIX_SOAK_REPORT_SECONDS=30 $(PY) -m pytest -q -s \
 		-p no:cacheprovider tests/broker/test_soak.py
 
-bench: setup
+bench: setup $(BENCH_STAMP)
 	$(PY) bench/codec.py
 	$(PY) bench/transport.py --quick
 	$(PY) bench/pubsub.py --quick
@@ -62,6 +70,7 @@ bench: setup
 	$(PY) bench/groups.py --quick
 	$(PY) bench/guarded.py --quick
 	$(PY) bench/read_stall.py --quick
+	$(PY) bench/peers.py --quick
 
 run: setup
 	$(VENV)/bin/felix-broker

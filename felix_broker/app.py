@@ -79,7 +79,7 @@ class Broker:
     ) -> None:
         self.config = config
         self._cache_limits = cache_limits
-        self.metrics = BrokerMetrics()
+        self.metrics = BrokerMetrics(quic_impl=config.quic_impl.value)
         self.health = Health()
         self.engine: Engine | None = None
         self.streams: StreamService | None = None
@@ -90,10 +90,7 @@ class Broker:
         self.catalog: Catalog = config.catalog
         # Features this broker is configured not to offer (config.withhold_*).
         self._withheld = int(Feature.FEATURE_ATOMIC_COMMIT) if config.withhold_atomic_commit else 0
-        self.table = DispatchTable(
-            withheld=self._withheld,
-            on_not_served=lambda name: self.metrics.requests_not_served.labels(type=name).inc(),
-        )
+        self.table = DispatchTable(metrics=self.metrics, withheld=self._withheld)
         self.session: Session | None = None
         self._control: list[Any] = []  # control-plane clients to close on stop
         self.tls: TlsMaterial | None = None
@@ -134,7 +131,9 @@ class Broker:
         if config.durable_enabled:
             assert config.durable_storage_dir is not None
             self.store = LogStore(
-                config.durable_storage_dir, config=LogConfig(fsync_mode=config.durable_fsync_mode)
+                config.durable_storage_dir,
+                config=LogConfig(fsync_mode=config.durable_fsync_mode),
+                fsync=self.metrics.timed_fsync(),
             )
             # /ready stays 503 until every log has recovered (a corrupt log stops here).
             await self.store.recover_all()

@@ -649,7 +649,7 @@ class BrokerConfig:
         False,
         "FELIX_WITHHOLD_ATOMIC_COMMIT",
         doc="Do not advertise FEATURE_ATOMIC_COMMIT: commit and state_get are then answered "
-        "as not served (unsupported), and counted in felix_broker_requests_not_served.",
+        "as not served (unsupported), and counted in felix_request_not_served.",
     )
 
     catalog: StaticCatalog = field(default_factory=default_catalog)

@@ -157,6 +157,7 @@ class CacheService:
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = False
         self._closed = False
+        self._fsync = metrics.timed_fsync()
         registry = metrics.registry
         self.evictions = Counter(
             "felix_cache_evictions",
@@ -298,6 +299,7 @@ class CacheService:
             limits=self.limits,
             evictions=self.evictions,
             fsync_mode=self._config.durable_fsync_mode,
+            fsync=self._fsync,
         )
 
     def shard(self, spec: CacheSpec, index: int) -> CacheShard:

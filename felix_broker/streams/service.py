@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 
 from felix_broker.catalog import StreamSpec
@@ -108,6 +109,8 @@ class StreamService:
         self._metrics = metrics
         self._durable = durable
         self._inflight = ByteBudget(config.pub_inflight_bytes)  # the whole broker's
+        # Read at scrape time: nothing to count per publish.
+        metrics.publish_inflight_bytes.set_function(lambda: self._inflight.held)
         # Set by the composition root when guarded writes are served (guarded.py):
         # binary idempotent frames (0x0100) go there, and keyed batches routed by a
         # width other than the stream's (publish_width) are refused stale_width.
@@ -197,6 +200,7 @@ class StreamService:
         request_id: int | None,
         binary: bool,
     ) -> None:
+        started = time.perf_counter()
         proto = ctx.proto
         if proto.publish_only:
             request_id = None  # nothing is ever answered on a publish-only stream (T7)
@@ -265,8 +269,11 @@ class StreamService:
         after_write = self._config.ack_on_commit or proto.negotiated(Feature.FEATURE_ACK_ON_COMMIT)
         rid = request_id
         durable = shard.durable
+        ack_seconds = self._metrics.publish_ack_seconds
 
         def answer(offset: int | None) -> bytes:
+            # Built just before it is written: received -> (appended, synced) -> answered.
+            ack_seconds.observe(time.perf_counter() - started)
             if offset is None and after_write:
                 # The write failed after the publish was queued: it may or may not be on disk.
                 return proto.publish_answer(
@@ -304,8 +311,6 @@ class StreamService:
             for budget in held:
                 budget.release(size)
             raise
-        gauge = self._metrics.publish_inflight_bytes
-        gauge.inc(size)
         released = False
 
         def release() -> None:
@@ -314,7 +319,6 @@ class StreamService:
                 released = True
                 for budget in held:
                     budget.release(size)
-                gauge.dec(size)
 
         return release
 

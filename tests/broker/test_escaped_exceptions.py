@@ -85,7 +85,7 @@ async def test_an_unexpected_exception_answers_internal_with_the_request_id(
         assert answer.request_id == 42 and answer.code == ErrorCode.INTERNAL.wire
         registry = broker.metrics.registry
         for kind in ("cache_get", "publish"):
-            count = registry.get_sample_value("felix_broker_internal_errors_total", {"type": kind})
+            count = registry.get_sample_value("felix_request_internal_errors_total", {"type": kind})
             assert count == 1.0, kind
         monkeypatch.undo()
         await control.send(
@@ -110,7 +110,7 @@ async def test_json_nested_1000_deep_before_auth_ends_the_stream_cleanly(tmp_pat
             with contextlib.suppress(StreamClosedError):
                 await stream.expect_end()
         failures = broker.metrics.registry.get_sample_value(
-            "felix_broker_internal_errors_total", {"type": "stream"}
+            "felix_request_internal_errors_total", {"type": "stream"}
         )
         assert failures is None
         # The connection is still served.

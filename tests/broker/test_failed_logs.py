@@ -29,9 +29,9 @@ def get(port: int, path: str) -> tuple[int, bytes]:
 
 def failed_gauge(metrics: bytes) -> float:
     for line in metrics.decode().splitlines():
-        if line.startswith("felix_broker_failed_logs "):
+        if line.startswith("felix_storage_failed_logs "):
             return float(line.split()[1])
-    raise AssertionError("felix_broker_failed_logs is not exported")
+    raise AssertionError("felix_storage_failed_logs is not exported")
 
 
 async def test_a_failed_log_makes_the_broker_unready(tmp_path: Path) -> None:

@@ -210,7 +210,7 @@ async def test_fuzzing_over_quic_leaves_the_broker_healthy(tmp_path: Path) -> No
         grown = rss_bytes() - baseline_rss
         assert grown < 96 * 1024 * 1024, f"seed {seed}: RSS grew by {grown >> 20} MiB"
         registry = broker.metrics.registry
-        for metric in ("felix_broker_internal_errors_total", "felix_broker_task_failures_total"):
+        for metric in ("felix_request_internal_errors_total", "felix_task_failures_total"):
             values = [
                 s.value for family in registry.collect() for s in family.samples if s.name == metric
             ]

@@ -94,7 +94,7 @@ async def test_every_unauthenticated_stream_times_out_whatever_its_siblings_did(
         # Well inside the 6 s idle timeout, which would end them all anyway.
         results = await asyncio.wait_for(asyncio.gather(*(ended(s) for s in stalled)), 3)
         assert all(results)
-        assert broker.metrics.registry.get_sample_value("felix_broker_auth_timeouts_total") == 30
+        assert broker.metrics.registry.get_sample_value("felix_auth_timeouts_total") == 30
         # The authenticated stream and connection live on.
         await control.send(
             CacheGet(tenant_id=TENANT, namespace=NS, cache="c", key="k", request_id=2)

@@ -111,7 +111,7 @@ async def test_tiny_publish_budgets_still_let_every_publish_through(tmp_path: Pa
         await stream.send(burst)
         answers = [await stream.recv() for _ in range(50)]
         assert [a.request_id for a in answers if isinstance(a, PublishOk)] == list(range(50))
-        gauge = broker.metrics.registry.get_sample_value("felix_broker_publish_inflight_bytes")
+        gauge = broker.metrics.registry.get_sample_value("felix_stream_publish_inflight_bytes")
         assert gauge == 0
         client.close()
 
@@ -149,7 +149,7 @@ async def test_publish_bytes_in_flight_stay_within_the_connection_budget(tmp_pat
         highest, full_for = 0.0, 0
         for _ in range(500):
             await asyncio.sleep(0.02)
-            held = broker.metrics.registry.get_sample_value("felix_broker_publish_inflight_bytes")
+            held = broker.metrics.registry.get_sample_value("felix_stream_publish_inflight_bytes")
             assert held is not None and held <= 3 * mib, held
             highest = max(highest, held)
             full_for = full_for + 1 if held >= 2 * mib else 0

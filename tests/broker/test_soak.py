@@ -171,9 +171,9 @@ async def test_soak_returns_to_baseline(tmp_path: Path) -> None:
 
         # Polled: everything the load held goes back to zero.
         names = (
-            "felix_broker_connections",
-            "felix_broker_subscriber_queue_depth",
-            "felix_broker_subscriber_queued_bytes",
+            "felix_connections_open",
+            "felix_stream_subscriber_queue_batches",
+            "felix_stream_subscriber_queued_bytes",
         )
         assert broker.session is not None
         for _ in range(1200):  # up to 60 s: draining and idle timeouts run slow under load

@@ -70,7 +70,9 @@ async def test_stalled_subscribers_hold_a_bounded_number_of_bytes(
             peak = max(peak, sum(per_sub))
             assert max(per_sub, default=0) <= PER_SUB + FRAME
         assert GLOBAL // 2 < peak <= GLOBAL
-        drops = broker.metrics.registry.get_sample_value("felix_broker_subscriber_drops_total")
+        drops = broker.metrics.registry.get_sample_value(
+            "felix_stream_subscriber_dropped_records_total"
+        )
         assert drops is not None and drops > 0
         for client in subscribers:
             client.close()
@@ -80,6 +82,6 @@ async def test_stalled_subscribers_hold_a_bounded_number_of_bytes(
                 break
             await asyncio.sleep(0.05)
         assert broker.engine.queued_bytes.used == 0
-        gauge = broker.metrics.registry.get_sample_value("felix_broker_subscriber_queued_bytes")
+        gauge = broker.metrics.registry.get_sample_value("felix_stream_subscriber_queued_bytes")
         assert gauge == 0
         publisher.close()

@@ -77,7 +77,7 @@ async def test_requests_and_subscriptions_end_when_the_token_expires(tmp_path: P
                     await events.recv(timeout=5)
 
         await asyncio.wait_for(drained(), 5)
-        assert broker.metrics.registry.get_sample_value("felix_broker_token_expiries_total") == 1
+        assert broker.metrics.registry.get_sample_value("felix_auth_token_expiries_total") == 1
         # A stream with a valid token on the same connection is unaffected.
         await healthy.send(publish(3))
         assert await healthy.recv() == PublishOk(request_id=3)

@@ -26,7 +26,7 @@ def _state_get(request_id: int) -> StateGet:
 
 def _not_served(broker: Broker, kind: str) -> float:
     value = broker.metrics.registry.get_sample_value(
-        "felix_broker_requests_not_served_total", {"type": kind}
+        "felix_request_not_served_total", {"type": kind}
     )
     return value or 0.0
 
