@@ -75,7 +75,24 @@ def _parser() -> argparse.ArgumentParser:
         action="store_true",
         help="also run a control plane: the broker takes its catalog and keys from it",
     )
+    fixture.add_argument(
+        "--brokers",
+        type=_positive,
+        default=1,
+        help="how many brokers (default 1); more than one runs a fleet: etcd, a control "
+        "plane and each broker as its own process",
+    )
     return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
+    return value
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -102,7 +119,11 @@ def main(argv: list[str] | None = None) -> int:
         print(token)
         return 0
     if args.command == "fixture":
-        return asyncio.run(run_fixture(args.out, args.ca_file, control_plane=args.control_plane))
+        return asyncio.run(
+            run_fixture(
+                args.out, args.ca_file, control_plane=args.control_plane, brokers=args.brokers
+            )
+        )
     return asyncio.run(_serve(config))
 
 
