@@ -101,7 +101,9 @@ class Broker:
         self.store: LogStore | None = None
         # What exists: the config file's catalog, or the control plane's live one.
         self.catalog: Catalog = config.catalog
-        self.table = DispatchTable(metrics=self.metrics)
+        # Features this broker is configured not to offer (config.withhold_*).
+        self._withheld = int(Feature.FEATURE_ATOMIC_COMMIT) if config.withhold_atomic_commit else 0
+        self.table = DispatchTable(metrics=self.metrics, withheld=self._withheld)
         self.session: Session | None = None
         self._control: list[Any] = []  # control-plane clients to close on stop
         self.tls: TlsMaterial | None = None
@@ -288,6 +290,7 @@ class Broker:
         for service in services:
             service.register(table)
             self._features |= service.features
+        self._features &= ~self._withheld
         self.session = Session(
             config=config,
             metrics=self.metrics,

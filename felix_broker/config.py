@@ -671,6 +671,15 @@ class BrokerConfig:
         "FELIX_CONTROLPLANE_CA", doc="The CA certificate to trust for the control plane."
     )
 
+    # Features a broker can be told not to offer (a fleet member that has not enabled
+    # them yet; the client fixture's no-commit broker).
+    withhold_atomic_commit: bool = _bool(
+        False,
+        "FELIX_WITHHOLD_ATOMIC_COMMIT",
+        doc="Do not advertise FEATURE_ATOMIC_COMMIT: commit and state_get are then answered "
+        "as not served (unsupported), and counted in felix_request_not_served.",
+    )
+
     # The fleet. A broker joins one only with both node_id and etcd_endpoints (otherwise
     # it is standalone and imports nothing of etcd). A member also needs its peer
     # listener (peer_bind) and its peer certificate (peer_tls_*), whose one DNS name is

@@ -23,6 +23,9 @@ A known client request type with no handler is answered as not served:
 `unsupported` to a client that negotiated FEATURE_UNSUPPORTED, otherwise an
 `invalid_request` error. Which types are deliberately never served, and why,
 is `NOT_SERVED`; tests check that the two together cover the catalogue.
+A table built with `withheld` features (the broker's `withhold_*` knobs) takes
+no handler for a type the catalogue gates on one of them: such requests are
+answered as not served too, whoever registers a handler.
 
 The serve / forward / redirect seam. Every request passes `Placement.place`
 before its handler runs: the one place where, per request, a broker decides
@@ -53,6 +56,7 @@ from felix_transport import ConnectionClosedError, StreamClosedError
 from felix_wire.binary import PublishBatchFrame
 from felix_wire.errors import ErrorCode
 from felix_wire.features import Feature
+from felix_wire.gating import MESSAGE_GATES
 from felix_wire.messages import Message, Publish, PublishBatch, Unsupported
 
 __all__ = [
@@ -148,20 +152,32 @@ class DispatchTable:
 
     With `metrics`, each handled request's time from dispatch to the end of its
     handler (its answer written, or queued in order for a publish) is observed in
-    `felix_request_seconds{type}`; the label child is taken once, at register."""
+    `felix_request_seconds{type}`; the label child is taken once, at register. Every
+    request answered as not served is counted in `felix_request_not_served_total{type}`."""
 
     def __init__(
-        self, placement: Placement = STANDALONE, *, metrics: BrokerMetrics | None = None
+        self,
+        placement: Placement = STANDALONE,
+        *,
+        metrics: BrokerMetrics | None = None,
+        withheld: int = 0,
     ) -> None:
         # Keyed by the request's exact class (generated classes are never subclassed).
         self._routes: dict[type[Any], _Route] = {}
         self._placement = placement
         self._metrics = metrics
+        self._withheld = withheld
+        self._withheld_names: dict[type[Any], str] = {}
 
     def register(self, kind: type[R], handler: Handler[R], *, concurrent: bool = False) -> None:
-        if kind in self._routes:
-            raise ValueError(f"{type_name(kind)} already has a handler")
         name = type_name(kind)
+        if kind in self._routes or kind in self._withheld_names:
+            raise ValueError(f"{name} already has a handler")
+        gate = MESSAGE_GATES.get(name)
+        if gate is not None and gate.features & self._withheld:
+            withheld = Feature(gate.features & self._withheld).name
+            self._withheld_names[kind] = f"{name} is not served here: {withheld} is withheld"
+            return
         metrics = self._metrics
         timer: _Timer = _Untimed() if metrics is None else metrics.request_timer(name)
         self._routes[kind] = _Route(handler, concurrent, name, timer)
@@ -179,7 +195,10 @@ class DispatchTable:
         route = self._routes.get(type(request))
         if route is None:
             assert not isinstance(request, PublishBatchFrame)  # always has a route
-            await ctx.write(not_served_answer(ctx, request))
+            if self._metrics is not None:
+                self._metrics.requests_not_served.labels(type=type_name(type(request))).inc()
+            reason = self._withheld_names.get(type(request))
+            await ctx.write(not_served_answer(ctx, request, reason))
             return
         decision = self._placement.place(request, ctx)
         if decision is not PlacementDecision.SERVE_HERE:
