@@ -46,10 +46,10 @@ layering: setup
 unit: setup
 	$(PY) -m pytest
 
-# The broker's and client's QUIC tests again on the other stack (the transport tests cover both
+# The broker's, client's and fleet's QUIC tests again on the other stack (the transport tests cover both
 # stacks in one run; qh3 is the default everywhere else).
 unit-aioquic: setup
-	FELIX_QUIC_IMPL=aioquic $(PY) -m pytest -q tests/broker tests/client
+	FELIX_QUIC_IMPL=aioquic $(PY) -m pytest -q tests/broker tests/client tests/fleet
 
 # The whole test suite: what CI runs.
 test: drift lint types layering unit unit-aioquic

@@ -172,6 +172,8 @@ class _Kind(Enum):
     PATH = "a path"
     OPTIONAL_PATH = "a path or nothing"
     OPTIONAL_URL = "an http(s) URL or nothing"
+    TEXT = "a string"
+    ENDPOINTS = "comma-separated 'host:port' list, or nothing"
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +223,32 @@ def _path(default: str, *env: str, doc: str) -> Any:
 
 def _optional_path(*env: str, doc: str) -> Any:
     return field(default=None, metadata=_meta(_Knob(_Kind.OPTIONAL_PATH, env), doc, None))
+
+
+def _text(default: str, *env: str, doc: str) -> Any:
+    return field(default=default, metadata=_meta(_Knob(_Kind.TEXT, env), doc, None))
+
+
+def _endpoints(*env: str, doc: str) -> Any:
+    knob = _Knob(_Kind.ENDPOINTS, env)
+    return field(default=(), metadata=_meta(knob, doc, None))
+
+
+def _endpoints_value(key: str, value: object, source: str) -> tuple[HostPort, ...]:
+    if isinstance(value, tuple) and all(isinstance(v, HostPort) for v in value):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        value = ",".join(value)
+    if not isinstance(value, str):
+        raise InvalidConfigValueError(key, source, f"expected 'host:port,...', got {value!r}")
+    out: list[HostPort] = []
+    for part in value.split(","):
+        if part.strip():
+            try:
+                out.append(HostPort.parse(part.strip()))
+            except ValueError as exc:
+                raise InvalidConfigValueError(key, source, str(exc)) from None
+    return tuple(out)
 
 
 def _optional_url(*env: str, doc: str) -> Any:
@@ -643,6 +671,74 @@ class BrokerConfig:
         "FELIX_CONTROLPLANE_CA", doc="The CA certificate to trust for the control plane."
     )
 
+    # Features a broker can be told not to offer (a fleet member that has not enabled
+    # them yet; the client fixture's no-commit broker).
+    withhold_atomic_commit: bool = _bool(
+        False,
+        "FELIX_WITHHOLD_ATOMIC_COMMIT",
+        doc="Do not advertise FEATURE_ATOMIC_COMMIT: commit and state_get are then answered "
+        "as not served (unsupported), and counted in felix_request_not_served.",
+    )
+
+    # The fleet. A broker joins one only with both node_id and etcd_endpoints (otherwise
+    # it is standalone and imports nothing of etcd). A member also needs its peer
+    # listener (peer_bind) and its peer certificate (peer_tls_*), whose one DNS name is
+    # its node id: node_id must be that name, or the broker refuses to start. The
+    # addresses it registers are client_advertise_addr and peer_advertise_addr (or the
+    # bound ones). A peer certificate without node_id makes a fleet member whose routes
+    # are set in-process (tests); the node id is then the certificate's.
+    node_id: str = _text(
+        "",
+        "FELIX_NODE_ID",
+        doc="This broker's node id in a fleet, the one its peer certificate names (else it "
+        "refuses to start); empty: a standalone broker (no etcd).",
+    )
+    etcd_endpoints: tuple[HostPort, ...] = _endpoints(
+        "FELIX_ETCD_ENDPOINTS",
+        doc="The fleet's etcd cluster, as comma-separated host:port (with node_id).",
+    )
+    etcd_prefix: str = _text(
+        "/felix",
+        "FELIX_ETCD_PREFIX",
+        doc="The etcd key prefix under which the fleet keeps members and assignments.",
+    )
+    node_lease_ttl_ms: int = _int(
+        10000,
+        "FELIX_NODE_LEASE_TTL_MS",
+        minimum=1000,
+        maximum=600_000,
+        doc="TTL of this broker's etcd lease; keepalive every third of it. The broker "
+        "stops serving what it leads once no keepalive succeeded for three quarters of it.",
+    )
+    client_advertise_addr: str = _text(
+        "",
+        "FELIX_CLIENT_ADVERTISE_ADDR",
+        doc="host:port clients reach this broker at, as registered in the fleet; empty: "
+        "the QUIC listener's address when it is bound to a specific host, else none.",
+    )
+    peer_advertise_addr: str = _text(
+        "",
+        "FELIX_PEER_ADVERTISE_ADDR",
+        doc="host:port other brokers reach this broker's peer listener at, as registered "
+        "in the fleet; empty: peer_bind's address (a wildcard peer_bind needs this set).",
+    )
+    peer_bind: HostPort = _bind(
+        "0.0.0.0:5100",
+        "FELIX_PEER_BIND",
+        doc="The peer listener of a fleet member (host:port), ALPN felix-peer/1.",
+    )
+    peer_tls_cert: Path | None = _optional_path(
+        "FELIX_PEER_TLS_CERT",
+        doc="PEM peer certificate, signed by the fleet CA, naming this broker's node id as "
+        "its one DNS name; set, the broker is a fleet member.",
+    )
+    peer_tls_key: Path | None = _optional_path(
+        "FELIX_PEER_TLS_KEY", doc="PEM private key of peer_tls_cert."
+    )
+    peer_tls_ca: Path | None = _optional_path(
+        "FELIX_PEER_TLS_CA", doc="The fleet CA: every peer's certificate must be signed by it."
+    )
+
     catalog: StaticCatalog = field(default_factory=default_catalog)
 
     @property
@@ -718,6 +814,12 @@ def _typed(key: str, knob: _Knob, value: object, source: str) -> object:
     kind = knob.kind
     if kind is _Kind.OPTIONAL_URL:
         return _url_value(key, value, source)
+    if kind is _Kind.ENDPOINTS:
+        return _endpoints_value(key, value, source)
+    if kind is _Kind.TEXT:
+        if not isinstance(value, str):
+            raise InvalidConfigValueError(key, source, f"expected a string, got {value!r}")
+        return value.strip()
     if kind is _Kind.INT:
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidConfigValueError(key, source, f"expected an integer, got {value!r}")
@@ -745,6 +847,10 @@ def _from_text(key: str, knob: _Knob, text: str, source: str) -> object:
     """Parse a value given as text (an environment variable or a ``--set``)."""
     kind = knob.kind
     stripped = text.strip()
+    if kind is _Kind.TEXT:
+        return stripped
+    if kind is _Kind.ENDPOINTS:
+        return _endpoints_value(key, stripped, source)
     if kind is _Kind.INT:
         try:
             number = int(stripped, 10)
@@ -878,6 +984,11 @@ def _cross_check(config: BrokerConfig, sources: Mapping[str, str], file_source: 
         )
     if config.tls_ca is not None and config.tls_cert is None:
         fail("tls_ca", "tls_ca describes a configured tls_cert; none is configured")
+    peer = {"peer_tls_cert": config.peer_tls_cert, "peer_tls_key": config.peer_tls_key}
+    peer["peer_tls_ca"] = config.peer_tls_ca
+    if any(v is not None for v in peer.values()) and any(v is None for v in peer.values()):
+        missing = next(k for k, v in peer.items() if v is None)
+        fail(missing, "peer_tls_cert, peer_tls_key and peer_tls_ca must be given together")
     if config.subscriber_queue_capacity > config.subscriber_queue_capacity_max:
         fail(
             "subscriber_queue_capacity",
@@ -889,6 +1000,13 @@ def _cross_check(config: BrokerConfig, sources: Mapping[str, str], file_source: 
             "preauth_max_frame_bytes",
             f"{config.preauth_max_frame_bytes} exceeds max_frame_bytes {config.max_frame_bytes}",
         )
+    if bool(config.node_id) != bool(config.etcd_endpoints):
+        fail(
+            "etcd_endpoints" if config.node_id else "node_id",
+            "node_id and etcd_endpoints go together (a fleet member needs both)",
+        )
+    if not config.etcd_prefix.startswith("/") or config.etcd_prefix.endswith("/"):
+        fail("etcd_prefix", f"must start with '/' and not end with it, got {config.etcd_prefix!r}")
     if config.durable_storage_dir is None:
         for spec in config.catalog.streams():
             if spec.durable:

@@ -214,6 +214,12 @@ class BrokerMetrics:
             "Publish payload bytes read and not yet appended (bounded by pub_inflight_bytes).",
             registry=r,
         )
+        self.requests_not_served = Counter(
+            "felix_request_not_served",
+            "Requests answered as not served (no handler, or their feature withheld), by type.",
+            ["type"],
+            registry=r,
+        )
         self.task_failures = Counter(
             "felix_task_failures",
             "Broker tasks that ended with an unexpected exception, by what started them.",

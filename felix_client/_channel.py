@@ -97,6 +97,7 @@ class Channel:
         self._stream = stream
         self._session = session
         self.label = label
+        self.addr = ""  # the broker's address, set by whoever dialed it
         self._waiters: dict[int, asyncio.Future[Answer]] = {}
         self._write_lock = asyncio.Lock()
         self._auth: asyncio.Future[Authenticated] = asyncio.get_running_loop().create_future()

@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import itertools
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from felix_transport import (
@@ -28,6 +29,7 @@ from felix_transport import (
 
 from ._channel import Channel, TokenSource
 from ._events import EventStreamDecoder, Hello, Item
+from ._fleet import Fleet
 from ._session import Offer
 from .errors import (
     BrokerUnreachableError,
@@ -36,7 +38,7 @@ from .errors import (
     ProtocolViolationError,
 )
 
-__all__ = ["Dialer", "EventHandoff", "EventRouter", "Link", "Pool"]
+__all__ = ["Dialer", "EventHandoff", "EventRouter", "Link", "Pool", "parse_addr"]
 
 logger = logging.getLogger(__name__)
 
@@ -45,11 +47,20 @@ _connection_ids = itertools.count(1)
 _UNCLAIMED_TTL = 30.0
 
 
+def parse_addr(addr: str) -> tuple[str, int]:
+    """`host:port` (or `[v6]:port`) to a pair; ValueError naming the address otherwise."""
+    host, sep, port = addr.strip().rpartition(":")
+    host = host.strip("[]")
+    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise ValueError(f"a broker address is HOST:PORT (e.g. 127.0.0.1:5000), not {addr!r}")
+    return host, int(port)
+
+
 @dataclass(frozen=True)
 class Dialer:
     """Everything needed to open and authenticate connections and streams."""
 
-    addrs: tuple[tuple[str, int], ...]
+    fleet: Fleet
     transport: TransportConfig
     tenant_id: str
     token: TokenSource
@@ -58,15 +69,24 @@ class Dialer:
     auth_timeout: float
     max_inflight_bytes: int
     default_window: int
+    # Called with the address of every pooled connection opened after the first
+    # (a reconnect, or a pool growing: which one cannot be told apart, since the
+    # connection that broke may sit in another slot), so the client asks
+    # `topology` again.
+    on_reconnect: list[Callable[[str], None]] = field(default_factory=list, compare=False)
     _turn: itertools.count[int] = field(default_factory=itertools.count, compare=False)
 
-    async def connect(self) -> tuple[Connection, str]:
-        """A new connection to the first seed address that answers (rotating the
-        starting point so pools spread over the seeds)."""
+    async def connect(self, only: str | None = None) -> tuple[Connection, str, str]:
+        """A new connection to the first address that answers, rotating the
+        starting point over the seeds and the brokers `topology` named (so pools
+        spread over the fleet, and a broker that is down is passed over), or to
+        `only`. Returns the connection, its label and the address dialed."""
+        addrs = [only] if only is not None else self.fleet.addrs
         start = next(self._turn)
         last: Exception | None = None
-        for i in range(len(self.addrs)):
-            host, port = self.addrs[(start + i) % len(self.addrs)]
+        for i in range(len(addrs)):
+            addr = addrs[(start + i) % len(addrs)]
+            host, port = parse_addr(addr)
             label = f"conn-{next(_connection_ids)}"
             try:
                 async with asyncio.timeout(self.connect_timeout):
@@ -84,7 +104,7 @@ class Dialer:
                 last = ConnectionLostError(f"{label}: cannot connect to {host}:{port}: {exc}")
             else:
                 logger.debug("%s: connected to %s:%d (%s)", label, host, port, connection.impl)
-                return connection, label
+                return connection, label, addr
             logger.info("%s", last)
         assert last is not None
         raise last
@@ -97,6 +117,13 @@ class Dialer:
         )
 
     async def channel(self, connection: Connection, label: str) -> Channel:
+        try:
+            return await self._open_channel(connection, label)
+        except ConnectionClosedError as exc:
+            # Closed under us between the pool's check and the stream's opening.
+            raise ConnectionLostError(f"{label}: connection closed ({exc})") from exc
+
+    async def _open_channel(self, connection: Connection, label: str) -> Channel:
         return await Channel.open(
             connection,
             tenant_id=self.tenant_id,
@@ -206,14 +233,21 @@ class EventRouter:
 
 
 class Link:
-    """One pooled QUIC connection and its lazily authenticated streams."""
+    """One pooled QUIC connection (to broker `addr`) and its lazily authenticated streams."""
 
     def __init__(
-        self, dialer: Dialer, connection: Connection, label: str, streams: int, events: bool
+        self,
+        dialer: Dialer,
+        connection: Connection,
+        label: str,
+        streams: int,
+        events: bool,
+        addr: str,
     ) -> None:
         self.dialer = dialer
         self.connection = connection
         self.label = label
+        self.addr = addr
         self._channels: list[Channel | None] = [None] * streams
         self._locks = [asyncio.Lock() for _ in range(streams)]
         self.router = EventRouter(connection, label) if events else None
@@ -233,6 +267,7 @@ class Link:
                 if self.broken:
                     raise ConnectionLostError(f"{self.label}: connection closed")
                 current = await self.dialer.channel(self.connection, f"{self.label}/s{slot}")
+                current.addr = self.addr
                 self._channels[slot] = current
             return current
 
@@ -252,10 +287,18 @@ class Link:
 
 
 class Pool:
-    """`size` links with `streams_per_conn` streams each, all created on first use."""
+    """`size` links with `streams_per_conn` streams each, all created on first use;
+    to any broker of the fleet, or only to `pinned` (a shard owner's address)."""
 
     def __init__(
-        self, name: str, dialer: Dialer, *, size: int, streams_per_conn: int, events: bool = False
+        self,
+        name: str,
+        dialer: Dialer,
+        *,
+        size: int,
+        streams_per_conn: int,
+        events: bool = False,
+        pinned: str | None = None,
     ) -> None:
         if size < 1 or streams_per_conn < 1:
             raise ValueError(f"{name} pool: size and streams per connection must be >= 1")
@@ -264,6 +307,7 @@ class Pool:
         self.size = size
         self.streams_per_conn = streams_per_conn
         self._events = events
+        self.pinned = pinned
         self._links: list[Link | None] = [None] * size
         self._locks = [asyncio.Lock() for _ in range(size)]
         self._closed = False
@@ -290,8 +334,12 @@ class Pool:
                 if current is not None:
                     logger.info("%s: replacing broken %s", self.name, current.label)
                     await current.aclose()
-                connection, label = await self.dialer.connect()
-                current = Link(self.dialer, connection, label, self.streams_per_conn, self._events)
+                connection, label, addr = await self.dialer.connect(self.pinned)
+                current = Link(
+                    self.dialer, connection, label, self.streams_per_conn, self._events, addr
+                )
+                for listener in self.dialer.on_reconnect:
+                    listener(addr)
                 self._links[index] = current
             return current
 

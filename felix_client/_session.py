@@ -106,11 +106,12 @@ _OFFERED_FLAGS = int(
     | Flag.EVENT_BATCH_PUBLISHER
     | Flag.EVENT_BATCH_TIMESTAMPS
 )
-# Client-direction features: what the broker may send us. FEATURE_REDIRECT is
-# not offered because this client does not follow not_leader redirects; the
-# broker then answers with an ordinary `not_leader` error code instead.
+# Client-direction features: what the broker may send us. FEATURE_REDIRECT: the
+# client follows `not_leader` (the client's `_follow`); FEATURE_SHARD_MOVED: its
+# feeds resume after `shard_moved`; the owner hint flag is in the flags above.
 _OFFERED_FEATURES = int(
-    Feature.FEATURE_ERROR_CODES
+    Feature.FEATURE_REDIRECT
+    | Feature.FEATURE_ERROR_CODES
     | Feature.FEATURE_SHARD_MOVED
     | Feature.FEATURE_UNSUPPORTED
     | Feature.FEATURE_PUBLISH_PIPELINE

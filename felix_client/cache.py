@@ -36,6 +36,7 @@ from felix_wire.messages import (
 )
 
 from ._events import CacheChange, Item, StreamEnd
+from ._fleet import ShardRef
 from ._pool import EventHandoff
 from .errors import ProtocolViolationError
 from .subscription import Feed, ShardedFeed
@@ -62,8 +63,10 @@ class _Requester(Protocol):
     ) -> M: ...
 
     async def _open_event_stream(
-        self, build: Callable[[int], Message], started: type[M]
+        self, build: Callable[[int], Message], started: type[M], *, resuming: bool = False
     ) -> tuple[M, EventHandoff]: ...
+
+    def _moved_hook(self, ref: ShardRef | None) -> Callable[[ShardMoved], None]: ...
 
     async def cache_shards(self, cache: str, *, namespace: str | None = None) -> int: ...
 
@@ -328,11 +331,23 @@ class Cache:
         async def opener(resume: int | None, first: bool) -> tuple[CacheWatchStarted, EventHandoff]:
             # Retained values are asked for once; a resumed watch replays from its offset.
             build = build_for(resume, retained and first)
-            return await client._open_event_stream(build, CacheWatchStarted)
+            return await client._open_event_stream(
+                build, CacheWatchStarted, resuming=feed.resumes > 0
+            )
 
         where = key if key is not None else f"{prefix}*"
         label = f"watch {self.name}/{where}" + (f" shard {shard}" if prefix is not None else "")
-        return CacheWatchFeed(opener, label, from_offset, shard=shard)
+        feed = CacheWatchFeed(opener, label, from_offset, shard=shard)
+        probe = build_for(from_offset, retained)(0)
+        where_ref: ShardRef | None = (
+            ("cache", probe.namespace, probe.cache, shard)
+            if shard is not None
+            else ("cache", probe.namespace, probe.cache, f"key:{key}")
+            if key is not None
+            else None
+        )
+        feed.on_moved = client._moved_hook(where_ref)
+        return feed
 
 
 class ShardedCacheWatch(ShardedFeed[CacheChange]):
@@ -386,9 +401,11 @@ class CacheWatchFeed(Feed[CacheChange]):
             self.resumes += 1
             self._restart()
         elif isinstance(item, StreamEnd) and isinstance(item.terminal, ShardMoved):
-            # Resume where the old owner stopped offering changes, when it said.
+            # Resume at max(offset after the last change, resume_from) (A.11).
             if item.terminal.resume_from is not None:
-                self._from = item.terminal.resume_from
+                self._from = max(self._from or 0, item.terminal.resume_from)
+            if self.on_moved is not None:
+                self.on_moved(item.terminal)
             self.resumes += 1
             self._restart()
         else:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import inspect
+import itertools
 import logging
 import ssl
 import zlib
@@ -37,6 +38,7 @@ from felix_wire.messages import (
     PublishOk,
     ShardInspection,
     ShardKind,
+    ShardMoved,
     ShardOwner,
     ShardOwners,
     ShardOwnersView,
@@ -50,26 +52,37 @@ from felix_wire.messages import (
     SubscriptionCursor,
     SubscriptionFilter,
     SubscriptionsList,
+    Topology,
+    TopologyView,
 )
 from felix_wire.routing import RoutingMode, shard_for_key
 
 from . import guarded
 from . import inspect as inspection
 from ._channel import Channel
+from ._fleet import ENTRY, MAX_HOPS, Attempt, Fleet, Owner, ShardRef
 from ._order import Lanes
-from ._pool import Dialer, EventHandoff, Link, Pool
+from ._pool import Dialer, EventHandoff, Link, Pool, parse_addr
 from ._session import DEFAULT_OFFER, Offer, check_supported, message_type
 from .cache import Cache
 from .errors import (
+    BrokerError,
+    BrokerUnreachableError,
     ClientTimeoutError,
+    ConnectionLostError,
     CursorError,
+    DrainingError,
+    NotLeaderError,
     PayloadTooLargeError,
     ProtocolViolationError,
+    RetryClass,
+    ShardUnavailableError,
 )
 from .groups import Consumer, Group
 from .guarded import StateEntry
 from .inspect import SubscriptionsPage
 from .producer import MAX_IN_FLIGHT, Producer
+from .retry import backoff_delay, should_retry
 from .subscription import (
     Event,
     Feed,
@@ -85,7 +98,61 @@ __all__ = ["Client", "ClientConfig", "ReadPage", "StreamRecord", "connect", "par
 
 logger = logging.getLogger(__name__)
 
+# Requests that change nothing: a lost answer may be resent (to another broker).
+_READS = frozenset(
+    {
+        "topology",
+        "stream_shards",
+        "cache_shards",
+        "shard_owners",
+        "stream_read",
+        "offset_for_time",
+        "cache_get",
+        "counter_get",
+        "group_describe",
+        "group_dead_letters",
+        "subscribe",
+        "cache_watch",
+    }
+)
+# How long a feed whose shard moved keeps trying to reopen (cluster-facts A.11).
+_MOVE_RESUME_DEADLINE = 30.0
+
+
+class _BackToEntry(Exception):
+    """A publish sent straight to a hinted owner was refused with nothing applied."""
+
+
+def _redirect_owner(error: NotLeaderError) -> Owner | None:
+    """The owner a `not_leader` names (None for the error code, which names none)."""
+    node_id = error.detail.get("node_id")
+    addr = error.detail.get("addr")
+    generation = error.detail.get("generation")
+    if not isinstance(node_id, str) or not isinstance(generation, int):
+        return None
+    return Owner(node_id, addr if isinstance(addr, str) and addr else None, generation)
+
+
+def _shard_ref(message: Message) -> ShardRef | None:
+    """The shard a request is about, from its fields (None: not about one shard)."""
+    ns = getattr(message, "namespace", None)
+    if not isinstance(ns, str):
+        return None
+    stream = getattr(message, "stream", None)
+    shard = getattr(message, "shard", None)
+    if isinstance(stream, str):
+        return ("stream", ns, stream, shard if isinstance(shard, int) else 0)
+    cache = getattr(message, "cache", None)
+    if not isinstance(cache, str):
+        return None
+    if isinstance(shard, int):
+        return ("cache", ns, cache, shard)
+    key = getattr(message, "key", None)
+    return ("cache", ns, cache, f"key:{key}") if isinstance(key, str) else None
+
+
 M = TypeVar("M", bound=Message)
+T = TypeVar("T")
 TokenProvider = Callable[[], Awaitable[str] | str]
 
 
@@ -162,15 +229,6 @@ class ReadPage:
     shard: int = 0
 
 
-def parse_addr(addr: str) -> tuple[str, int]:
-    """`host:port` (or `[v6]:port`) to a pair; ValueError naming the address otherwise."""
-    host, sep, port = addr.strip().rpartition(":")
-    host = host.strip("[]")
-    if not sep or not host or not port.isdigit() or not 0 < int(port) < 65536:
-        raise ValueError(f"a broker address is HOST:PORT (e.g. 127.0.0.1:5000), not {addr!r}")
-    return host, int(port)
-
-
 def _platform_ca_pem() -> bytes:
     """The platform trust store as PEM (verification is never switched off)."""
     context = ssl.create_default_context()
@@ -231,9 +289,11 @@ async def connect(
     (sync or async) is asked for a token each time a stream authenticates.
     Raises the broker's refusal (e.g. `UnauthenticatedError`) for a bad token.
     """
-    seeds = [addrs] if isinstance(addrs, str) else list(addrs)
+    seeds = [a.strip() for a in ([addrs] if isinstance(addrs, str) else list(addrs))]
     if not seeds:
         raise ValueError("at least one broker address is needed")
+    for seed in seeds:
+        parse_addr(seed)  # a bad address fails now, naming it
     config = config or ClientConfig()
     ca_pem = Path(ca_file).read_bytes() if ca_file is not None else _platform_ca_pem()
     transport = TransportConfig.client(
@@ -248,7 +308,7 @@ async def connect(
     if config.ack_on_commit:
         offer = Offer(offer.flags, offer.features | int(Feature.FEATURE_ACK_ON_COMMIT))
     dialer = Dialer(
-        addrs=tuple(parse_addr(a) for a in seeds),
+        fleet=Fleet(seeds=tuple(dict.fromkeys(seeds))),
         transport=transport,
         tenant_id=tenant_id,
         token=_token_source(token, token_provider),
@@ -298,17 +358,194 @@ class Client:
         self._lanes = Lanes()
         # Streams that carry one request at a time (group calls), idle ones kept.
         self._exclusive_slots = asyncio.Semaphore(config.exclusive_streams)
-        self._exclusive_idle: list[Channel] = []
+        self._exclusive_idle: dict[str | None, list[Channel]] = {}
+        # The fleet: seeds, brokers `topology` named, per-shard owners.
+        self._fleet = dialer.fleet
+        self._owner_pools: dict[str, tuple[Pool, Pool, Pool]] = {}
+        # Per publish lane: the route its publishes in flight took, and how many.
+        self._lane_routes: dict[tuple[str, str, bytes | None], tuple[str | None, int]] = {}
+        self._topology_task: asyncio.Task[None] | None = None
+        self._topology_again = False
+        dialer.on_reconnect.append(self._reconnected)
         self._closed = False
 
     async def _start(self) -> None:
         # The first request link doubles as the negotiation probe: its first stream
         # tells the client what the broker advertised.
-        connection, label = await self._dialer.connect()
-        link = Link(self._dialer, connection, label, self._requests.streams_per_conn, events=False)
+        connection, label, addr = await self._dialer.connect()
+        link = Link(self._dialer, connection, label, self._requests.streams_per_conn, False, addr)
         self._requests.adopt(0, link)
         channel = await link.channel(0)
         self._capabilities = channel.capabilities
+        if self.supports(Feature.FEATURE_TOPOLOGY):
+            await self.refresh_topology()
+
+    # -- the fleet -------------------------------------------------------------------
+
+    @property
+    def brokers(self) -> list[str]:
+        """Every broker address the client may dial: the seeds, then the brokers
+        `topology` named (additive: a seed is never dropped)."""
+        return self._fleet.addrs
+
+    async def refresh_topology(self) -> list[str]:
+        """Ask `topology` now (a broker that advertised FEATURE_TOPOLOGY; others
+        raise NotSupportedByBrokerError) and add the brokers it lists; returns
+        every address known afterwards. Asked on connect and after every
+        reconnect too."""
+        answer = await self._call(lambda _rid: Topology(), TopologyView)
+        self._fleet.learn(list(answer.brokers))
+        return self._fleet.addrs
+
+    def _reconnected(self, addr: str) -> None:
+        """A pooled connection was opened (a reconnect among them): ask `topology`
+        again, one request at a time."""
+        if self._closed or self._capabilities is None:
+            return
+        if not self.supports(Feature.FEATURE_TOPOLOGY):
+            return
+        if self._topology_task is not None and not self._topology_task.done():
+            # One in flight may have been sent before this connection: ask again
+            # once it is done.
+            self._topology_again = True
+            return
+        self._topology_task = asyncio.get_running_loop().create_task(
+            self._refresh_quietly(), name="felix-topology"
+        )
+
+    async def _refresh_quietly(self) -> None:
+        for _ in range(3):  # bounded: a fleet that keeps reconnecting asks again later
+            self._topology_again = False
+            try:
+                await self.refresh_topology()
+            except BrokerError as exc:
+                logger.info("topology after a reconnect was refused: %s", exc)
+            except (ConnectionLostError, ClientTimeoutError) as exc:
+                # It met another connection that broke too: ask again (the pool
+                # replaces that one now).
+                logger.info("topology after a reconnect failed: %s", exc)
+                self._topology_again = True
+            if not self._topology_again:
+                return
+
+    def _pools(self, target: str | None) -> tuple[Pool, Pool, Pool]:
+        """(publish, requests, events) pools for `target`: the entry pools for
+        ENTRY, else one connection per concern pinned to that broker (bounded by
+        the brokers the client heard of; at most 64 kept, the oldest closed)."""
+        if target is ENTRY:
+            return self._publish, self._requests, self._events
+        pools = self._owner_pools.pop(target, None)
+        if pools is None:
+            config = self.config
+            pools = (
+                Pool(
+                    "publish@" + target,
+                    self._dialer,
+                    size=1,
+                    streams_per_conn=config.publish_streams_per_conn,
+                    pinned=target,
+                ),
+                Pool(
+                    "cache@" + target,
+                    self._dialer,
+                    size=1,
+                    streams_per_conn=config.cache_streams_per_conn,
+                    pinned=target,
+                ),
+                Pool(
+                    "event@" + target,
+                    self._dialer,
+                    size=1,
+                    streams_per_conn=1,
+                    events=True,
+                    pinned=target,
+                ),
+            )
+            while len(self._owner_pools) >= 64:
+                oldest = next(iter(self._owner_pools))
+                old = self._owner_pools.pop(oldest)
+                for pool in old:
+                    self._closing(pool.aclose())
+        self._owner_pools[target] = pools
+        return pools
+
+    def _closing(self, work: Awaitable[None]) -> None:
+        task = asyncio.ensure_future(work)
+        task.add_done_callback(lambda t: t.cancelled() or t.exception())
+
+    async def _follow(
+        self,
+        ref: ShardRef | None,
+        run: Callable[[str | None, Attempt], Awaitable[T]],
+        *,
+        resend_on_loss: bool,
+    ) -> T:
+        """Run one request where its shard lives: at the owner held for `ref`
+        if one is known, else through the entry broker; follow `not_leader` (at
+        most MAX_HOPS hops, never the same broker twice, a redirect older than
+        the generation held ignored); a redirect target that answers
+        `shard_unavailable` or `draining`, or cannot be reached, sends the
+        request back to the entry broker once. A lost answer is resent only
+        when `resend_on_loss` (a read; once more through the entry, i.e. to
+        another broker when the entry's broker went away) or nothing was sent
+        (unreachable)."""
+        owner = self._fleet.owner(ref) if ref is not None else None
+        attempt = Attempt(self._fleet, ref, owner.addr if owner is not None else ENTRY)
+        # What sent the request back to the entry: when the entry then names a
+        # broker already tried, that refusal (not the redirect) is the answer.
+        bounced: BaseException | None = None
+        entry_resent = False
+        for _ in range(2 * MAX_HOPS + 3):
+            target = attempt.target
+            try:
+                return await run(target, attempt)
+            except NotLeaderError as exc:
+                redirect = _redirect_owner(exc)
+                if redirect is None and ref is not None:
+                    redirect = await self._lookup_owner(ref)
+                if redirect is None or attempt.redirected(redirect) is False:
+                    if bounced is not None:
+                        raise bounced from exc
+                    raise
+                logger.debug("redirected to %s (%s)", redirect.addr, redirect.node_id)
+            except (ShardUnavailableError, DrainingError) as exc:
+                if exc.retry not in (RetryClass.RETRY, RetryClass.RETRY_AFTER, None):
+                    raise
+                if attempt.refused_here() is False:
+                    raise
+                bounced = exc
+            except BrokerUnreachableError as exc:
+                if attempt.refused_here() is False:
+                    raise
+                bounced = exc
+            except (ConnectionLostError, ClientTimeoutError) as exc:
+                if not resend_on_loss:
+                    raise
+                if target is ENTRY and not entry_resent:
+                    # A read whose entry connection failed: once more through the
+                    # entry pools, whose replacement connection dials the next
+                    # broker of the fleet that answers.
+                    entry_resent = True
+                    continue
+                if attempt.refused_here() is False:
+                    raise
+                bounced = exc
+        raise NotLeaderError(f"no owner found within {MAX_HOPS} redirects")
+
+    async def _lookup_owner(self, ref: ShardRef) -> Owner | None:
+        """The owner of `ref` from `shard_owners`, for a `not_leader` that named no
+        address (an error code from a broker that could not send the redirect)."""
+        kind, ns, name, shard = ref
+        if not isinstance(shard, int) or not self.supports(Feature.FEATURE_SHARD_OWNERS):
+            return None
+        try:
+            owners = await self.shard_owners(name, kind=kind, namespace=ns)
+        except (BrokerError, ConnectionLostError, ClientTimeoutError):
+            return None
+        for entry in owners:
+            if entry.shard == shard and entry.node_id and entry.addr:
+                return Owner(entry.node_id, entry.addr, entry.generation or 0)
+        return None
 
     # -- life cycle ------------------------------------------------------------------
 
@@ -326,7 +563,17 @@ class Client:
         if self._closed:
             return
         self._closed = True
-        await asyncio.gather(self._publish.aclose(), self._requests.aclose(), self._events.aclose())
+        if self._topology_task is not None:
+            self._topology_task.cancel()
+            await asyncio.gather(self._topology_task, return_exceptions=True)
+        owned = [pool for pools in self._owner_pools.values() for pool in pools]
+        self._owner_pools.clear()
+        await asyncio.gather(
+            self._publish.aclose(),
+            self._requests.aclose(),
+            self._events.aclose(),
+            *(pool.aclose() for pool in owned),
+        )
 
     async def __aenter__(self) -> Self:
         return self
@@ -360,13 +607,25 @@ class Client:
         hint: int | None = None,
         timeout: float | None = None,
     ) -> M:
-        """One request on the request pool, its answer checked to be `answer_type`."""
-        self._require(build(0))
-        channel = await self._request_channel(hint)
-        answer = await channel.call(build, timeout or self.config.request_timeout)
+        """One request on the request pool, its answer checked to be `answer_type`,
+        sent where its shard lives (see `_follow`)."""
+        probe = build(0)
+        self._require(probe)
+        turn = self._next_turn() if hint is None else hint
+
+        async def run(target: str | None, attempt: Attempt) -> Message:
+            _pub, requests, _ev = self._pools(target)
+            link = await requests.link(turn % requests.size)
+            attempt.at(link.addr)
+            channel = await link.channel((turn // requests.size) % requests.streams_per_conn)
+            return await channel.call(build, timeout or self.config.request_timeout)
+
+        answer = await self._follow(
+            _shard_ref(probe), run, resend_on_loss=message_type(probe) in _READS
+        )
         if not isinstance(answer, answer_type):
             raise ProtocolViolationError(
-                f"{message_type(build(0))} answered with {type(answer).__name__}"
+                f"{message_type(probe)} answered with {type(answer).__name__}"
             )
         return answer
 
@@ -379,8 +638,9 @@ class Client:
     ) -> M:
         """One request on a stream of its own while it is in flight (for requests
         the broker answers out of order, refusing with an `error` that names no
-        request). Idle streams are reused; one whose request was given up on is
-        retired, since its late answer would meet the next request."""
+        request), sent where its shard lives (see `_follow`). Idle streams are
+        reused; one whose request was given up on is retired, since its late
+        answer would meet the next request."""
         answer = await self._exclusive_raw(build, timeout=timeout)
         if not isinstance(answer, answer_type):
             raise ProtocolViolationError(
@@ -392,30 +652,39 @@ class Client:
         self, build: Callable[[int], Message], *, timeout: float | None = None
     ) -> Message:
         """`_exclusive_call` for a request with several kinds of answer."""
-        self._require(build(0))
-        async with self._exclusive_slots:
+        probe = build(0)
+        self._require(probe)
+
+        async def run(target: str | None, attempt: Attempt) -> Message:
+            idle = self._exclusive_idle.setdefault(target, [])
             channel = None
-            while self._exclusive_idle and channel is None:
-                candidate = self._exclusive_idle.pop()
+            while idle and channel is None:
+                candidate = idle.pop()
                 channel = None if candidate.closed else candidate
             if channel is None:
-                link = await self._requests.link(self._next_turn())
+                _pub, requests, _ev = self._pools(target)
+                link = await requests.link(self._next_turn())
                 channel = await self._dialer.channel(
                     link.connection, f"{link.label}/x{self._next_turn()}"
                 )
+                channel.addr = link.addr
+            attempt.at(channel.addr)
             try:
                 answer = await channel.call(build, timeout or self.config.request_timeout)
             except BaseException as exc:
                 if isinstance(exc, ClientTimeoutError | asyncio.CancelledError):
                     channel.abandon()
                 elif not channel.closed:
-                    self._exclusive_idle.append(channel)
+                    idle.append(channel)
                 raise
-            self._exclusive_idle.append(channel)
-        return answer
+            idle.append(channel)
+            return answer
 
-    async def _request_channel(self, hint: int | None) -> Channel:
-        return await self._requests.channel(self._next_turn() if hint is None else hint)
+        async with self._exclusive_slots:
+            answer = await self._follow(
+                _shard_ref(probe), run, resend_on_loss=message_type(probe) in _READS
+            )
+        return answer
 
     # -- publishing ------------------------------------------------------------------
 
@@ -480,32 +749,136 @@ class Client:
         size = sum(len(p) for p in payloads)
         if size > MAX_FRAME_BYTES:
             raise PayloadTooLargeError("a publish payload", size, MAX_FRAME_BYTES)
+        args = (ns, stream, payloads, key, ack, timeout or self.config.request_timeout, single)
+        try:
+            return await self._publish_once(*args, direct=True)
+        except _BackToEntry as back:
+            # The owner named by a hint said "nothing applied, not here": the hint
+            # is forgotten and the publish goes through the entry broker (forwarded).
+            logger.debug("publish to %s refused (%s); resending via the entry", stream, back)
+            return await self._publish_once(*args, direct=False)
+
+    async def _publish_once(
+        self,
+        ns: str,
+        stream: str,
+        payloads: list[bytes],
+        key: bytes | None,
+        ack: AckMode,
+        timeout: float,
+        single: bool,
+        *,
+        direct: bool,
+    ) -> int | None:
         # One ordered lane per stream and key (the key None is the stream's own
         # lane): its publishes are written in call order, on one pooled stream,
         # so the broker sees them in that order (per-key order, §10).
-        ticket = self._lanes.ticket((ns, stream, key))
+        lane = (ns, stream, key)
+        ticket = self._lanes.ticket(lane)
         await ticket.turn()
+        target: str | None = ENTRY
+        ref: ShardRef | None = None
         try:
+            ref = await self._publish_ref(ns, stream, key)
+            if direct:
+                target = self._publish_route(lane, ref)
             hint = zlib.crc32(b"%s\0%s\0%s" % (ns.encode(), stream.encode(), key or b""))
-            channel = await self._publish.channel(hint)
+            try:
+                channel = await self._pools(target)[0].channel(hint)
+            except ConnectionLostError:
+                if target is ENTRY or ref is None:
+                    raise
+                # The cached owner cannot be reached (nothing was sent): forward.
+                self._fleet.forget(ref)
+                target = ENTRY
+                channel = await self._publish.channel(hint)
         except BaseException:
             ticket.leave()
             raise
-        answer = await channel.publish(
-            namespace=ns,
-            stream=stream,
-            payloads=payloads,
-            key=key,
-            ack=ack,
-            single=single,
-            timeout=timeout or self.config.request_timeout,
-            on_sent=ticket.leave,
-        )
+        self._lane_enter(lane, target)
+        try:
+            answer = await channel.publish(
+                namespace=ns,
+                stream=stream,
+                payloads=payloads,
+                key=key,
+                ack=ack,
+                single=single,
+                timeout=timeout,
+                on_sent=ticket.leave,
+            )
+        except BrokerError as exc:
+            if target is not ENTRY and ref is not None:
+                self._fleet.forget(ref)
+                if exc.retry in (RetryClass.RETRY, RetryClass.REDIRECT):
+                    raise _BackToEntry(str(exc)) from exc
+            raise
+        except (ConnectionLostError, ClientTimeoutError):
+            # Sent or not, the outcome is unknown: never resent; the hint goes.
+            if target is not ENTRY and ref is not None:
+                self._fleet.forget(ref)
+            raise
+        finally:
+            self._lane_exit(lane)
         if answer is None:
             return None
-        if isinstance(answer, PublishAckFrame | PublishOk):
+        if isinstance(answer, PublishAckFrame):
+            if answer.node_id and ref is not None:
+                # Forwarded: the ack names the owner; the next batch goes straight there.
+                owner = Owner(answer.node_id, answer.addr or None, answer.generation or 0)
+                self._fleet.note(ref, owner)
+            return answer.offset
+        if isinstance(answer, PublishOk):
             return answer.offset
         raise ProtocolViolationError(f"publish answered with {type(answer).__name__}")
+
+    async def _publish_ref(self, ns: str, stream: str, key: bytes | None) -> ShardRef | None:
+        """The shard a publish lands on, when the client can tell: shard 0 without
+        a key; by the stream's routing with one, once its width is known (asked
+        once per stream, and only of a fleet member: a standalone broker never
+        forwards, so there is no owner to learn)."""
+        if key is None:
+            return ("stream", ns, stream, 0)
+        layout = self._shards.get((ns, stream))
+        if layout is None:
+            if not (
+                self.supports(Feature.FEATURE_TOPOLOGY)
+                and self.supports(Feature.FEATURE_STREAM_SHARDS)
+            ):
+                return None
+            try:
+                layout = await self._stream_layout(ns, stream)
+            except (BrokerError, ConnectionLostError, ClientTimeoutError):
+                return None
+        if layout[0] <= 0:
+            return None
+        return ("stream", ns, stream, shard_for_key(key, layout[0], layout[1]))
+
+    def _publish_route(
+        self, lane: tuple[str, str, bytes | None], ref: ShardRef | None
+    ) -> str | None:
+        """Where a lane's next publish goes: where its publishes in flight went
+        (so they stay in order on one stream), else the owner the last forwarded
+        ack named, else the entry broker."""
+        held = self._lane_routes.get(lane)
+        if held is not None:
+            return held[0]
+        owner = self._fleet.owner(ref) if ref is not None else None
+        return owner.addr if owner is not None else ENTRY
+
+    def _lane_enter(self, lane: tuple[str, str, bytes | None], target: str | None) -> None:
+        held = self._lane_routes.get(lane)
+        count = 0 if held is None else held[1]
+        self._lane_routes[lane] = (target, count + 1)
+
+    def _lane_exit(self, lane: tuple[str, str, bytes | None]) -> None:
+        held = self._lane_routes.get(lane)
+        if held is None:
+            return
+        if held[1] <= 1:
+            del self._lane_routes[lane]
+        else:
+            self._lane_routes[lane] = (held[0], held[1] - 1)
 
     # -- subscribing -----------------------------------------------------------------
 
@@ -611,28 +984,67 @@ class Client:
                     queue_capacity=queue_capacity,
                 )
 
-            return await self._open_event_stream(build, Subscribed)
+            return await self._open_event_stream(build, Subscribed, resuming=sub.resumes > 0)
 
-        return Subscription(opener, stream=stream, shard=shard, start=start)
+        sub = Subscription(opener, stream=stream, shard=shard, start=start)
+        sub.on_moved = self._moved_hook(_shard_ref(probe))
+        return sub
+
+    def _moved_hook(self, ref: ShardRef | None) -> Callable[[ShardMoved], None]:
+        """What a feed calls when its shard moved: the frame's node_id/addr become
+        the shard's owner hint (its generation checked), so the feed reopens there
+        first; without a named owner, the shard is found again via the entry."""
+
+        def moved(frame: ShardMoved) -> None:
+            if ref is None:
+                return
+            if frame.node_id:
+                self._fleet.note(ref, Owner(frame.node_id, frame.addr, frame.generation))
+            else:
+                self._fleet.forget(ref)
+
+        return moved
 
     async def _open_event_stream(
-        self, build: Callable[[int], Message], started: type[M]
+        self, build: Callable[[int], Message], started: type[M], *, resuming: bool = False
     ) -> tuple[M, EventHandoff]:
         """Send a subscribe-like request on an event link and take the event stream
-        the broker opens for it on the same connection."""
-        self._require(build(0))
-        link = await self._events.link(self._next_turn())
-        channel = await link.channel(0)
+        the broker opens for it on the same connection, where the shard lives (see
+        `_follow`). A feed `resuming` after its shard moved retries what says
+        "nothing applied" (the shard is between owners) with backoff for up to
+        `_MOVE_RESUME_DEADLINE` seconds."""
+        probe = build(0)
+        self._require(probe)
+        ref = _shard_ref(probe)
         timeout = self.config.request_timeout
-        answer = await channel.call(build, timeout)
-        if not isinstance(answer, started):
-            raise ProtocolViolationError(
-                f"expected {started.__name__}, got {type(answer).__name__}"
-            )
-        subscription_id = getattr(answer, "subscription_id")  # noqa: B009 - both answers carry it
-        assert link.router is not None
-        handoff = await link.router.take(int(subscription_id), timeout)
-        return answer, handoff
+
+        async def run(target: str | None, attempt: Attempt) -> tuple[M, EventHandoff]:
+            _pub, _req, events = self._pools(target)
+            link = await events.link(self._next_turn())
+            attempt.at(link.addr)
+            channel = await link.channel(0)
+            answer = await channel.call(build, timeout)
+            if not isinstance(answer, started):
+                raise ProtocolViolationError(
+                    f"expected {started.__name__}, got {type(answer).__name__}"
+                )
+            subscription_id = getattr(answer, "subscription_id")  # noqa: B009 - both carry it
+            assert link.router is not None
+            handoff = await link.router.take(int(subscription_id), timeout)
+            return answer, handoff
+
+        deadline = asyncio.get_running_loop().time() + _MOVE_RESUME_DEADLINE
+        for tries in itertools.count():
+            try:
+                return await self._follow(ref, run, resend_on_loss=True)
+            except (BrokerError, ConnectionLostError, ClientTimeoutError) as exc:
+                wait = backoff_delay(exc, tries, 0.05, 1.0)
+                now = asyncio.get_running_loop().time()
+                if not resuming or not should_retry(exc, idempotent=True) or now + wait > deadline:
+                    raise
+                logger.info("reopening a moved feed: %s; again in %.2f s", exc, wait)
+                await asyncio.sleep(wait)
+        raise AssertionError("unreachable")
 
     # -- bounded reads and lookups ---------------------------------------------------
 

@@ -557,7 +557,7 @@ class Producer:
 
     async def _open(self) -> _Link:
         dialer = self._client._dialer
-        connection, label = await dialer.connect()
+        connection, label, _addr = await dialer.connect()
         try:
             channel = await dialer.channel(connection, f"{label}/producer")
         except BaseException:

@@ -29,7 +29,7 @@ from felix_wire.errors import BrokerError, RetryClass
 
 from .errors import ClientTimeoutError, ConnectionLostError
 
-__all__ = ["retry", "should_retry"]
+__all__ = ["backoff_delay", "retry", "should_retry"]
 
 logger = logging.getLogger(__name__)
 
@@ -47,7 +47,9 @@ def should_retry(error: BaseException, *, idempotent: bool = False) -> bool:
     return False
 
 
-def _delay(error: BaseException, attempt: int, base: float, cap: float) -> float:
+def backoff_delay(error: BaseException, attempt: int, base: float, cap: float) -> float:
+    """How long to wait before attempt `attempt + 1`: the broker's `retry_after_ms`
+    for `retry_after`, else full jitter in [0, min(cap, base * 2**attempt)]."""
     if isinstance(error, BrokerError) and error.retry is RetryClass.RETRY_AFTER:
         suggested = error.detail.get("retry_after_ms")
         if isinstance(suggested, int) and suggested > 0:
@@ -75,7 +77,7 @@ async def retry(
         except (BrokerError, ClientTimeoutError, ConnectionLostError) as exc:
             if attempt + 1 >= attempts or not should_retry(exc, idempotent=idempotent):
                 raise
-            wait = _delay(exc, attempt, base_delay, max_delay)
+            wait = backoff_delay(exc, attempt, base_delay, max_delay)
             logger.debug("attempt %d failed (%r); retrying in %.3f s", attempt + 1, exc, wait)
             await asyncio.sleep(wait)
     raise AssertionError("unreachable")

@@ -94,6 +94,9 @@ class Feed(abc.ABC, Generic[T]):
         self._closed = False  # the application closed it
         self._open_lock = asyncio.Lock()
         self._resume_pending = False
+        # Told of a `shard_moved` before the feed reopens (the client keeps the
+        # named owner as the shard's hint, so the reopen goes there first).
+        self.on_moved: Callable[[ShardMoved], None] | None = None
 
     # -- what a kind of feed (subscription, cache watch) defines ------------------------
 
@@ -293,6 +296,8 @@ class Subscription(Feed[Event]):
                 o for o in (self._tracker.next_offset, terminal.resume_from) if o is not None
             ]
             logger.info("%s: shard moved (generation %d)", self.label, terminal.generation)
+            if self.on_moved is not None:
+                self.on_moved(terminal)
             if candidates:
                 self._resume_at(max(candidates))
             else:

@@ -47,6 +47,8 @@ from collections import deque
 from collections.abc import Sequence
 from typing import Protocol
 
+from cryptography import x509
+
 from .backends import Address, ConnectionAdapter
 from .config import TransportConfig
 from .events import (
@@ -448,6 +450,13 @@ class Connection:
     def alpn_protocol(self) -> str | None:
         """The negotiated ALPN protocol (None when none was)."""
         return self._adapter.alpn_protocol
+
+    @property
+    def peer_certificate(self) -> x509.Certificate | None:
+        """The peer's verified leaf certificate: the server's on a client connection;
+        on a server, the client's when the server asked for one (``client_ca_pem``)."""
+        der = self._adapter.peer_certificate_der
+        return None if der is None else x509.load_der_x509_certificate(der)
 
     @property
     def closed(self) -> bool:

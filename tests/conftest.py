@@ -30,7 +30,7 @@ import pytest  # noqa: E402
 
 
 def start_fixture_broker(
-    tmp: Path, *extra_env: tuple[str, str], args: tuple[str, ...] = ()
+    tmp: Path, *extra_env: tuple[str, str], args: tuple[str, ...] = (), timeout: float = 30
 ) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
     """Run `felix-broker fixture` and return the process and its fixture document."""
     out = tmp / "fixture.json"
@@ -52,14 +52,14 @@ def start_fixture_broker(
         stderr=subprocess.PIPE,
         env=env,
     )
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + timeout
     while not out.exists():
         if process.poll() is not None:
             errors = process.stderr.read().decode() if process.stderr else ""
             raise RuntimeError(f"felix-broker fixture exited: {errors}")
         if time.monotonic() > deadline:
             process.kill()
-            raise TimeoutError("felix-broker fixture did not start within 30 s")
+            raise TimeoutError(f"felix-broker fixture did not start within {timeout:.0f} s")
         time.sleep(0.05)
     document: dict[str, Any] = json.loads(out.read_text())
     return process, document

@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .requirements import Requirements
+
+if TYPE_CHECKING:
+    from .fleet import FleetCatalogue
 
 # JSON wire scalar types and their integer ranges (inclusive).
 INT_RANGES: dict[str, tuple[int, int]] = {
@@ -313,6 +316,7 @@ class Catalogue:
     negotiation: dict[str, Any]
     tagged_variant_of: dict[str, tuple[str, str]] = field(default_factory=dict)
     requirements: Requirements | None = None
+    fleet: FleetCatalogue | None = None
 
     def flag(self, name: str) -> Flag:
         return next(f for f in self.flags if f.name == name)

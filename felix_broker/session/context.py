@@ -204,6 +204,13 @@ class RequestContext:
         assert principal is not None, "requests are dispatched only after auth"
         return principal
 
+    @property
+    def token(self) -> str:
+        """The bearer token the stream authenticated with."""
+        token = self.proto.token
+        assert token is not None, "requests are dispatched only after auth"
+        return token
+
     def negotiated(self, feature: int) -> bool:
         """Both sides announced `feature`."""
         return self.proto.negotiated(feature)

@@ -23,13 +23,21 @@ A known client request type with no handler is answered as not served:
 `unsupported` to a client that negotiated FEATURE_UNSUPPORTED, otherwise an
 `invalid_request` error. Which types are deliberately never served, and why,
 is `NOT_SERVED`; tests check that the two together cover the catalogue.
+A table built with `withheld` features (the broker's `withhold_*` knobs) takes
+no handler for a type the catalogue gates on one of them: such requests are
+answered as not served too, whoever registers a handler.
 
 The serve / forward / redirect seam. Every request passes `Placement.place`
 before its handler runs: the one place where, per request, a broker decides
 whether it serves the request here, forwards it to the shard's owner, or
 redirects the client. A standalone broker owns every shard, so its placement
-(`STANDALONE`) always answers `SERVE_HERE`; the cluster supplies another
-`Placement` and the decisions that go with it.
+(`STANDALONE`) always answers `SERVE_HERE`; a fleet member's placement
+(felix_broker/fleet/placement.py) also answers `FORWARD` (the owner serves it
+and this broker relays the owner's answer), `REDIRECT` (the client is told who
+leads: `not_leader`, or its error and refusal forms) and `UNAVAILABLE` (no
+broker serves the shard now: `shard_unavailable` with its reason), and
+answers those itself (`Placement.elsewhere`). A request whose decision is not
+`SERVE_HERE` never reaches this broker's handler.
 """
 
 from __future__ import annotations
@@ -48,6 +56,7 @@ from felix_transport import ConnectionClosedError, StreamClosedError
 from felix_wire.binary import PublishBatchFrame
 from felix_wire.errors import ErrorCode
 from felix_wire.features import Feature
+from felix_wire.gating import MESSAGE_GATES
 from felix_wire.messages import Message, Publish, PublishBatch, Unsupported
 
 __all__ = [
@@ -89,12 +98,21 @@ class PlacementDecision(enum.Enum):
     """What a broker does with one request (see the module docs)."""
 
     SERVE_HERE = "serve_here"
+    FORWARD = "forward"  # served by the shard's owner; its answer is relayed
+    REDIRECT = "redirect"  # the client is sent to the shard's owner
+    UNAVAILABLE = "unavailable"  # no broker serves the shard now
 
 
 class Placement(Protocol):
-    """Decides, per request, where it is served."""
+    """Decides, per request, where it is served, and answers what is not served here."""
 
     def place(self, request: Request, ctx: RequestContext) -> PlacementDecision: ...
+
+    async def elsewhere(
+        self, decision: PlacementDecision, request: Request, ctx: RequestContext
+    ) -> None:
+        """Answer a request `place` did not keep here (forward, redirect, refuse)."""
+        ...
 
 
 class Standalone:
@@ -102,6 +120,11 @@ class Standalone:
 
     def place(self, request: Request, ctx: RequestContext) -> PlacementDecision:
         return PlacementDecision.SERVE_HERE
+
+    async def elsewhere(
+        self, decision: PlacementDecision, request: Request, ctx: RequestContext
+    ) -> None:
+        raise AssertionError(f"a standalone broker serves everything here, not {decision}")
 
 
 STANDALONE = Standalone()
@@ -129,23 +152,40 @@ class DispatchTable:
 
     With `metrics`, each handled request's time from dispatch to the end of its
     handler (its answer written, or queued in order for a publish) is observed in
-    `felix_request_seconds{type}`; the label child is taken once, at register."""
+    `felix_request_seconds{type}`; the label child is taken once, at register. Every
+    request answered as not served is counted in `felix_request_not_served_total{type}`."""
 
     def __init__(
-        self, placement: Placement = STANDALONE, *, metrics: BrokerMetrics | None = None
+        self,
+        placement: Placement = STANDALONE,
+        *,
+        metrics: BrokerMetrics | None = None,
+        withheld: int = 0,
     ) -> None:
         # Keyed by the request's exact class (generated classes are never subclassed).
         self._routes: dict[type[Any], _Route] = {}
         self._placement = placement
         self._metrics = metrics
+        self._withheld = withheld
+        self._withheld_names: dict[type[Any], str] = {}
 
     def register(self, kind: type[R], handler: Handler[R], *, concurrent: bool = False) -> None:
-        if kind in self._routes:
-            raise ValueError(f"{type_name(kind)} already has a handler")
         name = type_name(kind)
+        if kind in self._routes or kind in self._withheld_names:
+            raise ValueError(f"{name} already has a handler")
+        gate = MESSAGE_GATES.get(name)
+        if gate is not None and gate.features & self._withheld:
+            withheld = Feature(gate.features & self._withheld).name
+            self._withheld_names[kind] = f"{name} is not served here: {withheld} is withheld"
+            return
         metrics = self._metrics
         timer: _Timer = _Untimed() if metrics is None else metrics.request_timer(name)
         self._routes[kind] = _Route(handler, concurrent, name, timer)
+
+    def handler_for(self, kind: type[R]) -> Handler[R] | None:
+        """The handler registered for `kind` (an owner runs forwarded requests with it)."""
+        route = self._routes.get(kind)
+        return None if route is None else route.handler
 
     def handled(self) -> frozenset[str]:
         """The wire names of every type with a handler."""
@@ -155,10 +195,15 @@ class DispatchTable:
         route = self._routes.get(type(request))
         if route is None:
             assert not isinstance(request, PublishBatchFrame)  # always has a route
-            await ctx.write(not_served_answer(ctx, request))
+            if self._metrics is not None:
+                self._metrics.requests_not_served.labels(type=type_name(type(request))).inc()
+            reason = self._withheld_names.get(type(request))
+            await ctx.write(not_served_answer(ctx, request, reason))
             return
         decision = self._placement.place(request, ctx)
-        assert decision is PlacementDecision.SERVE_HERE
+        if decision is not PlacementDecision.SERVE_HERE:
+            await self._placement.elsewhere(decision, request, ctx)
+            return
         started = time.perf_counter()
         if route.concurrent:
             timed = _timed(self._run(route, request, ctx), route.timer, started)

@@ -33,6 +33,7 @@ from felix_broker.config import BrokerConfig
 from felix_broker.metrics import BrokerMetrics
 from felix_broker.session.context import ConnectionState, RequestContext
 from felix_broker.session.dispatch import DispatchTable
+from felix_broker.session.protocol import StreamProtocol
 from felix_broker.storage import StorageError
 from felix_broker.streams.budget import ByteBudget
 from felix_broker.streams.delivery import SubscriptionWriter
@@ -69,7 +70,14 @@ from felix_wire.messages import (
     Subscribed,
 )
 
-__all__ = ["DURABLE_FEATURES", "READ_MAX_BYTES", "STREAM_FEATURES", "StreamService", "refusal"]
+__all__ = [
+    "DURABLE_FEATURES",
+    "READ_MAX_BYTES",
+    "STREAM_FEATURES",
+    "StreamService",
+    "publish_answer_id",
+    "refusal",
+]
 
 # Features the stream service serves on any broker.
 STREAM_FEATURES = int(
@@ -96,6 +104,21 @@ def refusal(
     if not principal.permissions.allows(action, obj):
         return ErrorCode.FORBIDDEN, f"forbidden: {action.value} on {obj}"
     return None
+
+
+def publish_answer_id(message: Publish | PublishBatch, proto: StreamProtocol) -> int | None:
+    """The request id a JSON publish is answered by: None when it owes no answer, -1
+    when it owes one but names no request_id (refused invalid_request)."""
+    ack = message.ack or AckMode.NONE
+    wants_answer = ack is not AckMode.NONE or (
+        # decision ack-default: a pipelining client's request_id owes an answer.
+        message.ack is None
+        and message.request_id is not None
+        and proto.negotiated(Feature.FEATURE_PUBLISH_PIPELINE)
+    )
+    if not wants_answer:
+        return None
+    return -1 if message.request_id is None else message.request_id
 
 
 class StreamService:
@@ -165,14 +188,8 @@ class StreamService:
     ) -> None:
         proto = ctx.proto
         self._metrics.json_publishes.labels(frame=frame_type).inc()
-        ack = message.ack or AckMode.NONE
-        wants_answer = ack is not AckMode.NONE or (
-            # decision ack-default: a pipelining client's request_id owes an answer.
-            message.ack is None
-            and message.request_id is not None
-            and proto.negotiated(Feature.FEATURE_PUBLISH_PIPELINE)
-        )
-        if wants_answer and message.request_id is None:
+        request_id = publish_answer_id(message, proto)
+        if request_id == -1:
             await ctx.write(
                 proto.error(ErrorCode.INVALID_REQUEST, "an acked publish needs a request_id")
             )
@@ -184,7 +201,7 @@ class StreamService:
             stream=message.stream,
             payloads=payloads,
             key=message.key,
-            request_id=message.request_id if wants_answer else None,
+            request_id=request_id,
             binary=False,
         )
 

@@ -169,6 +169,12 @@ class ConnectionAdapter(abc.ABC):
 
     @property
     @abc.abstractmethod
+    def peer_certificate_der(self) -> bytes | None:
+        """The peer's leaf certificate (DER) once the handshake has seen one: the
+        server's on a client, a verified client certificate on a mutual-TLS server."""
+
+    @property
+    @abc.abstractmethod
     def initial_connection_ids(self) -> Sequence[bytes]:
         """Local connection ids to route to this connection from the start."""
 

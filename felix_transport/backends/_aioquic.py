@@ -64,13 +64,12 @@ def build_configuration(config: TransportConfig, *, is_client: bool) -> QuicConf
         qc.verify_mode = ssl.CERT_REQUIRED
         qc.load_verify_locations(cadata=config.ca_pem)
         qc.alpn_protocols = list(config.alpn_protocols) if config.offer_alpn else None
+        if config.certificate_chain_pem is not None and config.private_key_pem is not None:
+            _load_chain(qc, config.certificate_chain_pem, config.private_key_pem)
     else:
         if config.certificate_chain_pem is None or config.private_key_pem is None:
             raise ValueError("a server needs certificate_chain_pem and private_key_pem")
-        chain = x509.load_pem_x509_certificates(config.certificate_chain_pem)
-        qc.certificate = chain[0]
-        qc.certificate_chain = chain[1:]
-        qc.private_key = serialization.load_pem_private_key(config.private_key_pem, None)
+        _load_chain(qc, config.certificate_chain_pem, config.private_key_pem)
         install_server_hello_hook(
             tls.Context, tls.pull_client_hello, tls.AlertNoApplicationProtocol
         )
@@ -78,16 +77,73 @@ def build_configuration(config: TransportConfig, *, is_client: bool) -> QuicConf
     return qc
 
 
+def _load_chain(qc: QuicConfiguration, chain_pem: bytes, key_pem: bytes) -> None:
+    chain = x509.load_pem_x509_certificates(chain_pem)
+    qc.certificate = chain[0]
+    qc.certificate_chain = chain[1:]
+    qc.private_key = serialization.load_pem_private_key(key_pem, None)
+
+
+def _require_client_certificate(context: tls.Context, client_ca_pem: bytes) -> None:
+    """Make one server handshake request a client certificate and verify it.
+
+    aioquic 1.7 sends a CertificateRequest only under the private
+    ``_request_client_certificate`` flag, accepts an empty Certificate (no client
+    authentication) and checks only the CertificateVerify signature. The two
+    per-instance wrappers refuse an empty Certificate (certificate_required) and
+    verify the chain against ``client_ca_pem`` after the signature check
+    (bad_certificate), before the handshake can finish.
+    """
+    context._request_client_certificate = True
+    handle_certificate = context._server_handle_certificate
+    handle_verify = context._server_handle_certificate_verify
+
+    def _server_handle_certificate(input_buf: Any) -> None:
+        start = input_buf.tell()
+        if not tls.pull_certificate(input_buf).certificates:
+            raise _AlertCertificateRequired("a client certificate is required")
+        input_buf.seek(start)
+        handle_certificate(input_buf)
+
+    def _server_handle_certificate_verify(input_buf: Any) -> None:
+        handle_verify(input_buf)
+        certificate = context._peer_certificate
+        if certificate is None:  # _server_handle_certificate saw one; cannot happen
+            raise _AlertCertificateRequired("no client certificate")
+        tls.verify_certificate(
+            certificate=certificate,
+            chain=context._peer_certificate_chain,
+            cadata=client_ca_pem,
+        )
+
+    # Instance attributes win over the class's methods (the state machine calls
+    # them through self).
+    context._server_handle_certificate = _server_handle_certificate  # type: ignore[method-assign]
+    context._server_handle_certificate_verify = _server_handle_certificate_verify  # type: ignore[method-assign]
+
+
+class _AlertCertificateRequired(tls.Alert):
+    description = tls.AlertDescription.certificate_required
+
+
 class _CreditedConnection(QuicConnection):
     """A QuicConnection whose MAX_STREAM_DATA (and, with a connection budget,
     MAX_DATA) follows application reads."""
 
-    def __init__(self, *, window: int, connection_budget: int | None = None, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        *,
+        window: int,
+        connection_budget: int | None = None,
+        client_ca_pem: bytes | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.felix_window = window
         self.felix_connection_budget = connection_budget
         self.felix_consumed: dict[int, int] = {}
         self.felix_consumed_total = 0
+        self.felix_client_ca = client_ca_pem
 
     def _write_connection_limits(self, builder: QuicPacketBuilder, space: QuicPacketSpace) -> None:
         # Private hook (aioquic 1.7). aioquic doubles MAX_DATA once half of it has
@@ -106,6 +162,12 @@ class _CreditedConnection(QuicConnection):
             super()._write_connection_limits(builder, space)
         finally:
             max_data.used = used
+
+    def _initialize(self, peer_cid: bytes) -> None:
+        # Private hook (aioquic 1.7): the TLS context is created here.
+        super()._initialize(peer_cid)
+        if self.felix_client_ca is not None:
+            _require_client_certificate(self.tls, self.felix_client_ca)
 
     def _write_stream_limits(
         self, builder: QuicPacketBuilder, space: QuicPacketSpace, stream: QuicStream
@@ -269,6 +331,12 @@ class AioquicAdapter(ConnectionAdapter):
         return self._alpn
 
     @property
+    def peer_certificate_der(self) -> bytes | None:
+        context = getattr(self._quic, "tls", None)
+        cert = getattr(context, "_peer_certificate", None)
+        return None if cert is None else cert.public_bytes(serialization.Encoding.DER)
+
+    @property
     def initial_connection_ids(self) -> Sequence[bytes]:
         return [self._quic.host_cid]
 
@@ -291,6 +359,7 @@ class AioquicServerFactory(ServerFactory):
         quic = _CreditedConnection(
             window=self._window,
             connection_budget=self._budget,
+            client_ca_pem=self._config.client_ca_pem,
             configuration=self._qc,
             original_destination_connection_id=original_destination_cid,
         )

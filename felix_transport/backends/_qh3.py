@@ -32,6 +32,7 @@ from qh3.quic.connection import QuicConnection, QuicConnectionError
 
 from ..config import TransportConfig
 from ..events import (
+    ConnectionClosedError,
     HandshakeCompleted,
     StreamClosedError,
     TransportEvent,
@@ -81,6 +82,9 @@ def build_configuration(config: TransportConfig, *, is_client: bool) -> QuicConf
         qc.verify_mode = ssl.CERT_REQUIRED
         qc.load_verify_locations(cadata=config.ca_pem)
         qc.alpn_protocols = list(config.alpn_protocols) if config.offer_alpn else None
+        if config.certificate_chain_pem is not None and config.private_key_pem is not None:
+            # Presented when the server sends a CertificateRequest (mutual TLS).
+            qc.load_cert_chain(config.certificate_chain_pem, config.private_key_pem)
     else:
         if config.certificate_chain_pem is None or config.private_key_pem is None:
             raise ValueError("a server needs certificate_chain_pem and private_key_pem")
@@ -134,7 +138,11 @@ class Qh3Adapter(ConnectionAdapter):
     def open_stream(self, *, unidirectional: bool) -> int:
         # get_next_available_stream_id only peeks: two opens before any write would
         # get the same id. qh3 2.1's _open_stream allocates (pinned version; private).
-        stream_id: int = self._quic._open_stream(is_unidirectional=unidirectional)
+        try:
+            stream_id: int = self._quic._open_stream(is_unidirectional=unidirectional)
+        except QuicConnectionError as exc:
+            # The native core closed the connection before its close event was read.
+            raise ConnectionClosedError(None, f"connection closed: {exc}") from exc
         return stream_id
 
     def send(self, stream_id: int, data: bytes, *, end_stream: bool = False) -> None:
@@ -199,6 +207,12 @@ class Qh3Adapter(ConnectionAdapter):
     @property
     def alpn_protocol(self) -> str | None:
         return self._alpn
+
+    @property
+    def peer_certificate_der(self) -> bytes | None:
+        context = getattr(self._quic, "tls", None)
+        cert = getattr(context, "_peer_certificate", None)
+        return None if cert is None else bytes(cert.public_bytes())
 
     @property
     def initial_connection_ids(self) -> Sequence[bytes]:

@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 5f85fe01647cc840b0a3a3ff120f09511945e7f3befb2f906b8dbedb16237516
+# spec sha256: 3b22a86fd946ca8be2965db3df93ba303a1b3a80be4946590df9e61812aed651
 """Read-only index of the catalogue: every name the generated layer knows.
 
 Tests count these against tests/vectors/protocol-tables.yaml; tools (the conformance
@@ -30,7 +30,7 @@ __all__ = [
     "COUNTS",
 ]
 
-SPEC_SHA256 = "5f85fe01647cc840b0a3a3ff120f09511945e7f3befb2f906b8dbedb16237516"
+SPEC_SHA256 = "3b22a86fd946ca8be2965db3df93ba303a1b3a80be4946590df9e61812aed651"
 
 
 class Decision(NamedTuple):
@@ -142,6 +142,16 @@ DECISIONS: Mapping[str, Decision] = MappingProxyType(
             "catalogued as unnamed bits that we neither advertise nor gate anything on",
             "observed, meaning unknown",
         ),
+        "quorum-ack-model": Decision(
+            "what releases a Quorum acknowledgement (upstream's documents disagree whether follower acks are built, cluster facts D.3)",
+            "majority_ack from the start: a write is acknowledged once a majority of the replica set, the leader included, holds it durably at the leader's generation, with no etcd or control-plane write on the ack path; a new leader persists its ballot, fences every replica, opens only if no replica of the first fenced majority holds a log further ahead (last record's generation, then length), otherwise refuses and the shard stays unavailable; it appends a generation-start record and is settling (no mark, reads not_ready) until a majority holds it",
+            "the lease mode's report-before-mark would cost an etcd write on every Quorum publish; majority overlap between the ack majority and the fence majority keeps every acknowledged write in every later leader, which the hypothesis model of felix_broker/replication/core.py checks after every step",
+        ),
+        "quorum-no-majority-answer": Decision(
+            "answer to a Quorum write without a majority in time (semantics says refused, the protocol says quorum_timeout)",
+            "error quorum_timeout with retry class outcome_unknown after FELIX_PUBLISH_QUORUM_TIMEOUT_MS; the record may still commit later; a write waiting when leadership moves or the lease lapses gets leadership_lost (outcome_unknown)",
+            "the wire table and the protocol are authoritative, and a record durable on the leader can be committed by a later majority, so nothing-applied would be a lie",
+        ),
     }
 )
 
@@ -165,6 +175,6 @@ COUNTS: Mapping[str, int] = MappingProxyType(
         "error_codes": 17,
         "retry_classes": 5,
         "shapes": 25,
-        "decisions": 21,
+        "decisions": 23,
     }
 )

@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 5f85fe01647cc840b0a3a3ff120f09511945e7f3befb2f906b8dbedb16237516
+# spec sha256: 3b22a86fd946ca8be2965db3df93ba303a1b3a80be4946590df9e61812aed651
 """Feature bits: which requests and messages exist between two peers.
 
 A feature bit says a request or message EXISTS; a frame flag says how a payload

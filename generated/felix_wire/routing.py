@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 5f85fe01647cc840b0a3a3ff120f09511945e7f3befb2f906b8dbedb16237516
+# spec sha256: 3b22a86fd946ca8be2965db3df93ba303a1b3a80be4946590df9e61812aed651
 """Routing keys to shards: Routing keys to shards. No key, or a shard count of at most 1, is shard 0; an empty key is a key.
 
 Hash: 64-bit FNV-1a over the key's raw bytes, then a finalizer; `modulo` takes the

@@ -19,6 +19,7 @@ from felix_wire.codec import encode_frame
 from felix_wire.features import Capabilities
 from felix_wire.messages import AckMode, AuthOk, Publish, PublishOk, Subscribe, Subscribed
 
+from ..fleet.harness import TOPOLOGIES
 from ..support.wire import NS, TENANT, WireClient
 from .harness import running_broker
 
@@ -88,9 +89,16 @@ async def test_a_cancelled_waiter_gives_way() -> None:
     assert budget.held == 1
 
 
-async def test_tiny_publish_budgets_still_let_every_publish_through(tmp_path: Path) -> None:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_tiny_publish_budgets_still_let_every_publish_through(
+    tmp_path: Path, topology: str
+) -> None:
     async with running_broker(
-        tmp_path, pub_conn_inflight_bytes=1, pub_conn_total_inflight_bytes=1, pub_inflight_bytes=1
+        tmp_path,
+        topology=topology,
+        pub_conn_inflight_bytes=1,
+        pub_conn_total_inflight_bytes=1,
+        pub_inflight_bytes=1,
     ) as broker:
         client = await WireClient.connect(broker)
         stream, ok = await client.authed()

@@ -6,7 +6,7 @@ import pytest
 
 import felix_client
 from felix_client import ClientTimeoutError, ConnectionLostError, RetryClass, should_retry
-from felix_client.retry import _delay
+from felix_client.retry import backoff_delay
 from felix_wire.errors import broker_error
 
 
@@ -65,7 +65,7 @@ async def test_local_unknowns_only_for_idempotent_calls(error: Exception) -> Non
 
 
 def test_retry_after_waits_what_the_broker_said() -> None:
-    assert _delay(_refusal(RetryClass.RETRY_AFTER, retry_after_ms=250), 0, 0.05, 2.0) == 0.25
-    assert _delay(_refusal(RetryClass.RETRY_AFTER, retry_after_ms=9000), 0, 0.05, 2.0) == 2.0
+    assert backoff_delay(_refusal(RetryClass.RETRY_AFTER, retry_after_ms=250), 0, 0.05, 2.0) == 0.25
+    assert backoff_delay(_refusal(RetryClass.RETRY_AFTER, retry_after_ms=9000), 0, 0.05, 2.0) == 2.0
     # A plain retry with a stray hint still backs off with jitter, within the cap.
-    assert 0 <= _delay(_refusal(RetryClass.RETRY, retry_after_ms=900), 0, 0.05, 2.0) <= 0.05
+    assert 0 <= backoff_delay(_refusal(RetryClass.RETRY, retry_after_ms=900), 0, 0.05, 2.0) <= 0.05

@@ -35,8 +35,6 @@ def test_felix_client_passes_every_client_case(tmp_path: Path) -> None:
     )  # fmt: skip
     document = json.loads(report.read_text())
     verdicts = {c["id"]: c["verdict"] for c in document["cases"]}
-    # felix_client does not offer FEATURE_REDIRECT (it does not follow not_leader).
-    assert verdicts.pop("client.not-leader-followed") == "unsupported"
     failed = {
         c["id"]: (c["detail"], c["wire_log"][-20:])
         for c in document["cases"]

@@ -1,0 +1,715 @@
+"""The replication core of one shard on one broker: a sans-IO state machine.
+
+A shard has a replica set (node ids) and, at each generation, at most one
+leader. The generation comes from outside (the etcd `mod_revision` of the
+shard's assignment key: strictly increasing, never reused), so two promotions
+never share one. Everything the core does is an answer to an input:
+
+- `append(request_id, payloads, now)`: a client's Quorum write, at the leader;
+- `promote(generation, now)`: the control plane made this replica leader;
+- `receive(message, now)`: a peer message (ship, ship answers, fence, fence answers);
+- `synced(length)`: the log's first `length` records are now on disk (fsync done);
+- `tick(now)`: time passed (retransmissions, `quorum_timeout`);
+- `lease_expired()` / `lease_renewed()`: the broker's etcd lease lapsed / came back;
+- `Replica.recover(...)`: a restart from what the disk kept.
+
+Each returns a list of effects, to be carried out in order: `Send` a peer
+message, `WriteRecords` / `Truncate` / `PersistBallot` on the disk (a truncation
+and a ballot are synchronous: fsynced before the next effect; records are
+durable only once `synced` says so), and client outcomes (`Acked`, `Refused`)
+and `PromotionRefused` / `Halted` for the fleet.
+
+The rules (the design the fleet serves; decision `quorum-ack-model` in
+spec/messages.yaml):
+
+- **The quorum mark.** A write is acknowledged once a majority of the replica
+  set, the leader included, holds it durably at the leader's generation: the
+  leader's own fsynced length and each follower's `ShipOk.durable` (its fsynced
+  length of the prefix it verified against this leader). No coordinator write is
+  on this path: safety comes from promotion fencing a majority at the new
+  generation instead (majority overlap).
+- **Generation-start record.** A new leader appends a record of its own
+  generation first, and the mark counts a majority only at a record of the
+  leader's generation (Raft's figure-8 rule), so the first mark of a generation
+  also commits everything before it. Until then the leader is *settling*: it
+  takes writes but serves no reads (`not_ready`).
+- **Promotion only of a caught-up replica.** The candidate persists its ballot,
+  fences every replica (each persists the ballot and refuses older leaders from
+  then on) and, on the first majority of answers (itself included), opens only
+  if no answer shows a log further ahead by (generation of the last record,
+  length). Otherwise it refuses the promotion (`PromotionRefused`, naming who is
+  ahead) and the shard stays unavailable until the fleet promotes another: it is
+  never served empty or short.
+- **Followers keep a prefix of the leader's log.** A ship carries the offset and
+  generation of the record before it; a follower that does not hold that record
+  answers where to resume, and one that holds a different record at an offset the
+  ship covers truncates from there (what it never had committed) before writing.
+  A conflict below the follower's known mark is impossible in a correct fleet;
+  the follower halts rather than lose a committed record.
+- **Readers stop at the mark**: `read` answers records below it only, skipping
+  generation-start records (they take an offset and are never delivered).
+- **Refusals.** Not the leader: `not_leader` (redirect; nothing written). Lease
+  lapsed: `shard_unavailable/fenced` (retry; nothing written), and writes already
+  waiting get `leadership_lost` (outcome unknown). No majority within
+  `quorum_timeout_ms`: `quorum_timeout` (outcome unknown: the record may still
+  commit). Deposed while waiting: `leadership_lost`.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import ClassVar
+
+from felix_wire.errors import ErrorCode, RetryClass
+
+__all__ = [
+    "Acked",
+    "Config",
+    "DiskImage",
+    "Effect",
+    "Entry",
+    "Fence",
+    "FenceOk",
+    "FenceRefused",
+    "Halted",
+    "Message",
+    "PersistBallot",
+    "Phase",
+    "PromotionRefused",
+    "ReadResult",
+    "Refused",
+    "Replica",
+    "Send",
+    "Ship",
+    "ShipOk",
+    "ShipRefusal",
+    "ShipRefused",
+    "Truncate",
+    "WriteRecords",
+]
+
+
+# --- records, messages, effects ------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Entry:
+    """One record: the generation that *wrote* it (kept when shipped), its payload,
+    and whether it is a generation-start record (takes an offset, never delivered)."""
+
+    generation: int
+    payload: bytes
+    start: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Ship:
+    """Leader to follower: records from `offset`; `prev_generation` labels the record
+    at `offset - 1` (0 when `offset` is 0); `commit` is the leader's mark."""
+
+    generation: int
+    leader: str
+    offset: int
+    prev_generation: int
+    entries: tuple[Entry, ...]
+    commit: int
+
+
+@dataclass(frozen=True, slots=True)
+class ShipOk:
+    """Follower to leader: it holds the leader's log up to `matched`, and durably up
+    to `durable` (never more than `matched`)."""
+
+    generation: int
+    sender: str
+    durable: int
+    matched: int
+
+
+class ShipRefusal(enum.Enum):
+    FENCED = "fenced"  # the follower knows a newer generation (`generation` says which)
+    RESUME = "resume"  # the follower lacks the record before the ship: resume at `resume_at`
+
+
+@dataclass(frozen=True, slots=True)
+class ShipRefused:
+    generation: int
+    sender: str
+    refusal: ShipRefusal
+    resume_at: int = 0
+
+
+@dataclass(frozen=True, slots=True)
+class Fence:
+    """A candidate at `generation` asks a replica to refuse older leaders."""
+
+    generation: int
+    candidate: str
+
+
+@dataclass(frozen=True, slots=True)
+class FenceOk:
+    """The replica persisted the ballot; its log's last record generation and length."""
+
+    generation: int
+    sender: str
+    last_generation: int
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class FenceRefused:
+    generation: int  # the newer generation the replica holds
+    sender: str
+
+
+Message = Ship | ShipOk | ShipRefused | Fence | FenceOk | FenceRefused
+
+
+@dataclass(frozen=True, slots=True)
+class Send:
+    to: str
+    message: Message
+
+
+@dataclass(frozen=True, slots=True)
+class WriteRecords:
+    """Write `entries` at `offset` (the log's length at that point; not yet durable)."""
+
+    offset: int
+    entries: tuple[Entry, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Truncate:
+    """Cut the log to `length` records, synchronously (before the next effect)."""
+
+    length: int
+
+
+@dataclass(frozen=True, slots=True)
+class PersistBallot:
+    """Persist (generation, leader) synchronously; `leader` is None when not known yet."""
+
+    generation: int
+    leader: str | None
+
+
+@dataclass(frozen=True, slots=True)
+class Acked:
+    """A client write is committed: held durably by a majority at `generation`."""
+
+    request_id: int
+    first_offset: int
+    count: int
+    generation: int
+
+
+@dataclass(frozen=True, slots=True)
+class Refused:
+    """A client write answered without an acknowledgement; `retry` says whether it
+    may have been applied (outcome_unknown) or definitely was not."""
+
+    request_id: int
+    code: ErrorCode
+    retry: RetryClass
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class PromotionRefused:
+    """The candidate is behind `ahead`: it does not open; promote one of those."""
+
+    generation: int
+    ahead: tuple[str, ...]
+
+
+@dataclass(frozen=True, slots=True)
+class Halted:
+    """A ship conflicts below this follower's known mark: it stops replicating."""
+
+    generation: int
+    offset: int
+
+
+Effect = (
+    Send | WriteRecords | Truncate | PersistBallot | Acked | Refused | PromotionRefused | Halted
+)
+
+
+@dataclass(frozen=True, slots=True)
+class ReadResult:
+    """Records below the mark from `offset`: (offset, payload), start records skipped;
+    or a refusal (`code`, `reason`) when this replica cannot serve reads."""
+
+    records: tuple[tuple[int, bytes], ...] = ()
+    next_offset: int = 0
+    code: ErrorCode | None = None
+    reason: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class DiskImage:
+    """What a restarted replica finds on disk: its ballot and its durable records."""
+
+    ballot_generation: int = 0
+    ballot_leader: str | None = None
+    entries: tuple[Entry, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    quorum_timeout_ms: int = 5000  # FELIX_PUBLISH_QUORUM_TIMEOUT_MS
+    retransmit_ms: int = 200  # resend an unanswered ship or fence after this long
+    ship_max_records: int = 64  # records per ship (the bound on one message)
+
+    def __post_init__(self) -> None:
+        if self.quorum_timeout_ms <= 0 or self.retransmit_ms <= 0 or self.ship_max_records <= 0:
+            raise ValueError("replication timeouts and the ship size must be positive")
+
+
+class Phase(enum.Enum):
+    FOLLOWER = "follower"
+    FENCING = "fencing"  # a candidate waiting for a majority of fence answers
+    LEADER = "leader"  # settling while `mark` is None
+    HALTED = "halted"
+
+
+@dataclass(slots=True)
+class _Pending:
+    request_id: int
+    first_offset: int
+    end: int  # offset after the write's last record
+    deadline: int
+
+
+@dataclass(slots=True)
+class _Peer:
+    next_offset: int = 0  # where the next ship starts
+    matched: int = 0  # prefix verified to equal the leader's, at this generation
+    durable: int = 0  # of which fsynced (what the mark counts)
+    sent_at: int | None = None  # when the last unanswered ship or fence left
+    told_commit: int = 0
+
+
+# --- the state machine ---------------------------------------------------------------
+
+
+@dataclass(slots=True)
+class Replica:
+    node_id: str
+    replicas: tuple[str, ...]  # the replica set, this node included
+    config: Config = field(default_factory=Config)
+    phase: Phase = Phase.FOLLOWER
+    generation: int = 0  # the ballot: the newest generation this replica accepted
+    leader: str | None = None
+    log: list[Entry] = field(default_factory=list)
+    synced_length: int = 0
+    commit: int = 0  # the highest mark this replica knows (never moves backwards)
+    mark: int | None = None  # a leader's mark at its generation; None while settling
+    lease_lapsed: bool = False
+    _matched: int = 0  # as follower: prefix verified against the current leader
+    _told_durable: int = 0
+    _peers: dict[str, _Peer] = field(default_factory=dict)
+    _fence_answers: dict[str, tuple[int, int]] = field(default_factory=dict)
+    _pending: list[_Pending] = field(default_factory=list)
+    _generation_start: int = 0  # offset of this leader's generation-start record
+
+    _HANDLERS: ClassVar[dict[type, Callable[[Replica, Message, int], list[Effect]]]]
+
+    def __post_init__(self) -> None:
+        if self.node_id not in self.replicas:
+            raise ValueError(f"{self.node_id!r} is not in its replica set {self.replicas!r}")
+        if len(set(self.replicas)) != len(self.replicas):
+            raise ValueError(f"replica set {self.replicas!r} names a node twice")
+
+    @classmethod
+    def recover(
+        cls, node_id: str, replicas: Sequence[str], disk: DiskImage, config: Config | None = None
+    ) -> Replica:
+        """A replica after a restart: a follower at its persisted ballot. A leader that
+        restarts leads again only when promoted at a newer generation."""
+        replica = cls(node_id, tuple(replicas), config or Config())
+        replica.generation = disk.ballot_generation
+        replica.leader = disk.ballot_leader if disk.ballot_leader != node_id else None
+        replica.log = list(disk.entries)
+        replica.synced_length = len(disk.entries)
+        return replica
+
+    # -- derived views
+
+    @property
+    def majority(self) -> int:
+        return len(self.replicas) // 2 + 1
+
+    @property
+    def followers(self) -> tuple[str, ...]:
+        return tuple(r for r in self.replicas if r != self.node_id)
+
+    @property
+    def settling(self) -> bool:
+        return self.phase is Phase.LEADER and self.mark is None
+
+    @property
+    def accepts_writes(self) -> bool:
+        return self.phase is Phase.LEADER and not self.lease_lapsed
+
+    @property
+    def verified_length(self) -> int:
+        """As follower: the prefix of our log verified to equal the current leader's."""
+        return self._matched
+
+    def tail(self) -> tuple[int, int]:
+        """(generation of the last record, length): how far ahead this log is."""
+        return (self.log[-1].generation if self.log else 0, len(self.log))
+
+    def read(self, offset: int, limit: int) -> ReadResult:
+        """What a reader of this shard may see from `offset`: records below the mark."""
+        if self.phase is not Phase.LEADER:
+            return ReadResult(code=ErrorCode.NOT_LEADER)
+        if self.lease_lapsed:
+            return ReadResult(code=ErrorCode.SHARD_UNAVAILABLE, reason="fenced")
+        if self.mark is None:
+            return ReadResult(code=ErrorCode.SHARD_UNAVAILABLE, reason="not_ready")
+        records: list[tuple[int, bytes]] = []
+        at = max(offset, 0)
+        while at < self.mark and len(records) < limit:
+            entry = self.log[at]
+            if not entry.start:
+                records.append((at, entry.payload))
+            at += 1
+        return ReadResult(records=tuple(records), next_offset=at)
+
+    # -- client writes
+
+    def append(self, request_id: int, payloads: Sequence[bytes], now: int) -> list[Effect]:
+        if self.phase is not Phase.LEADER:
+            return [Refused(request_id, ErrorCode.NOT_LEADER, RetryClass.REDIRECT)]
+        if self.lease_lapsed:
+            return [Refused(request_id, ErrorCode.SHARD_UNAVAILABLE, RetryClass.RETRY, "fenced")]
+        if not payloads:
+            return [Refused(request_id, ErrorCode.INVALID_REQUEST, RetryClass.FATAL, "empty")]
+        first = len(self.log)
+        entries = tuple(Entry(self.generation, p) for p in payloads)
+        self.log.extend(entries)
+        deadline = now + self.config.quorum_timeout_ms
+        self._pending.append(_Pending(request_id, first, len(self.log), deadline))
+        effects: list[Effect] = [WriteRecords(first, entries)]
+        for peer in self.followers:
+            effects.extend(self._ship(peer, now))
+        return effects
+
+    # -- the fleet's signals
+
+    def promote(self, generation: int, now: int) -> list[Effect]:
+        """Become the candidate at `generation`: persist the ballot and fence everyone."""
+        if generation <= self.generation or self.phase is Phase.HALTED:
+            return []
+        effects = self._adopt(generation, self.node_id)
+        self.phase = Phase.FENCING
+        self._fence_answers = {}
+        self._peers = {peer: _Peer() for peer in self.followers}
+        effects.extend(self._maybe_open(now))
+        for peer in self.followers:
+            self._peers[peer].sent_at = now
+            effects.append(Send(peer, Fence(generation, self.node_id)))
+        return effects
+
+    def lease_expired(self) -> list[Effect]:
+        self.lease_lapsed = True
+        return self._fail_pending(ErrorCode.LEADERSHIP_LOST)
+
+    def lease_renewed(self) -> list[Effect]:
+        self.lease_lapsed = False
+        return []
+
+    def synced(self, length: int) -> list[Effect]:
+        """The disk holds the first `length` records durably (after every effect so far)."""
+        self.synced_length = min(max(self.synced_length, length), len(self.log))
+        if self.phase is Phase.LEADER:
+            return self._advance_mark()
+        if self.phase is Phase.FOLLOWER and self.leader is not None:
+            durable = min(self.synced_length, self._matched)
+            if durable > self._told_durable:
+                self._told_durable = durable
+                return [
+                    Send(
+                        self.leader,
+                        ShipOk(self.generation, self.node_id, durable, self._matched),
+                    )
+                ]
+        return []
+
+    def tick(self, now: int) -> list[Effect]:
+        effects: list[Effect] = []
+        expired = [p for p in self._pending if p.deadline <= now]
+        if expired:
+            self._pending = [p for p in self._pending if p.deadline > now]
+            effects.extend(
+                Refused(
+                    p.request_id,
+                    ErrorCode.QUORUM_TIMEOUT,
+                    RetryClass.OUTCOME_UNKNOWN,
+                )
+                for p in expired
+            )
+        due = self.config.retransmit_ms
+        if self.phase is Phase.FENCING:
+            for peer, state in self._peers.items():
+                if peer not in self._fence_answers and (
+                    state.sent_at is None or now - state.sent_at >= due
+                ):
+                    state.sent_at = now
+                    effects.append(Send(peer, Fence(self.generation, self.node_id)))
+        elif self.phase is Phase.LEADER:
+            for peer, state in self._peers.items():
+                behind = state.matched < len(self.log) or state.told_commit < self.commit
+                if behind and (state.sent_at is None or now - state.sent_at >= due):
+                    effects.extend(self._ship(peer, now))
+        return effects
+
+    # -- peer messages
+
+    def receive(self, message: Message, now: int) -> list[Effect]:
+        if self.phase is Phase.HALTED:
+            return []
+        return self._HANDLERS[type(message)](self, message, now)
+
+    def _on_ship(self, message: Message, now: int) -> list[Effect]:
+        assert isinstance(message, Ship)
+        if message.generation < self.generation:
+            return [Send(message.leader, self._fenced_answer())]
+        effects: list[Effect] = []
+        if message.generation > self.generation:
+            effects.extend(self._adopt(message.generation, message.leader))
+        elif self.phase is not Phase.FOLLOWER:
+            return []  # our own generation names us; a ship from another is impossible
+        elif self.leader is None:
+            self.leader = message.leader
+            effects.append(PersistBallot(self.generation, self.leader))
+        at = message.offset
+        if at > len(self.log) or (
+            at > 0 and self.log[at - 1].generation != message.prev_generation
+        ):
+            return [
+                *effects,
+                Send(
+                    message.leader,
+                    ShipRefused(
+                        self.generation, self.node_id, ShipRefusal.RESUME, self._resume_at(at)
+                    ),
+                ),
+            ]
+        effects.extend(self._store(at, message.entries))
+        if self.phase is Phase.HALTED:
+            return effects
+        self._matched = max(self._matched, at + len(message.entries))
+        self.commit = max(self.commit, min(message.commit, self._matched))
+        durable = min(self.synced_length, self._matched)
+        self._told_durable = max(self._told_durable, durable)
+        effects.append(
+            Send(message.leader, ShipOk(self.generation, self.node_id, durable, self._matched))
+        )
+        return effects
+
+    def _on_ship_ok(self, message: Message, now: int) -> list[Effect]:
+        assert isinstance(message, ShipOk)
+        state = self._peers.get(message.sender)
+        if self.phase is not Phase.LEADER or message.generation != self.generation or not state:
+            return []
+        state.matched = max(state.matched, message.matched)
+        state.durable = max(state.durable, min(message.durable, state.matched))
+        state.next_offset = max(state.next_offset, state.matched)
+        state.sent_at = None
+        effects = self._advance_mark()
+        if state.matched < len(self.log):
+            effects.extend(self._ship(message.sender, now))
+        return effects
+
+    def _on_ship_refused(self, message: Message, now: int) -> list[Effect]:
+        assert isinstance(message, ShipRefused)
+        if message.refusal is ShipRefusal.FENCED:
+            return self._step_down(message.generation)
+        state = self._peers.get(message.sender)
+        if self.phase is not Phase.LEADER or message.generation != self.generation or not state:
+            return []
+        state.next_offset = max(state.matched, min(message.resume_at, state.next_offset - 1))
+        return self._ship(message.sender, now)
+
+    def _on_fence(self, message: Message, now: int) -> list[Effect]:
+        assert isinstance(message, Fence)
+        if message.generation < self.generation or (
+            message.generation == self.generation and self.leader not in (None, message.candidate)
+        ):
+            return [Send(message.candidate, FenceRefused(self.generation, self.node_id))]
+        if message.generation == self.generation and self.phase is not Phase.FOLLOWER:
+            return []  # we are the candidate of this generation (a fence from ourselves)
+        effects: list[Effect] = []
+        if message.generation > self.generation:
+            effects.extend(self._adopt(message.generation, message.candidate))
+        elif self.leader is None:
+            # We knew the generation (a refusal told us, or we restarted) but not its
+            # leader: one candidate per generation, so this is it.
+            self.leader = message.candidate
+            effects.append(PersistBallot(self.generation, self.leader))
+        last, length = self.tail()
+        effects.append(
+            Send(message.candidate, FenceOk(self.generation, self.node_id, last, length))
+        )
+        return effects
+
+    def _on_fence_ok(self, message: Message, now: int) -> list[Effect]:
+        assert isinstance(message, FenceOk)
+        if self.phase is not Phase.FENCING or message.generation != self.generation:
+            return []
+        if message.sender not in self._peers:
+            return []
+        self._fence_answers[message.sender] = (message.last_generation, message.length)
+        self._peers[message.sender].next_offset = min(message.length, len(self.log))
+        return self._maybe_open(now)
+
+    def _on_fence_refused(self, message: Message, now: int) -> list[Effect]:
+        assert isinstance(message, FenceRefused)
+        return self._step_down(message.generation)
+
+    # -- internals
+
+    def _fenced_answer(self) -> ShipRefused:
+        return ShipRefused(self.generation, self.node_id, ShipRefusal.FENCED)
+
+    def _resume_at(self, offset: int) -> int:
+        """Where a leader should resume shipping to us, given a ship at `offset` we
+        cannot take: our length, or the start of our run of records of the generation
+        before `offset` (one round trip per generation, not per record)."""
+        if offset > len(self.log):
+            return len(self.log)
+        generation = self.log[offset - 1].generation
+        at = offset - 1
+        while at > 0 and self.log[at - 1].generation == generation:
+            at -= 1
+        return at
+
+    def _store(self, at: int, entries: Sequence[Entry]) -> list[Effect]:
+        """Write a verified ship's records, truncating what conflicts with them."""
+        effects: list[Effect] = []
+        for index, entry in enumerate(entries):
+            offset = at + index
+            if offset < len(self.log):
+                if self.log[offset] == entry:
+                    continue
+                if offset < self.commit:
+                    self.phase = Phase.HALTED
+                    return [Halted(self.generation, offset)]
+                effects.extend(self._truncate(offset))
+            rest = tuple(entries[index:])
+            self.log.extend(rest)
+            effects.append(WriteRecords(offset, rest))
+            break
+        return effects
+
+    def _truncate(self, length: int) -> list[Effect]:
+        del self.log[length:]
+        self.synced_length = min(self.synced_length, length)
+        return [Truncate(length)]
+
+    def _adopt(self, generation: int, leader: str | None) -> list[Effect]:
+        """Accept a newer generation led by `leader` (as follower unless it is us)."""
+        effects = self._fail_pending(ErrorCode.LEADERSHIP_LOST)
+        self.generation = generation
+        self.leader = leader
+        self.phase = Phase.FOLLOWER
+        self.mark = None
+        self._matched = 0
+        self._told_durable = 0
+        self._peers = {}
+        self._fence_answers = {}
+        effects.insert(0, PersistBallot(generation, leader))
+        return effects
+
+    def _step_down(self, generation: int) -> list[Effect]:
+        if generation <= self.generation:
+            return []
+        return self._adopt(generation, None)
+
+    def _fail_pending(self, code: ErrorCode) -> list[Effect]:
+        failed, self._pending = self._pending, []
+        return [Refused(p.request_id, code, RetryClass.OUTCOME_UNKNOWN) for p in failed]
+
+    def _caught_up(self) -> tuple[str, ...]:
+        """The fenced replicas whose log is further ahead than ours (empty: we may open)."""
+        mine = self.tail()
+        return tuple(sorted(p for p, tail in self._fence_answers.items() if tail > mine))
+
+    def _maybe_open(self, now: int) -> list[Effect]:
+        if len(self._fence_answers) + 1 < self.majority:
+            return []
+        ahead = self._caught_up()
+        if ahead:
+            generation = self.generation
+            self.phase = Phase.FOLLOWER
+            self.leader = None
+            self._peers = {}
+            return [PersistBallot(generation, None), PromotionRefused(generation, ahead)]
+        self.phase = Phase.LEADER
+        self.mark = None
+        self._generation_start = len(self.log)
+        start = (Entry(self.generation, b"", start=True),)
+        self.log.extend(start)
+        effects: list[Effect] = [WriteRecords(self._generation_start, start)]
+        for peer in self.followers:
+            self._peers[peer].sent_at = None
+            effects.extend(self._ship(peer, now))
+        return effects
+
+    def _ship(self, peer: str, now: int) -> list[Effect]:
+        state = self._peers[peer]
+        at = min(state.next_offset, len(self.log))
+        entries = tuple(self.log[at : at + self.config.ship_max_records])
+        previous = self.log[at - 1].generation if at > 0 else 0
+        state.sent_at = now
+        state.told_commit = self.commit
+        ship = Ship(self.generation, self.node_id, at, previous, entries, self.commit)
+        return [Send(peer, ship)]
+
+    def _quorum_length(self) -> int:
+        """The longest prefix a majority (this leader included) holds durably."""
+        held = sorted(
+            [self.synced_length, *(p.durable for p in self._peers.values())], reverse=True
+        )
+        return held[self.majority - 1] if len(held) >= self.majority else 0
+
+    def _advance_mark(self) -> list[Effect]:
+        candidate = self._quorum_length()
+        if candidate <= self._generation_start:
+            return []  # the majority has not reached a record of our generation yet
+        if self.mark is not None and candidate <= self.mark:
+            return []
+        self.mark = candidate
+        self.commit = max(self.commit, candidate)
+        return self._release()
+
+    def _release(self) -> list[Effect]:
+        mark = self.mark
+        assert mark is not None
+        done = [p for p in self._pending if p.end <= mark]
+        self._pending = [p for p in self._pending if p.end > mark]
+        return [
+            Acked(p.request_id, p.first_offset, p.end - p.first_offset, self.generation)
+            for p in done
+        ]
+
+
+def _handlers() -> dict[type, Callable[[Replica, Message, int], list[Effect]]]:
+    return {
+        Ship: Replica._on_ship,
+        ShipOk: Replica._on_ship_ok,
+        ShipRefused: Replica._on_ship_refused,
+        Fence: Replica._on_fence,
+        FenceOk: Replica._on_fence_ok,
+        FenceRefused: Replica._on_fence_refused,
+    }
+
+
+Replica._HANDLERS = _handlers()

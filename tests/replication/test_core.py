@@ -1,0 +1,208 @@
+"""The replication core's rules, one scripted situation each."""
+
+from __future__ import annotations
+
+import pytest
+
+from felix_broker.replication.core import (
+    Acked,
+    Config,
+    Entry,
+    Fence,
+    FenceOk,
+    FenceRefused,
+    PersistBallot,
+    Phase,
+    PromotionRefused,
+    Refused,
+    Replica,
+    Send,
+)
+from felix_wire.errors import ErrorCode, RetryClass
+from tests.replication.sim import Cluster
+
+
+def opened(size: int = 3) -> Cluster:
+    cluster = Cluster(size)
+    cluster.promote("n0")
+    cluster.settle()
+    cluster.check()
+    return cluster
+
+
+def outcomes(cluster: Cluster) -> dict[str, str]:
+    return {op.value or "": op.outcome.value for op in cluster.history if op.value}
+
+
+def test_a_quorum_write_is_acknowledged_once_a_majority_holds_it_durably() -> None:
+    c = opened()
+    c.append("n0", b"v1")
+    c.sync("n0")
+    assert b"v1" not in c.acked  # the leader alone is not a majority
+    ship_to_n1 = next(i for i, (to, _) in enumerate(c.network) if to == "n1")
+    c.deliver(ship_to_n1)
+    for _ in range(10):  # n1's answer reaches n0
+        if c.network and c.network[0][0] == "n0":
+            c.deliver(0)
+    assert b"v1" not in c.acked  # n1 holds it, but not durably yet
+    c.network = [(to, m) for to, m in c.network if to != "n2"]
+    c.sync("n1")
+    c.flush()
+    assert c.acked[b"v1"] == (1, 1)  # offset 1: the generation-start record is offset 0
+    c.check()
+    leader = c.nodes["n0"]
+    assert leader is not None and leader.read(0, 10).records == ((1, b"v1"),)
+
+
+def test_no_majority_within_the_timeout_answers_quorum_timeout() -> None:
+    c = opened()
+    c.crash("n1")
+    c.crash("n2")
+    c.append("n0", b"v1")
+    c.sync("n0")
+    c.tick(c.config.quorum_timeout_ms - 1)
+    assert outcomes(c) == {}
+    c.tick(1)
+    [op] = c.history
+    assert (op.outcome.value, op.code, op.retry) == ("refused", "quorum_timeout", "outcome_unknown")
+    # The record may still commit: outcome unknown means exactly that.
+    c.restart("n1")
+    c.settle()
+    leader = c.nodes["n0"]
+    assert leader is not None and leader.read(0, 10).records == ((1, b"v1"),)
+
+
+def test_a_just_promoted_leader_is_settling_until_a_majority_confirms() -> None:
+    c = Cluster(3)
+    c.promote("n0")
+    leader = c.nodes["n0"]
+    assert leader is not None
+    assert leader.read(0, 10).code is ErrorCode.NOT_LEADER  # still fencing
+    c.flush()
+    assert leader.phase is Phase.LEADER and leader.settling
+    result = leader.read(0, 10)
+    assert (result.code, result.reason) == (ErrorCode.SHARD_UNAVAILABLE, "not_ready")
+    c.append("n0", b"v1")  # writes are taken while settling; they wait for the mark
+    c.settle()
+    assert not leader.settling and b"v1" in c.acked
+
+
+def test_a_lagging_candidate_refuses_promotion_and_the_shard_stays_unavailable() -> None:
+    c = opened()
+    c.crash("n2")  # n2 misses v1
+    c.append("n0", b"v1")
+    c.settle()
+    assert b"v1" in c.acked
+    c.crash("n0")
+    c.restart("n2")
+    c.promote("n2")
+    c.settle()
+    [refusal] = [e for e in c.events if isinstance(e, PromotionRefused)]
+    assert refusal.ahead == ("n1",)
+    assert c.leaders() == []  # never served short: nobody serves it
+    c.append("n2", b"v2")
+    assert c.history[-1].code == "not_leader" and c.history[-1].retry == "redirect"
+    c.promote("n1")
+    c.settle()
+    c.check()
+    leader = c.nodes["n1"]
+    assert leader is not None and [p for _, p in leader.read(0, 10).records] == [b"v1"]
+
+
+def test_the_old_leader_truncates_what_it_never_shipped_when_it_rejoins() -> None:
+    c = opened()
+    c.append("n0", b"lost")
+    c.network.clear()
+    c.sync("n0")
+    c.crash("n0")
+    c.promote("n1")
+    c.settle()
+    c.append("n1", b"v2")
+    c.settle()
+    c.restart("n0")
+    old = c.nodes["n0"]
+    assert old is not None and old.log[1].payload == b"lost"
+    c.settle()
+    c.check()
+    assert [e.payload for e in old.log] == [b"", b"", b"v2"]
+    assert c.disks["n0"].log == old.log
+
+
+def test_a_lapsed_lease_refuses_writes_and_fails_those_waiting() -> None:
+    c = opened()
+    c.network.clear()
+    c.append("n0", b"waiting")
+    c.expire_lease("n0")
+    c.append("n0", b"refused")
+    by_value = {op.value: (op.code, op.retry) for op in c.history}
+    assert by_value["waiting"] == ("leadership_lost", "outcome_unknown")
+    assert by_value["refused"] == ("shard_unavailable", "retry")
+    leader = c.nodes["n0"]
+    assert leader is not None
+    assert leader.read(0, 10).reason == "fenced"
+    c.renew_lease("n0")
+    c.append("n0", b"later")
+    c.settle()
+    assert b"later" in c.acked
+
+
+def test_a_deposed_leader_steps_down_when_a_newer_generation_answers() -> None:
+    c = opened()
+    c.crash("n0")
+    c.promote("n1")
+    c.settle()
+    c.restart("n0")  # comes back a follower, whatever its ballot said
+    old = c.nodes["n0"]
+    assert old is not None and old.phase is Phase.FOLLOWER
+    # An old leader that never crashed hears of the newer generation from the first
+    # replica it ships to.
+    c2 = opened()
+    c2.promote("n1")
+    for _ in range(100):  # nothing reaches n0: it is not fenced and still leads
+        c2.cut_off("n0")
+        c2.deliver(0)
+    old2 = c2.nodes["n0"]
+    assert old2 is not None and old2.phase is Phase.LEADER and old2.generation == 1
+    c2.append("n0", b"v")
+    c2.flush()
+    assert old2.phase is Phase.FOLLOWER and old2.generation == 2
+    assert c2.history[-1].code == "leadership_lost"
+    c2.check()
+
+
+def test_a_single_replica_acknowledges_on_its_own_fsync() -> None:
+    replica = Replica("a", ("a",))
+    effects = replica.promote(7, now=0)
+    assert replica.phase is Phase.LEADER and replica.settling
+    effects = replica.append(1, [b"x", b"y"], now=0)
+    assert not [e for e in effects if isinstance(e, Acked)]
+    assert replica.synced(3) == [Acked(1, 1, 2, 7)]
+    assert replica.log == [Entry(7, b"", start=True), Entry(7, b"x"), Entry(7, b"y")]
+
+
+def test_bad_input_is_refused_clearly() -> None:
+    with pytest.raises(ValueError, match="not in its replica set"):
+        Replica("z", ("a", "b", "c"))
+    with pytest.raises(ValueError, match="names a node twice"):
+        Replica("a", ("a", "a", "b"))
+    with pytest.raises(ValueError, match="positive"):
+        Config(quorum_timeout_ms=0)
+    replica = Replica("a", ("a",))
+    replica.promote(1, now=0)
+    assert replica.append(1, [], now=0) == [
+        Refused(1, ErrorCode.INVALID_REQUEST, RetryClass.FATAL, "empty")
+    ]
+    assert replica.promote(1, now=0) == []  # a generation is never taken twice
+
+
+def test_a_replica_that_knows_a_generation_but_not_its_leader_takes_its_fence() -> None:
+    """Regression: a replica told of generation 5 by a refusal (leader unknown) used to
+    refuse generation 5's candidate forever, so that candidate could never count it."""
+    replica = Replica("b", ("a", "b", "c"))
+    replica.promote(3, now=0)
+    replica.receive(FenceRefused(5, "c"), now=0)
+    assert (replica.generation, replica.leader) == (5, None)
+    effects = replica.receive(Fence(5, "a"), now=0)
+    assert PersistBallot(5, "a") in effects
+    assert Send("a", FenceOk(5, "b", 0, 0)) in effects
+    assert replica.receive(Fence(5, "c"), now=0) == [Send("c", FenceRefused(5, "b"))]
