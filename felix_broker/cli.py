@@ -253,6 +253,8 @@ async def _fixture(out: Path, ca_file: Path, *, control_plane: bool) -> int:
         "namespace": FIXTURE_NAMESPACE,
         "token": await mint(tenant, "fixture", full_rights(tenant), 86400),
         "unauthorized_token": await mint(tenant, "nobody", [], 86400),
+        # An operator's token: exactly the grant inspection needs, no data-plane rights.
+        "inspector_token": await mint(tenant, "operator", ["node.view:cluster:*"], 86400),
         "ca_file": str(ca_file),
         "durable_stream": "durable",
         "memory_stream": "memory",

@@ -20,6 +20,9 @@ there, counts; what a case merely declares or `requires` does not:
 
 from __future__ import annotations
 
+import itertools
+import json
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -72,15 +75,39 @@ def _flag_text(value: int) -> str:
     return f"{value:#06x}"
 
 
-class _Placeholders(Mapping[str, Any]):
-    """Every variable has the same stand-in value: enough to encode a frame and
-    read the flags its fields give it."""
+_VARIABLE = re.compile(r"\$\{(\w+)\}")
+_MAX_STAND_IN_VARIABLES = 6  # 2**6 ways to give a frame's variables text or numbers
 
-    def __init__(self, value: Any) -> None:
-        self._value = value
+
+def _sent_flags(spec: FrameSpec) -> int | None:
+    """The frame flags a sent binary frame will carry. Its variables get stand-in
+    values, text or a number each (a producer id is a number, a stream name text):
+    every way of choosing is tried until one encodes."""
+    names = sorted(set(_VARIABLE.findall(json.dumps(spec.body, default=str))))
+    if len(names) > _MAX_STAND_IN_VARIABLES:
+        names = names[:_MAX_STAND_IN_VARIABLES]
+    for numbers in itertools.chain.from_iterable(
+        itertools.combinations(names, k) for k in range(len(names) + 1)
+    ):
+        values = _StandIns(frozenset(numbers))
+        try:
+            data = build_frame(spec, values)
+            (frame,) = FrameReader().feed(data)
+        except (TranscriptError, MissingVariableError, WireError, ValueError):
+            continue
+        return frame.flags
+    return None
+
+
+class _StandIns(Mapping[str, Any]):
+    """A stand-in value for every variable: the number 1 for the names given,
+    text for the others; enough to encode a frame and read the flags its fields give it."""
+
+    def __init__(self, numbers: frozenset[str]) -> None:
+        self._numbers = numbers
 
     def __getitem__(self, key: str) -> Any:
-        return self._value
+        return 1 if key in self._numbers else "conformance"
 
     def __iter__(self) -> Iterator[str]:
         return iter(())
@@ -90,18 +117,6 @@ class _Placeholders(Mapping[str, Any]):
 
     def __contains__(self, key: object) -> bool:
         return True
-
-
-def _sent_flags(spec: FrameSpec) -> int | None:
-    """The frame flags a sent binary frame will carry."""
-    for stand_in in ("conformance", 1):
-        try:
-            data = build_frame(spec, _Placeholders(stand_in))
-            (frame,) = FrameReader().feed(data)
-        except (TranscriptError, MissingVariableError, WireError, ValueError):
-            continue
-        return frame.flags
-    return None
 
 
 def _fixed(value: Any) -> Any:
