@@ -23,6 +23,7 @@ from felix_client import (
     ConnectionLostError,
     NotSupportedByBrokerError,
 )
+from felix_client.retry import retry
 
 
 def _error(exc: BaseException) -> dict[str, Any]:
@@ -64,9 +65,18 @@ class Adapter:
         assert client is not None, "connect comes first"
         if op == "publish":
             key = base64.b64decode(request["key"]) if "key" in request else None
-            offset = await client.publish(
-                request["stream"], base64.b64decode(request["payload"]), key=key, ack=request["ack"]
-            )
+
+            async def publish() -> int | None:
+                assert client is not None
+                return await client.publish(
+                    request["stream"],
+                    base64.b64decode(request["payload"]),
+                    key=key,
+                    ack=request["ack"],
+                )
+
+            # The client's retry helper acts on the refusal's retry class.
+            offset = await (retry(publish) if request.get("retry") else publish())
             return {"offset": offset}
         if op == "cache_put":
             await client.cache(request["cache"]).put(

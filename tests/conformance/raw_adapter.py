@@ -9,9 +9,12 @@ Modes (each breaks one rule a client must keep):
   never-reads     reports success without reading any answer
   arrival-order   matches answers to requests by arrival order, not request_id
   binary-always   publishes acked binary batches even to a broker that negotiated nothing
-  resend          resends a refused publish once whatever its retry class, outcome_unknown too
+  resend          resends a refused publish once at once whatever its retry class
+                  (outcome_unknown and fatal too, retry_after without waiting)
   strict-types    treats a message type it does not know as a protocol failure
   ignore-not-leader  offers FEATURE_REDIRECT but reports a not_leader as a failure
+  no-reconnect    keeps using a connection the broker closed
+  impatient       gives up on an answer after 1 s (reports a timeout)
 """
 
 from __future__ import annotations
@@ -24,7 +27,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from felix_transport import Connection, Stream, TransportConfig, connect
+from felix_transport import (
+    Connection,
+    ConnectionClosedError,
+    Stream,
+    StreamClosedError,
+    TransportConfig,
+    connect,
+)
 from felix_wire.binary import (
     BinaryAckMode,
     EventBatchLegacyFrame,
@@ -58,9 +68,11 @@ from felix_wire.messages import (
 
 MODES = (
     "none", "no-flags", "ungated", "never-reads", "arrival-order", "binary-always", "resend",
-    "strict-types", "ignore-not-leader",
+    "strict-types", "ignore-not-leader", "no-reconnect", "impatient",
 )  # fmt: skip
-FLAGS = 0x0004 | 0x0001 | 0x0008 | 0x0010 | 0x0200  # shared events, acked binary publish, codes
+FLAGS = (
+    0x0004 | 0x0001 | 0x0008 | 0x0010 | 0x0200 | 0x0400
+)  # shared events, acked binary publish, codes and detail
 FEATURES = (
     int(Feature.FEATURE_ERROR_CODES) | int(Feature.FEATURE_UNSUPPORTED)
     | int(Feature.FEATURE_REDIRECT)
@@ -154,12 +166,23 @@ class RawClient:
             )  # fmt: skip
         if self.mode == "never-reads":
             return _ok({"offset": None})
-        answer = await self.control.next()
+        answer = await self.control.next(1.0 if self.mode == "impatient" else 8.0)
         refused = isinstance(answer, PublishError) or (
             isinstance(answer, PublishAckFrame) and answer.status != 0
         )
         if refused and self.mode == "resend" and not request.get("resent"):
             return await self.publish({**request, "resent": True})
+        if refused and request.get("retry") and request.get("attempt", 1) < 3:
+            # The retry policy: resend only what the class allows, after what it asks.
+            retry = getattr(answer, "retry", None)
+            wire = retry.wire if isinstance(retry, RetryClass) else retry
+            if wire in ("retry", "retry_after"):
+                if isinstance(answer, PublishAckFrame):
+                    wait_ms = answer.retry_after_ms or 0
+                else:
+                    wait_ms = (answer.detail.retry_after_ms if answer.detail else None) or 0
+                await asyncio.sleep(wait_ms / 1000)
+                return await self.publish({**request, "attempt": request.get("attempt", 1) + 1})
         if isinstance(answer, PublishOk):
             return _ok({"offset": answer.offset})
         if isinstance(answer, PublishError):
@@ -269,7 +292,14 @@ async def main(mode: str) -> int:
         request = json.loads(line)
         perform = getattr(client, request["op"])
         try:
+            lost = client.connection is not None and client.connection.closed
+            if lost and request["op"] not in ("connect", "close") and mode != "no-reconnect":
+                await client.connect(client.connect_request)  # a closed link: connect again
             reply = await (perform() if request["op"] == "close" else perform(request))
+        except (StreamClosedError, ConnectionClosedError, ConnectionError) as exc:
+            reply = _fail("connection", f"{type(exc).__name__}: {exc}")
+        except TimeoutError:
+            reply = _fail("timeout", "no answer in time")
         except Exception as exc:  # reported, never fatal to the adapter
             reply = _fail("client", f"{type(exc).__name__}: {exc}")
         sys.stdout.write(json.dumps({"id": request["id"], **reply}) + "\n")

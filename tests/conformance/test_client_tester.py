@@ -65,6 +65,12 @@ async def test_the_official_client_is_reported_case_by_case() -> None:
     unknown_verdict, unknown_detail = verdicts.pop("client.tolerates-unknown")
     assert unknown_verdict is Verdict.FAIL
     assert "Unknown" in unknown_detail
+    # It has no retry policy: it reports retry and retry_after refusals with their
+    # class and resends nothing, so the resend cases do not apply to it.
+    for case_id in ("client.retry-resent", "client.retry-after-waited"):
+        verdict, detail = verdicts.pop(case_id)
+        assert verdict is Verdict.UNSUPPORTED, (case_id, detail)
+        assert "does not resend on its own" in detail
     assert {cid: v for cid, (v, _) in verdicts.items()} == dict.fromkeys(verdicts, Verdict.PASS)
 
 
@@ -80,6 +86,9 @@ async def test_the_official_client_is_reported_case_by_case() -> None:
             {
                 "client.publish-refused",
                 "client.outcome-unknown-not-resent",
+                "client.retry-resent",
+                "client.retry-after-waited",
+                "client.fatal-not-resent",
                 "client.not-leader-followed",
                 "client.unknown-error-code",
                 "client.answers-out-of-order",
@@ -88,9 +97,18 @@ async def test_the_official_client_is_reported_case_by_case() -> None:
         ),
         ("arrival-order", {"client.answers-out-of-order"}),
         ("binary-always", {"client.legacy-broker"}),
-        ("resend", {"client.outcome-unknown-not-resent"}),
+        (
+            "resend",
+            {
+                "client.outcome-unknown-not-resent",
+                "client.fatal-not-resent",
+                "client.retry-after-waited",
+            },
+        ),
         ("strict-types", {"client.tolerates-unknown"}),
         ("ignore-not-leader", {"client.not-leader-followed"}),
+        ("no-reconnect", {"client.survives-reset-link"}),
+        ("impatient", {"client.survives-stalled-link"}),
     ],
 )
 async def test_each_broken_client_is_caught(mode: str, caught: set[str]) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,6 +96,7 @@ class Seen:
     name: str  # message type, BINARY_PUBLISH for the binary layout, "" if undecodable
     value: Any  # the decoded message or frame (None if undecodable)
     flags: int
+    at: float = 0.0  # time.monotonic() when it arrived
 
 
 class Exchange:
@@ -258,11 +260,15 @@ class ScriptedBroker:
                         value = decode_payload(frame.flags, frame.payload)
                     except WireError as exc:
                         self.violations.append(f"{where}: an undecodable frame: {exc}")
-                        self.seen.append(Seen(conn, stream.stream_id, "", None, frame.flags))
+                        self.seen.append(
+                            Seen(conn, stream.stream_id, "", None, frame.flags, time.monotonic())
+                        )
                         continue
                     name = _name_of(value)
                     self.log.received(where, _describe(value))
-                    self.seen.append(Seen(conn, stream.stream_id, name, value, frame.flags))
+                    self.seen.append(
+                        Seen(conn, stream.stream_id, name, value, frame.flags, time.monotonic())
+                    )
                     if not authed:
                         if not isinstance(value, Auth):
                             self.violations.append(f"{where}: {name} before auth")
