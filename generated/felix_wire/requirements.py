@@ -1,5 +1,5 @@
 # Generated from spec/requirements.yaml by codegen - DO NOT EDIT.
-# requirements sha256: f500f91d1107845e8f660d0f9dac013c4b4b228def18a6cda7757dc3ddfb790b
+# requirements sha256: 98592c693a341800ac7188c5be1dd6005f9b27820ffcd268ab92485cd3395456
 """The protocol's requirements as a read-only table.
 
 Code, tests and conformance transcripts cite a requirement by its id ("(T7)",
@@ -23,7 +23,7 @@ __all__ = [
     "SECTION_CITATION",
 ]
 
-REQUIREMENTS_SHA256 = "f500f91d1107845e8f660d0f9dac013c4b4b228def18a6cda7757dc3ddfb790b"
+REQUIREMENTS_SHA256 = "98592c693a341800ac7188c5be1dd6005f9b27820ffcd268ab92485cd3395456"
 
 
 class Requirement(NamedTuple):
@@ -199,7 +199,7 @@ REQUIREMENTS: Mapping[str, Requirement] = MappingProxyType(
         "T19": Requirement(
             "T19",
             "1",
-            "A client reports a request whose connection ended before its answer as a lost connection, never as a refusal or a hang, opens a new connection for later requests, and waits for an answer across a stall shorter than its request timeout.",
+            "A client reports a request whose connection ended before its answer as a lost connection, never as a refusal or a hang, opens a new connection for later requests, waits for an answer across a stall shorter than its request timeout, and keeps an idle connection alive within the idle timeout both ends agreed on.",
             None,
             False,
         ),

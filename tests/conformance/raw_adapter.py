@@ -15,6 +15,7 @@ Modes (each breaks one rule a client must keep):
   ignore-not-leader  offers FEATURE_REDIRECT but reports a not_leader as a failure
   no-reconnect    keeps using a connection the broker closed
   impatient       gives up on an answer after 1 s (reports a timeout)
+  no-keepalive    sends no QUIC PINGs, so an idle connection idles out
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ from felix_wire.messages import (
 
 MODES = (
     "none", "no-flags", "ungated", "never-reads", "arrival-order", "binary-always", "resend",
-    "strict-types", "ignore-not-leader", "no-reconnect", "impatient",
+    "strict-types", "ignore-not-leader", "no-reconnect", "impatient", "no-keepalive",
 )  # fmt: skip
 FLAGS = (
     0x0004 | 0x0001 | 0x0008 | 0x0010 | 0x0200 | 0x0400
@@ -123,8 +124,11 @@ class RawClient:
     async def connect(self, request: dict[str, Any]) -> dict[str, Any]:
         self.connect_request = request
         host, _, port = request["addr"].rpartition(":")
+        keepalive = None if self.mode == "no-keepalive" else 0.5
         config = TransportConfig.client(
-            Path(request["ca_file"]).read_bytes(), server_name=request["server_name"]
+            Path(request["ca_file"]).read_bytes(),
+            server_name=request["server_name"],
+            keepalive_interval=keepalive,
         )
         self.connection = await connect(config, host, int(port))
         stream = await self.connection.open_bidi_stream()

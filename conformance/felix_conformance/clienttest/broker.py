@@ -149,6 +149,9 @@ class BrokerScript:
     handlers: Mapping[str, Handler] = field(default_factory=dict)
     legacy: bool = False  # answer auth with a plain `ok`: an old broker that negotiates nothing
     publish_window: int = 64
+    # The broker's QUIC idle timeout (None: the transport's default), e.g. short
+    # enough that only a client sending keepalives keeps an idle connection.
+    idle_timeout: float | None = None
 
 
 def _describe(value: Any) -> str:
@@ -167,7 +170,8 @@ class ScriptedBroker:
         self.ca = ca
         leaf = generate_leaf(ca, dns_names=("localhost",), ip_addresses=("127.0.0.1", "::1"))
         self.ca_pem = ca.cert_pem
-        self._config = TransportConfig.server(leaf.cert_pem + ca.cert_pem, leaf.key_pem)
+        idle = {} if script.idle_timeout is None else {"idle_timeout": script.idle_timeout}
+        self._config = TransportConfig.server(leaf.cert_pem + ca.cert_pem, leaf.key_pem, **idle)
         self._server: Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._connections = 0
@@ -176,6 +180,7 @@ class ScriptedBroker:
         self.auths: list[Auth] = []
         self.violations: list[str] = []
         self.peers: list[ScriptedBroker] = []  # the case's other brokers (redirect targets)
+        self.connections: dict[int, Connection] = {}  # by number, as Seen.conn names them
         # A legacy broker's client may assume the original v1 layouts, nothing more.
         self.advertised = (
             Capabilities(int(ORIGINAL_V1_FLAGS), 0)
@@ -224,6 +229,7 @@ class ScriptedBroker:
     async def _on_connection(self, connection: Connection) -> None:
         self._connections += 1
         conn = self._connections
+        self.connections[conn] = connection
         self.log.note(f"c{conn}", "client connected")
         with contextlib.suppress(ConnectionClosedError):
             while not connection.closed:

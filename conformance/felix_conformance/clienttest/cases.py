@@ -57,7 +57,9 @@ class ClientCase:
     requirement: str
     # A fresh script per run (handlers may keep state), given the peers' addresses.
     script: Callable[[Sequence[str]], BrokerScript]
-    ops: tuple[dict[str, Any], ...]  # what the adapter is asked to do after connecting
+    # What the adapter is asked to do after connecting; {"op": "idle", "seconds": s}
+    # is the kit's own step (nothing is sent to the adapter for s seconds).
+    ops: tuple[dict[str, Any], ...]
     judge: Judge
     level: Level = Level.MUST
     messages: tuple[str, ...] = field(default=())
@@ -184,6 +186,7 @@ def _refuse_first(
 
 
 _STALL = 3.0  # seconds an answer is held back: longer than a hasty client waits
+_IDLE_TIMEOUT = 1.5  # the keepalive case's broker idle timeout, in seconds
 
 
 async def _stalled_ack(ex: Exchange, request: Any) -> None:
@@ -474,6 +477,22 @@ def _judge_reset(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> s
     return None
 
 
+def _judge_kept_alive(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
+    problem = _first(_violations(broker), _replies_ok(replies))
+    if problem is not None:
+        return problem
+    conns = [seen.conn for seen in broker.seen if seen.name in (BINARY_PUBLISH, "publish")]
+    if not conns:
+        return "no publish reached the broker"
+    first = broker.connections[conns[0]]
+    if first.closed:
+        return (
+            f"the connection of the first publish idled out within the broker's "
+            f"{_IDLE_TIMEOUT:g} s idle timeout: the client sent no keepalive"
+        )
+    return None
+
+
 def _judge_values(values: dict[str, bytes]) -> Judge:
     def judge(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
         problem = _first(_violations(broker), _replies_ok(replies))
@@ -684,6 +703,23 @@ CLIENT_CASES: tuple[ClientCase, ...] = (
         _publish_script(_reset_first),
         (_publish_op(), _publish_op()),
         _judge_reset,
+        messages=("publish", "publish_ok", "publish_batch", "publish_ack"),
+    ),
+    ClientCase(
+        "client.keepalive-idle",
+        "a connection left idle longer than the broker's idle timeout is kept alive",
+        "1 Transport",
+        "A client MUST keep an idle connection alive (QUIC PINGs within the idle timeout "
+        "both ends agreed on) so that a pooled connection or a quiet subscription does "
+        "not idle out (T19).",
+        lambda peers: BrokerScript(
+            _FULL.flags,
+            _FULL.features,
+            {BINARY_PUBLISH: _ack_publish, "publish": _ack_publish},
+            idle_timeout=_IDLE_TIMEOUT,
+        ),
+        (_publish_op(), {"op": "idle", "seconds": 2.5 * _IDLE_TIMEOUT}, _publish_op()),
+        _judge_kept_alive,
         messages=("publish", "publish_ok", "publish_batch", "publish_ack"),
     ),
     ClientCase(
