@@ -96,11 +96,15 @@ class Adapter:
             return {}
         if op == "subscribe":
             payloads: list[str] = []
+            offsets: list[int | None] = []
+            dropped: list[int] = []
             async with client.subscribe(request["stream"]) as events:
                 while len(payloads) < request["count"]:
                     event = await events.next(timeout=float(request["timeout"]))
                     payloads.append(base64.b64encode(event.payload).decode())
-            return {"payloads": payloads}
+                    offsets.append(event.offset)
+                    dropped.append(event.dropped_before)
+            return {"payloads": payloads, "offsets": offsets, "dropped": dropped}
         raise ValueError(f"unknown op {op!r}")
 
 

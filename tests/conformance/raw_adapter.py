@@ -16,6 +16,8 @@ Modes (each breaks one rule a client must keep):
   no-reconnect    keeps using a connection the broker closed
   impatient       gives up on an answer after 1 s (reports a timeout)
   no-keepalive    sends no QUIC PINGs, so an idle connection idles out
+  resume-latest   subscribes again from latest after subscription_lagged / shard_moved
+  no-gap          reports no events lost whatever the offsets say
 """
 
 from __future__ import annotations
@@ -63,20 +65,24 @@ from felix_wire.messages import (
     Publish,
     PublishError,
     PublishOk,
+    ShardMoved,
+    StartOffset,
     Subscribe,
+    SubscriptionLagged,
     Unknown,
 )
 
 MODES = (
     "none", "no-flags", "ungated", "never-reads", "arrival-order", "binary-always", "resend",
     "strict-types", "ignore-not-leader", "no-reconnect", "impatient", "no-keepalive",
+    "resume-latest", "no-gap",
 )  # fmt: skip
-FLAGS = (
-    0x0004 | 0x0001 | 0x0008 | 0x0010 | 0x0200 | 0x0400
-)  # shared events, acked binary publish, codes and detail
+# shared events with offsets, acked binary publish, codes and detail
+FLAGS = 0x0004 | 0x0020 | 0x0001 | 0x0008 | 0x0010 | 0x0200 | 0x0400
 FEATURES = (
     int(Feature.FEATURE_ERROR_CODES) | int(Feature.FEATURE_UNSUPPORTED)
-    | int(Feature.FEATURE_REDIRECT)
+    | int(Feature.FEATURE_REDIRECT) | int(Feature.FEATURE_SUBSCRIPTION_LAGGED)
+    | int(Feature.FEATURE_SHARD_MOVED)
 )  # fmt: skip
 
 
@@ -239,9 +245,13 @@ class RawClient:
 
     async def subscribe(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.control is not None and self.connection is not None
+        start = StartOffset(offset=request["from"]) if "from" in request else None
         await self.send(
-            Subscribe(tenant_id=self.tenant, namespace=self.namespace, stream=request["stream"])
-        )
+            Subscribe(
+                tenant_id=self.tenant, namespace=self.namespace, stream=request["stream"],
+                start=start,
+            )
+        )  # fmt: skip
         if self.mode == "never-reads":
             return _ok({"payloads": []})
         answer = await self.control.next()  # subscribed, or not_leader
@@ -257,12 +267,32 @@ class RawClient:
         assert self.connection is not None
         events = Reader(await self.connection.accept_stream())
         await events.next()  # event_stream_hello
-        payloads: list[str] = []
+        payloads: list[str] = list(request.get("payloads", []))
+        offsets: list[int | None] = list(request.get("offsets", []))
+        dropped: list[int] = list(request.get("dropped", []))
         while len(payloads) < request["count"]:
             batch = await events.next(float(request["timeout"]))
+            if isinstance(batch, SubscriptionLagged | ShardMoved):
+                # The stream ended: resume from resume_from (lagged) or past what we have.
+                after = next((o for o in reversed(offsets) if o is not None), None)
+                resume = batch.resume_from
+                if isinstance(batch, ShardMoved) and after is not None:
+                    resume = max(after + 1, resume or 0)
+                again = {**request, "payloads": payloads, "offsets": offsets, "dropped": dropped}
+                again.pop("from", None)
+                if resume is not None and self.mode != "resume-latest":
+                    again["from"] = resume
+                return await self.subscribe(again)
             if isinstance(batch, EventBatchSharedFrame | EventBatchLegacyFrame | EventBatch):
-                payloads += [base64.b64encode(p).decode() for p in batch.payloads]
-        return _ok({"payloads": payloads})
+                base = getattr(batch, "base_offset", None)
+                for i, p in enumerate(batch.payloads):
+                    offset = None if base is None else base + i
+                    last = next((o for o in reversed(offsets) if o is not None), None)
+                    lost = 0 if offset is None or last is None else offset - last - 1
+                    payloads.append(base64.b64encode(p).decode())
+                    offsets.append(offset)
+                    dropped.append(0 if self.mode == "no-gap" else max(lost, 0))
+        return _ok({"payloads": payloads, "offsets": offsets, "dropped": dropped})
 
     async def close(self) -> dict[str, Any]:
         if self.connection is not None:

@@ -73,6 +73,9 @@ async def test_the_official_client_is_reported_case_by_case() -> None:
         verdict, detail = verdicts.pop(case_id)
         assert verdict is Verdict.UNSUPPORTED, (case_id, detail)
         assert "does not resend on its own" in detail
+    # Its adapter reports no gap counts (the client has none to give).
+    gap_verdict, gap_detail = verdicts.pop("client.gap-detected")
+    assert gap_verdict is Verdict.UNSUPPORTED, gap_detail
     # It PINGs every 2 s whatever idle timeout the broker asked for (1.5 s here).
     keepalive_verdict, keepalive_detail = verdicts.pop("client.keepalive-idle")
     assert keepalive_verdict is Verdict.FAIL
@@ -116,6 +119,8 @@ async def test_the_official_client_is_reported_case_by_case() -> None:
         ("no-reconnect", {"client.survives-reset-link"}),
         ("impatient", {"client.survives-stalled-link"}),
         ("no-keepalive", {"client.keepalive-idle"}),
+        ("resume-latest", {"client.lagged-resumed", "client.shard-moved-resumed"}),
+        ("no-gap", {"client.gap-detected"}),
     ],
 )
 async def test_each_broken_client_is_caught(mode: str, caught: set[str]) -> None:

@@ -31,7 +31,10 @@ from felix_wire.messages import (
     NotLeader,
     PublishError,
     PublishOk,
+    ShardMoved,
+    StartOffset,
     Subscribed,
+    SubscriptionLagged,
 )
 
 from ..model import Level
@@ -210,6 +213,70 @@ def _reset_first() -> Handler:
         await _ack_publish(ex, request)
 
     return handler
+
+
+_BASE = 10  # the offset of a delivery script's first event
+
+
+def _offset_batch(ex: Exchange, subscription_id: int, base: int, payloads: list[bytes]) -> Any:
+    """An event batch with offsets in the binary layout the client offered."""
+    if ex.client.has(int(Flag.BINARY_EVENT_BATCH_SHARED)):
+        return EventBatchSharedFrame(base_offset=base, payloads=payloads)
+    return EventBatchLegacyFrame(
+        subscription_id=subscription_id, base_offset=base, payloads=payloads
+    )
+
+
+def _offers_offsets(ex: Exchange, feature: int | None = None) -> bool:
+    binary = int(Flag.BINARY_EVENT_BATCH_SHARED) | int(Flag.BINARY_EVENT_BATCH)
+    offered = ex.client.has(int(Flag.EVENT_BATCH_OFFSETS)) and ex.client.flags & binary != 0
+    return offered and (feature is None or ex.client.has_feature(feature))
+
+
+def _ending_subscribe(terminal: Callable[[int], Any], feature: int) -> Handler:
+    """The first subscription delivers events 10 and 11, then ends its event stream
+    with `terminal(subscription_id)` (subscription_lagged, shard_moved); a later
+    subscribe is served from the offset it asks for. A client that did not offer
+    offsets and `feature` gets the two events and no ending."""
+    subscribes: list[int] = []
+
+    async def handler(ex: Exchange, request: Any) -> None:
+        subscribes.append(1)
+        number = 6 + len(subscribes)
+        if not _offers_offsets(ex, feature):
+            await _subscribe(ex, request)
+            return
+        if len(subscribes) == 1:
+            await ex.reply(
+                Subscribed(subscription_id=number, start_offset=_BASE, live_offset=_BASE)
+            )
+            batch = _offset_batch(ex, number, _BASE, [b"event-one", b"event-two"])
+            events = await ex.open_events(
+                EventStreamHello(subscription_id=number), batch, terminal(number)
+            )
+            await events.finish()
+            return
+        start = request.start.offset if isinstance(request.start, StartOffset) else None
+        if start is None:
+            start = _BASE + 10  # a resume from latest: served at the tail (the judge fails it)
+        await ex.reply(Subscribed(subscription_id=number, start_offset=start, live_offset=start))
+        batch = _offset_batch(ex, number, start, [b"event-three", b"event-four"])
+        await ex.open_events(EventStreamHello(subscription_id=number), batch)
+
+    return handler
+
+
+async def _gapped_subscribe(ex: Exchange, request: Any) -> None:
+    """Events 10 and 11, then 14 and 15: two events lost between the batches."""
+    if not _offers_offsets(ex):
+        await _subscribe(ex, request)
+        return
+    await ex.reply(Subscribed(subscription_id=7, start_offset=_BASE, live_offset=_BASE))
+    await ex.open_events(
+        EventStreamHello(subscription_id=7),
+        _offset_batch(ex, 7, _BASE, [b"event-one", b"event-two"]),
+        _offset_batch(ex, 7, _BASE + 4, [b"event-three", b"event-four"]),
+    )
 
 
 def _unknown_then_ack() -> Handler:
@@ -493,6 +560,58 @@ def _judge_kept_alive(broker: ScriptedBroker, replies: Sequence[dict[str, Any]])
     return None
 
 
+_FOUR = [_b64(p) for p in (b"event-one", b"event-two", b"event-three", b"event-four")]
+
+
+def _offered_offsets(broker: ScriptedBroker, feature: int | None = None) -> bool:
+    binary = int(Flag.BINARY_EVENT_BATCH_SHARED) | int(Flag.BINARY_EVENT_BATCH)
+    for auth in broker.auths:
+        flags, features = auth.client_flags or 0, auth.client_features or 0
+        offsets = flags & int(Flag.EVENT_BATCH_OFFSETS) and flags & binary
+        if offsets and (feature is None or features & feature):
+            return True
+    return False
+
+
+def _judge_resumed(feature: Feature, expected: int, rule: str) -> Judge:
+    def judge(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
+        if not _offered_offsets(broker, int(feature)):
+            raise ClientUnsupportedError(
+                f"the client did not offer EVENT_BATCH_OFFSETS and {feature.name}"
+            )
+        subscribes = broker.requests("subscribe")
+        if len(subscribes) < 2:
+            return "the client did not subscribe again after its event stream ended"
+        start = subscribes[1].start
+        got = start.offset if isinstance(start, StartOffset) else start
+        if got != expected:
+            return f"the client resumed from {got!r}, not {expected} ({rule})"
+        problem = _first(_violations(broker), _replies_ok(replies))
+        if problem is not None:
+            return problem
+        payloads = replies[-1]["result"].get("payloads")
+        return None if payloads == _FOUR else f"events {payloads}, the broker sent {_FOUR}"
+
+    return judge
+
+
+def _judge_gap(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
+    if not _offered_offsets(broker):
+        raise ClientUnsupportedError("the client did not offer EVENT_BATCH_OFFSETS")
+    problem = _first(_violations(broker), _replies_ok(replies))
+    if problem is not None:
+        return problem
+    result = replies[-1]["result"]
+    if result.get("payloads") != _FOUR:
+        return f"events {result.get('payloads')}, the broker sent {_FOUR}"
+    dropped = result.get("dropped")
+    if dropped is None:
+        raise ClientUnsupportedError("the adapter reports no gap counts (result.dropped)")
+    if dropped != [0, 0, 2, 0]:
+        return f"events 10, 11, 14, 15 reported with dropped {dropped}, not [0, 0, 2, 0]"
+    return None
+
+
 def _judge_values(values: dict[str, bytes]) -> Judge:
     def judge(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
         problem = _first(_violations(broker), _replies_ok(replies))
@@ -721,6 +840,56 @@ CLIENT_CASES: tuple[ClientCase, ...] = (
         (_publish_op(), {"op": "idle", "seconds": 2.5 * _IDLE_TIMEOUT}, _publish_op()),
         _judge_kept_alive,
         messages=("publish", "publish_ok", "publish_batch", "publish_ack"),
+    ),
+    ClientCase(
+        "client.lagged-resumed",
+        "after subscription_lagged the client subscribes again from resume_from",
+        "5.3 Subscribing and delivery",
+        "A client that offered FEATURE_SUBSCRIPTION_LAGGED and EVENT_BATCH_OFFSETS MUST, "
+        "when its event stream ends with subscription_lagged, subscribe again starting at "
+        "exactly resume_from, the first offset dropped (S10).",
+        _script(
+            lambda: {
+                "subscribe": _ending_subscribe(
+                    lambda sid: SubscriptionLagged(subscription_id=sid, resume_from=_BASE + 2),
+                    int(Feature.FEATURE_SUBSCRIPTION_LAGGED),
+                )
+            }
+        ),
+        ({"op": "subscribe", "stream": "orders", "count": 4, "timeout": 10},),
+        _judge_resumed(Feature.FEATURE_SUBSCRIPTION_LAGGED, _BASE + 2, "resume_from"),
+        messages=("subscribe", "subscribed", "event_stream_hello", "subscription_lagged"),
+    ),
+    ClientCase(
+        "client.shard-moved-resumed",
+        "after shard_moved the client resumes past what it already has",
+        "5.3 Subscribing and delivery",
+        "A client that offered FEATURE_SHARD_MOVED and EVENT_BATCH_OFFSETS MUST, when its "
+        "event stream ends with shard_moved, subscribe again from max(last delivered + 1, "
+        "resume_from): events 10 and 11 delivered and resume_from 11 mean 12 (S11).",
+        _script(
+            lambda: {
+                "subscribe": _ending_subscribe(
+                    lambda sid: ShardMoved(subscription_id=sid, resume_from=11, generation=2),
+                    int(Feature.FEATURE_SHARD_MOVED),
+                )
+            }
+        ),
+        ({"op": "subscribe", "stream": "orders", "count": 4, "timeout": 10},),
+        _judge_resumed(Feature.FEATURE_SHARD_MOVED, 12, "max(last delivered + 1, resume_from)"),
+        messages=("subscribe", "subscribed", "event_stream_hello", "shard_moved"),
+    ),
+    ClientCase(
+        "client.gap-detected",
+        "two events missing between batches are reported as a gap",
+        "5.3 Subscribing and delivery",
+        "A client reading offsets MUST detect events missing between batches (base_offset "
+        "past the last offset + 1) and report how many were lost before the next event "
+        "(S8).",
+        _script(lambda: {"subscribe": _gapped_subscribe}),
+        ({"op": "subscribe", "stream": "orders", "count": 4, "timeout": 10},),
+        _judge_gap,
+        messages=("subscribe", "subscribed", "event_stream_hello"),
     ),
     ClientCase(
         "client.tolerates-unknown",
