@@ -4,8 +4,9 @@ VENV ?= .venv
 PYTHON ?= python3
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: setup codegen drift lint types layering unit unit-aioquic test bench run clean
+.PHONY: setup codegen drift lint types layering unit unit-aioquic test soak bench run clean
 
 setup: $(STAMP)
 
@@ -14,6 +15,12 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet -e '.[dev]'
 	touch $(STAMP)
+
+# The peers' Python clients for bench/peers.py (the servers come from the system:
+# apt-get install nats-server redis-server).
+$(BENCH_STAMP): $(STAMP)
+	$(PY) -m pip install --quiet -e '.[dev,bench]'
+	touch $(BENCH_STAMP)
 
 # Regenerate generated/ from spec/ (validates the catalogue first).
 codegen: setup
@@ -29,7 +36,8 @@ lint: setup
 	$(PY) -m ruff check .
 	$(PY) -m ruff format --check codegen felix_common felix_broker felix_controlplane felix_transport felix_client conformance tests bench tools
 
-types: setup
+# bench/ is type-checked too: its peers' clients (the bench extra) must be installed.
+types: setup $(BENCH_STAMP)
 	$(PY) -m mypy codegen/felix_codegen felix_common felix_broker felix_controlplane felix_transport felix_client conformance/felix_conformance bench tools
 
 layering: setup
@@ -38,20 +46,27 @@ layering: setup
 unit: setup
 	$(PY) -m pytest
 
-# The broker's and client's QUIC tests again on the other stack (the transport tests cover both
-# stacks in one run; qh3 is the default everywhere else), with the conformance kit's whole run
-# against the broker and the client tester on both adapters (the broken-client tests stay on qh3).
+# The broker's, client's and fleet's QUIC tests again on the other stack (the transport tests
+# cover both stacks in one run; qh3 is the default everywhere else), with the conformance kit's
+# whole run against the broker and the client tester on both adapters (the broken-client tests
+# stay on qh3).
 KIT_ON_BOTH_STACKS := \
 	tests/conformance/test_reference_broker.py::test_whole_kit_passes_against_the_reference_broker \
 	tests/conformance/test_client_tester.py::test_felix_client_passes_every_client_case \
 	tests/conformance/test_client_tester.py::test_the_official_client_is_reported_case_by_case
 unit-aioquic: setup
-	FELIX_QUIC_IMPL=aioquic $(PY) -m pytest -q tests/broker tests/client $(KIT_ON_BOTH_STACKS)
+	FELIX_QUIC_IMPL=aioquic $(PY) -m pytest -q tests/broker tests/client tests/fleet $(KIT_ON_BOTH_STACKS)
 
 # The whole test suite: what CI runs.
 test: drift lint types layering unit unit-aioquic
 
-bench: setup
+# The soak of tests/broker/test_soak.py for 30 minutes (make test runs it for 30 s),
+# printing RSS and open fds every 30 s.
+soak: setup
+	FELIX_SOAK_SECONDS=1800 FELIX_SOAK_REPORT_SECONDS=30 $(PY) -m pytest -q -s \
+		-p no:cacheprovider tests/broker/test_soak.py
+
+bench: setup $(BENCH_STAMP)
 	$(PY) bench/codec.py
 	$(PY) bench/transport.py --quick
 	$(PY) bench/pubsub.py --quick
@@ -61,6 +76,7 @@ bench: setup
 	$(PY) bench/groups.py --quick
 	$(PY) bench/guarded.py --quick
 	$(PY) bench/read_stall.py --quick
+	$(PY) bench/peers.py --quick
 
 run: setup
 	$(VENV)/bin/felix-broker

@@ -14,8 +14,9 @@ import asyncio
 import contextlib
 import logging
 import os
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from felix_broker.cache.service import CacheLimits, CacheService
 from felix_broker.catalog import Catalog
@@ -25,6 +26,7 @@ from felix_broker.groups.service import GroupService
 from felix_broker.inspection.service import InspectionService
 from felix_broker.metrics import BrokerMetrics
 from felix_broker.ops_http import Health, HttpListener
+from felix_broker.session.context import ConnectionState, RequestContext
 from felix_broker.session.dispatch import DispatchTable
 from felix_broker.session.protocol import AuthRefusedError
 from felix_broker.session.quic import CLOSE_SHUTTING_DOWN, Session
@@ -36,10 +38,16 @@ from felix_broker.streams.width import StreamWidths
 from felix_broker.tls import TlsMaterial, prepare_tls
 from felix_common.tokens import DevIssuer, Principal, TokenError, TokenVerifier
 from felix_transport import Server, TransportConfig, serve
+from felix_wire import frame
 from felix_wire.errors import ErrorCode
 from felix_wire.features import Feature
 from felix_wire.flags import KNOWN_FLAGS
 from felix_wire.messages import Auth
+
+if TYPE_CHECKING:  # the fleet (and so etcd) is imported only by a broker that joins one
+    from felix_broker.fleet.etcd_node import EtcdNode
+    from felix_broker.fleet.node import FleetNode
+    from felix_broker.fleet.peer import PeerDialer, PeerListener
 
 __all__ = ["SERVER_FEATURES", "SERVER_FLAGS", "Broker", "Verifier"]
 
@@ -75,10 +83,16 @@ class Broker:
         *,
         verifier: Verifier | None = None,
         cache_limits: CacheLimits | None = None,
+        fleet: FleetNode | None = None,
     ) -> None:
         self.config = config
+        # A fleet member (FleetNode) forwards and redirects what it does not lead;
+        # without one the broker is standalone and imports nothing of the fleet.
+        self.fleet = fleet
+        self.peer_listener: PeerListener | None = None
+        self.peer_dialer: PeerDialer | None = None
         self._cache_limits = cache_limits
-        self.metrics = BrokerMetrics()
+        self.metrics = BrokerMetrics(quic_impl=config.quic_impl.value)
         self.health = Health()
         self.engine: Engine | None = None
         self.streams: StreamService | None = None
@@ -87,7 +101,7 @@ class Broker:
         self.store: LogStore | None = None
         # What exists: the config file's catalog, or the control plane's live one.
         self.catalog: Catalog = config.catalog
-        self.table = DispatchTable()
+        self.table = DispatchTable(metrics=self.metrics)
         self.session: Session | None = None
         self._control: list[Any] = []  # control-plane clients to close on stop
         self.tls: TlsMaterial | None = None
@@ -98,6 +112,9 @@ class Broker:
         self._http: HttpListener | None = None
         self._draining = False
         self._stopped = asyncio.Event()
+        # Membership and assignments in etcd (FELIX_NODE_ID and FELIX_ETCD_ENDPOINTS):
+        # they feed the fleet's view (`fleet.view`).
+        self.etcd: EtcdNode | None = None
 
     # -- life cycle ----------------------------------------------------------------
 
@@ -112,6 +129,29 @@ class Broker:
             ca=config.tls_ca,
             cert_export=config.tls_cert_export,
         )
+        if self.fleet is None and config.peer_tls_cert is not None:
+            self.fleet = self._fleet_from_config()
+        if config.node_id:
+            # Registered in etcd, a broker must be able to forward and redirect.
+            if self.fleet is None:
+                raise ValueError(
+                    "node_id makes this broker a fleet member, which needs its peer "
+                    "certificate: peer_tls_cert, peer_tls_key and peer_tls_ca"
+                )
+            if self.fleet.node_id != config.node_id:
+                raise ValueError(
+                    f"node_id {config.node_id!r} is not the one its peer certificate names "
+                    f"({self.fleet.node_id!r})"
+                )
+            wildcard = self.fleet.peer_host in ("", "0.0.0.0", "::")
+            if wildcard and not config.peer_advertise_addr:
+                # Registered as 0.0.0.0, no other broker could forward to this one.
+                bind = f"{self.fleet.peer_host}:{self.fleet.peer_port}"
+                raise ValueError(
+                    f"peer_bind {bind} is a wildcard address: set "
+                    "peer_advertise_addr (FELIX_PEER_ADVERTISE_ADDR) to the host:port other "
+                    "brokers reach this one's peer listener at"
+                )
         if config.controlplane_url is not None:
             await self._connect_control_plane(config.controlplane_url)
         if self._verifier is None:
@@ -128,7 +168,9 @@ class Broker:
         if config.durable_enabled:
             assert config.durable_storage_dir is not None
             self.store = LogStore(
-                config.durable_storage_dir, config=LogConfig(fsync_mode=config.durable_fsync_mode)
+                config.durable_storage_dir,
+                config=LogConfig(fsync_mode=config.durable_fsync_mode),
+                fsync=self.metrics.timed_fsync(),
             )
             # /ready stays 503 until every log has recovered (a corrupt log stops here).
             await self.store.recover_all()
@@ -137,6 +179,10 @@ class Broker:
             # After the engine replayed every log's marks on worker threads: no
             # retention pass may delete a segment while one is being read.
             self.store.start()
+        stream_window = min(config.pub_stream_recv_window, config.pub_conn_recv_window)
+        preauth_window = max(
+            4096, min(stream_window, config.preauth_max_frame_bytes + frame.HEADER_SIZE)
+        )
         transport = TransportConfig.server(
             self.tls.chain_pem(),
             self.tls.key_pem(),
@@ -145,7 +191,13 @@ class Broker:
             max_datagram_size=config.max_datagram_size,
             idle_timeout=config.max_idle_timeout_ms / 1000,
             connection_receive_window=config.pub_conn_recv_window,
-            stream_receive_window=min(config.pub_stream_recv_window, config.pub_conn_recv_window),
+            stream_receive_window=stream_window,
+            # Until a connection's first stream authenticates (Session trusts it then).
+            preauth_stream_window=preauth_window,
+            preauth_connection_budget=max(preauth_window, config.preauth_conn_recv_budget),
+            preauth_global_budget=max(
+                preauth_window, config.preauth_conn_recv_budget, config.preauth_recv_budget
+            ),
         )
         assert self.session is not None
         self._server = await serve(
@@ -155,17 +207,56 @@ class Broker:
             self.session.on_connection,
             max_connections=config.max_client_connections,
         )
+        self.health.failed_logs = self.failed_logs
+        self.metrics.failed_logs.set_function(self.failed_logs)
+
+        if config.node_id:
+            await self._join_fleet()
         self.health.mark_ready()
+
+    def failed_logs(self) -> int:
+        """Logs of every kind in the failed state (``/ready`` and ``/metrics``)."""
+        count = len(self.store.failed_logs()) if self.store is not None else 0
+        if self.cache is not None:
+            count += self.cache.failed_logs()
+        if self.groups is not None:
+            count += self.groups.failed_logs()
+        return count
+
+    async def _join_fleet(self) -> None:
+        """Read the fleet's assignments into the routing view, then register this
+        broker under its lease (client and peer addresses as bound or advertised)."""
+        from felix_broker.fleet.etcd_node import EtcdNode
+
+        config = self.config
+        assert self.fleet is not None  # checked at start
+        client_addr = config.client_advertise_addr
+        if not client_addr and config.quic_bind.host not in ("", "0.0.0.0", "::"):
+            client_addr = str(type(config.quic_bind)(config.quic_bind.host, self.quic_port))
+        peer_addr = config.peer_advertise_addr
+        if not peer_addr and self.peer_listener is not None:
+            peer_addr = self.peer_addr
+        self.etcd = EtcdNode(
+            view=self.fleet.view,
+            endpoints=[(e.host, e.port) for e in config.etcd_endpoints],
+            prefix=config.etcd_prefix,
+            lease_ttl_ms=config.node_lease_ttl_ms,
+            client_addr=client_addr,
+            peer_addr=peer_addr,
+            features=[],
+        )
+        await self.etcd.start()
 
     async def _build_services(self) -> None:
         """Every capability service, its shards recovered, its handlers in the table."""
-        config, catalog, table = self.config, self.catalog, self.table
+        config, catalog = self.config, self.catalog
+        discovery = self._fleet_seam() if self.fleet is not None else DiscoveryService(catalog)
+        table = self.table
         self.engine = Engine(catalog, config, self.metrics, self.store)
         await self.engine.recover()  # producer tables and state views, before /ready
         self.streams = StreamService(
             config=config, engine=self.engine, metrics=self.metrics, durable=self.store is not None
         )
-        discovery = DiscoveryService(catalog)
         self.cache = CacheService(
             config=config, catalog=catalog, metrics=self.metrics, limits=self._cache_limits
         )
@@ -178,11 +269,7 @@ class Broker:
         )
         self.streams.idempotent_frames = guarded.publish_frame
         self.streams.widths = guarded.widths
-        inspection = InspectionService(
-            catalog=catalog,
-            store=self.store,
-            connections=lambda: list(self.session.connections.values()) if self.session else [],
-        )
+        inspection = self._inspection()
         services: list[
             StreamService
             | DiscoveryService
@@ -210,6 +297,95 @@ class Broker:
             features=lambda: self._features,
         )
         self.session.on_close.append(self.streams.end_connection)
+        if self.fleet is not None:
+            await self._start_peer_listener()
+
+    def _inspection(self) -> InspectionService:
+        def connections() -> list[ConnectionState]:
+            return list(self.session.connections.values()) if self.session else []
+
+        if self.fleet is None:
+            return InspectionService(
+                catalog=self.catalog, store=self.store, connections=connections
+            )
+        from felix_broker.fleet.inspection import ClusterInspection
+
+        return ClusterInspection(
+            catalog=self.catalog, store=self.store, connections=connections, view=self.fleet.view
+        )
+
+    # -- the fleet ----------------------------------------------------------------------
+
+    def _fleet_from_config(self) -> FleetNode:
+        """A fleet member's setup from peer_bind and the peer TLS files; the node id is
+        the certificate's."""
+        from felix_broker.fleet.node import FleetNode
+        from felix_broker.fleet.peer import PeerTls
+        from felix_broker.fleet.routing import RoutingSnapshot
+        from felix_broker.fleet.view import FleetView
+
+        config = self.config
+        assert config.peer_tls_cert and config.peer_tls_key and config.peer_tls_ca
+        tls = PeerTls.from_files(
+            None, config.peer_tls_cert, config.peer_tls_key, config.peer_tls_ca
+        )
+        view = FleetView(RoutingSnapshot(node_id=tls.node_id))
+        return FleetNode(tls, view, config.peer_bind.host, config.peer_bind.port)
+
+    def _fleet_seam(self) -> DiscoveryService:
+        """A fleet member's dispatch table (cluster placement) and discovery."""
+        from felix_broker.fleet.discovery import ClusterDiscovery
+        from felix_broker.fleet.peer import PeerDialer
+        from felix_broker.fleet.placement import ClusterPlacement
+
+        fleet = self.fleet
+        assert fleet is not None
+        self.peer_dialer = PeerDialer(fleet.tls, fleet.limits, impl=self.config.quic_impl.value)
+
+        async def hold_bytes(ctx: RequestContext, size: int) -> Callable[[], None]:
+            assert self.streams is not None  # built before any request is dispatched
+            return await self.streams.hold_publish_bytes(ctx, size)
+
+        placement = ClusterPlacement(
+            view=fleet.view,
+            catalog=lambda: self.catalog,
+            dialer=self.peer_dialer,
+            ack_on_commit=self.config.ack_on_commit,
+            hold_bytes=hold_bytes,
+        )
+        self.table = DispatchTable(placement)
+        return ClusterDiscovery(self.catalog, fleet.view)
+
+    async def _start_peer_listener(self) -> None:
+        from felix_broker.fleet.owner import OwnerService
+        from felix_broker.fleet.peer import PeerListener
+
+        fleet, config = self.fleet, self.config
+        assert fleet is not None and self._verifier is not None
+        owner = OwnerService(
+            view=fleet.view,
+            catalog=lambda: self.catalog,
+            engine=self._engine,
+            table=self.table,
+            verify=self._verifier.verify,
+            server_flags=int(SERVER_FLAGS),
+            features=lambda: self._features,
+            max_frame_bytes=config.max_frame_bytes,
+            metrics=self.metrics,
+        )
+        self.peer_listener = PeerListener(fleet.tls, owner.handle, fleet.limits)
+        await self.peer_listener.start(fleet.peer_host, fleet.peer_port)
+
+    def _engine(self) -> Engine:
+        assert self.engine is not None, "not started"
+        return self.engine
+
+    @property
+    def peer_addr(self) -> str:
+        """host:port of the peer listener (a fleet member only)."""
+        assert self.peer_listener is not None, "not a started fleet member"
+        host, port = self.peer_listener.address
+        return f"{host}:{port}"
 
     @property
     def features(self) -> int:
@@ -254,6 +430,12 @@ class Broker:
 
     async def stop(self) -> None:
         await self.drain()
+        if self.etcd is not None:
+            await self.etcd.stop()  # revokes the lease: the placer re-places at once
+        if self.peer_listener is not None:
+            await self.peer_listener.close()
+        if self.peer_dialer is not None:
+            await self.peer_dialer.close()
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()

@@ -43,7 +43,7 @@ from felix_broker.config import (
 from felix_common import safejson
 from felix_common.files import replace_file
 from felix_common.http import HttpServer
-from felix_common.tokens import DevIssuer
+from felix_common.tokens import LEEWAY_SECONDS, DevIssuer
 from felix_transport import __version__
 
 __all__ = ["full_rights", "main"]
@@ -66,7 +66,16 @@ def full_rights(tenant_id: str) -> list[str]:
 
 
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="felix-broker", description="A Felix broker.")
+    parser = argparse.ArgumentParser(
+        prog="felix-broker",
+        description="A Felix broker.",
+        epilog=(
+            f"Tokens: exp and nbf are checked at auth with {LEEWAY_SECONDS} s of leeway; a "
+            f"stream's authority ends when its token's exp plus {LEEWAY_SECONDS} s passes "
+            "(its next request is refused unauthenticated, then the stream ends, and the "
+            "subscriptions and watches opened on it end)."
+        ),
+    )
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     parser.add_argument(
         "--log-level",

@@ -172,6 +172,8 @@ class _Kind(Enum):
     PATH = "a path"
     OPTIONAL_PATH = "a path or nothing"
     OPTIONAL_URL = "an http(s) URL or nothing"
+    TEXT = "a string"
+    ENDPOINTS = "comma-separated 'host:port' list, or nothing"
 
 
 @dataclass(frozen=True, slots=True)
@@ -221,6 +223,32 @@ def _path(default: str, *env: str, doc: str) -> Any:
 
 def _optional_path(*env: str, doc: str) -> Any:
     return field(default=None, metadata=_meta(_Knob(_Kind.OPTIONAL_PATH, env), doc, None))
+
+
+def _text(default: str, *env: str, doc: str) -> Any:
+    return field(default=default, metadata=_meta(_Knob(_Kind.TEXT, env), doc, None))
+
+
+def _endpoints(*env: str, doc: str) -> Any:
+    knob = _Knob(_Kind.ENDPOINTS, env)
+    return field(default=(), metadata=_meta(knob, doc, None))
+
+
+def _endpoints_value(key: str, value: object, source: str) -> tuple[HostPort, ...]:
+    if isinstance(value, tuple) and all(isinstance(v, HostPort) for v in value):
+        return value
+    if isinstance(value, list) and all(isinstance(v, str) for v in value):
+        value = ",".join(value)
+    if not isinstance(value, str):
+        raise InvalidConfigValueError(key, source, f"expected 'host:port,...', got {value!r}")
+    out: list[HostPort] = []
+    for part in value.split(","):
+        if part.strip():
+            try:
+                out.append(HostPort.parse(part.strip()))
+            except ValueError as exc:
+                raise InvalidConfigValueError(key, source, str(exc)) from None
+    return tuple(out)
 
 
 def _optional_url(*env: str, doc: str) -> Any:
@@ -344,7 +372,22 @@ class BrokerConfig:
     auth_timeout_ms: int = _int(
         10000,
         "FELIX_AUTH_TIMEOUT_MS",
-        doc="A connection that authenticates no stream in this time is closed (0: never).",
+        doc="A connection that authenticates no stream in this time is closed, and every "
+        "stream that has not authenticated this long after opening is abandoned (0: never).",
+    )
+    preauth_conn_recv_budget: int = _int(
+        256 * 1024,
+        "FELIX_PREAUTH_CONN_RECV_BUDGET",
+        minimum=4096,
+        doc="Bytes a connection's streams may hold unread until its first stream "
+        "authenticates (each stream gets preauth_max_frame_bytes plus a header of credit).",
+    )
+    preauth_recv_budget: int = _int(
+        16 * _MIB,
+        "FELIX_PREAUTH_RECV_BUDGET",
+        minimum=4096,
+        doc="Bytes all connections not authenticated yet may hold unread together; at the "
+        "bound their input pauses.",
     )
     max_client_connections: int = _int(
         8192,
@@ -458,6 +501,22 @@ class BrokerConfig:
         "FELIX_SUB_QUEUE_POLICY",
         doc="A full subscriber queue drops the new batch (drop_new), the oldest (drop_old), "
         "or makes the tenant's worker wait for room (block, loses nothing).",
+    )
+    subscriber_queue_max_bytes: int = _int(
+        8 * _MIB,
+        "FELIX_SUBSCRIBER_QUEUE_MAX_BYTES",
+        minimum=1,
+        maximum=2**63 - 1,
+        doc="Encoded bytes one subscriber's queue may hold (an empty queue still takes one "
+        "batch); at the bound the queue policy applies.",
+    )
+    subscriber_queued_bytes_max: int = _int(
+        256 * _MIB,
+        "FELIX_SUBSCRIBER_QUEUED_BYTES_MAX",
+        minimum=1,
+        maximum=2**63 - 1,
+        doc="Encoded bytes all subscriber queues of the broker may hold together; at the "
+        "bound each subscriber's queue policy applies.",
     )
     subscriber_writer_lanes: int = _int(
         4,
@@ -612,6 +671,65 @@ class BrokerConfig:
         "FELIX_CONTROLPLANE_CA", doc="The CA certificate to trust for the control plane."
     )
 
+    # The fleet. A broker joins one only with both node_id and etcd_endpoints (otherwise
+    # it is standalone and imports nothing of etcd). A member also needs its peer
+    # listener (peer_bind) and its peer certificate (peer_tls_*), whose one DNS name is
+    # its node id: node_id must be that name, or the broker refuses to start. The
+    # addresses it registers are client_advertise_addr and peer_advertise_addr (or the
+    # bound ones). A peer certificate without node_id makes a fleet member whose routes
+    # are set in-process (tests); the node id is then the certificate's.
+    node_id: str = _text(
+        "",
+        "FELIX_NODE_ID",
+        doc="This broker's node id in a fleet, the one its peer certificate names (else it "
+        "refuses to start); empty: a standalone broker (no etcd).",
+    )
+    etcd_endpoints: tuple[HostPort, ...] = _endpoints(
+        "FELIX_ETCD_ENDPOINTS",
+        doc="The fleet's etcd cluster, as comma-separated host:port (with node_id).",
+    )
+    etcd_prefix: str = _text(
+        "/felix",
+        "FELIX_ETCD_PREFIX",
+        doc="The etcd key prefix under which the fleet keeps members and assignments.",
+    )
+    node_lease_ttl_ms: int = _int(
+        10000,
+        "FELIX_NODE_LEASE_TTL_MS",
+        minimum=1000,
+        maximum=600_000,
+        doc="TTL of this broker's etcd lease; keepalive every third of it. The broker "
+        "stops serving what it leads once no keepalive succeeded for three quarters of it.",
+    )
+    client_advertise_addr: str = _text(
+        "",
+        "FELIX_CLIENT_ADVERTISE_ADDR",
+        doc="host:port clients reach this broker at, as registered in the fleet; empty: "
+        "the QUIC listener's address when it is bound to a specific host, else none.",
+    )
+    peer_advertise_addr: str = _text(
+        "",
+        "FELIX_PEER_ADVERTISE_ADDR",
+        doc="host:port other brokers reach this broker's peer listener at, as registered "
+        "in the fleet; empty: peer_bind's address (a wildcard peer_bind needs this set).",
+    )
+    peer_bind: HostPort = _bind(
+        "0.0.0.0:5100",
+        "FELIX_PEER_BIND",
+        doc="The peer listener of a fleet member (host:port), ALPN felix-peer/1.",
+    )
+    peer_tls_cert: Path | None = _optional_path(
+        "FELIX_PEER_TLS_CERT",
+        doc="PEM peer certificate, signed by the fleet CA, naming this broker's node id as "
+        "its one DNS name; set, the broker is a fleet member.",
+    )
+    peer_tls_key: Path | None = _optional_path(
+        "FELIX_PEER_TLS_KEY", doc="PEM private key of peer_tls_cert."
+    )
+    peer_tls_ca: Path | None = _optional_path(
+        "FELIX_PEER_TLS_CA", doc="The fleet CA: every peer's certificate must be signed by it."
+    )
+
     catalog: StaticCatalog = field(default_factory=default_catalog)
 
     @property
@@ -687,6 +805,12 @@ def _typed(key: str, knob: _Knob, value: object, source: str) -> object:
     kind = knob.kind
     if kind is _Kind.OPTIONAL_URL:
         return _url_value(key, value, source)
+    if kind is _Kind.ENDPOINTS:
+        return _endpoints_value(key, value, source)
+    if kind is _Kind.TEXT:
+        if not isinstance(value, str):
+            raise InvalidConfigValueError(key, source, f"expected a string, got {value!r}")
+        return value.strip()
     if kind is _Kind.INT:
         if isinstance(value, bool) or not isinstance(value, int):
             raise InvalidConfigValueError(key, source, f"expected an integer, got {value!r}")
@@ -714,6 +838,10 @@ def _from_text(key: str, knob: _Knob, text: str, source: str) -> object:
     """Parse a value given as text (an environment variable or a ``--set``)."""
     kind = knob.kind
     stripped = text.strip()
+    if kind is _Kind.TEXT:
+        return stripped
+    if kind is _Kind.ENDPOINTS:
+        return _endpoints_value(key, stripped, source)
     if kind is _Kind.INT:
         try:
             number = int(stripped, 10)
@@ -847,6 +975,11 @@ def _cross_check(config: BrokerConfig, sources: Mapping[str, str], file_source: 
         )
     if config.tls_ca is not None and config.tls_cert is None:
         fail("tls_ca", "tls_ca describes a configured tls_cert; none is configured")
+    peer = {"peer_tls_cert": config.peer_tls_cert, "peer_tls_key": config.peer_tls_key}
+    peer["peer_tls_ca"] = config.peer_tls_ca
+    if any(v is not None for v in peer.values()) and any(v is None for v in peer.values()):
+        missing = next(k for k, v in peer.items() if v is None)
+        fail(missing, "peer_tls_cert, peer_tls_key and peer_tls_ca must be given together")
     if config.subscriber_queue_capacity > config.subscriber_queue_capacity_max:
         fail(
             "subscriber_queue_capacity",
@@ -858,6 +991,13 @@ def _cross_check(config: BrokerConfig, sources: Mapping[str, str], file_source: 
             "preauth_max_frame_bytes",
             f"{config.preauth_max_frame_bytes} exceeds max_frame_bytes {config.max_frame_bytes}",
         )
+    if bool(config.node_id) != bool(config.etcd_endpoints):
+        fail(
+            "etcd_endpoints" if config.node_id else "node_id",
+            "node_id and etcd_endpoints go together (a fleet member needs both)",
+        )
+    if not config.etcd_prefix.startswith("/") or config.etcd_prefix.endswith("/"):
+        fail("etcd_prefix", f"must start with '/' and not end with it, got {config.etcd_prefix!r}")
     if config.durable_storage_dir is None:
         for spec in config.catalog.streams():
             if spec.durable:

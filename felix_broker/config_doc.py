@@ -47,6 +47,8 @@ but its default logs one warning at start saying why.
 def _default(value: object) -> str:
     if value is None:
         return "unset"
+    if value in ("", ()):
+        return "empty"
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, StrEnum):

@@ -65,6 +65,9 @@ class Health:
 
     def __init__(self) -> None:
         self.state = HealthState.STARTING
+        # How many logs are in the failed state (set by the broker): while any is,
+        # ``/ready`` answers 503 so an orchestrator stops sending traffic.
+        self.failed_logs: Callable[[], int] = lambda: 0
 
     def mark_ready(self) -> None:
         """The broker serves clients; ``/ready`` answers ``ok``. Ignored once draining."""
@@ -175,6 +178,8 @@ class HttpListener:
         if path == "/ready":
             state = self._health.state
             if state is HealthState.READY:
+                if self._health.failed_logs():
+                    return 503, _TEXT, b"log failed"
                 return 200, _TEXT, b"ok"
             text = b"draining" if state is HealthState.DRAINING else b"not ready"
             return 503, _TEXT, text

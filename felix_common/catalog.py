@@ -7,13 +7,20 @@ broker syncs is exactly what the broker understands.
 
 from __future__ import annotations
 
-import re
 from dataclasses import dataclass
 from enum import StrEnum
 
+from felix_wire.names import (
+    NAME_ALPHABET,
+    NAME_MAX_LENGTH,
+    NAME_MIN_LENGTH,
+    NameKind,
+    check_name,
+    is_valid_name,
+)
+
 __all__ = [
     "MAX_SHARDS",
-    "NAME_PATTERN",
     "NAME_RULE",
     "CacheSpec",
     "Routing",
@@ -21,17 +28,20 @@ __all__ = [
     "is_name",
 ]
 
-# Names become path segments of permission objects ("stream:t1/ns/orders"),
-# so '/', '*' and ':' must never appear in them; a conservative identifier
-# alphabet keeps them safe in file names and metric labels too.
-NAME_PATTERN = re.compile(r"[A-Za-z0-9_.-]{1,128}")
-NAME_RULE = "names are 1-128 characters of A-Z a-z 0-9 _ . -"
+# Names become path segments of permission objects ("stream:t1/ns/orders") and
+# of on-disk paths, so they follow the catalogue's one name rule (spec/messages.yaml
+# ``names:``, generated into felix_wire.names): every spec checks its names when
+# it is made, whatever made it (a catalog file, the control plane's API or sync, code).
+NAME_RULE = (
+    f"names are {NAME_MIN_LENGTH}-{NAME_MAX_LENGTH} characters of {NAME_ALPHABET}, "
+    "and never '.' or '..'"
+)
 MAX_SHARDS = 65536
 
 
 def is_name(value: object) -> bool:
-    """Whether ``value`` is a valid tenant, namespace, stream or cache name."""
-    return isinstance(value, str) and NAME_PATTERN.fullmatch(value) is not None
+    """Whether ``value`` is a valid tenant, namespace, stream, cache or group name."""
+    return is_valid_name(value)
 
 
 class Routing(StrEnum):
@@ -54,6 +64,9 @@ class StreamSpec:
     retention_max_age_ms: int | None = None
     retention_max_bytes: int | None = None
 
+    def __post_init__(self) -> None:
+        _check_names(self.tenant_id, self.namespace, ("stream", self.name))
+
 
 @dataclass(frozen=True, slots=True)
 class CacheSpec:
@@ -63,3 +76,13 @@ class CacheSpec:
     namespace: str
     name: str
     shards: int = 1
+
+    def __post_init__(self) -> None:
+        _check_names(self.tenant_id, self.namespace, ("cache", self.name))
+
+
+def _check_names(tenant: str, namespace: str, named: tuple[NameKind, str]) -> None:
+    """Raises InvalidNameError (a ValueError) for a name breaking the rule."""
+    check_name("tenant", tenant)
+    check_name("namespace", namespace)
+    check_name(*named)

@@ -23,7 +23,8 @@ from urllib.parse import quote
 
 import msgspec
 
-from felix_common.catalog import MAX_SHARDS, NAME_RULE, CacheSpec, Routing, StreamSpec, is_name
+from felix_common.catalog import MAX_SHARDS, CacheSpec, Routing, StreamSpec
+from felix_wire.names import name_problem
 
 __all__ = [
     "CHANGES_PATH",
@@ -126,8 +127,11 @@ class InvalidDefinition(ValueError):
 
 
 def check_name(value: object, what: str) -> str:
-    if not is_name(value):
-        raise InvalidDefinition(f"{what}: {NAME_RULE}")
+    # The catalogue's one name rule (felix_wire.names): names become permission
+    # path segments and on-disk folders, so '/', '*', ':', '.' and '..' never get in.
+    problem = name_problem(value)
+    if problem is not None:
+        raise InvalidDefinition(f"{what}: {problem}")
     assert isinstance(value, str)
     return value
 

@@ -60,7 +60,13 @@ from felix_controlplane.exchange import (
 from felix_controlplane.http import BadJson, Request, Response, error
 from felix_controlplane.keys import KeyRing
 from felix_controlplane.model import ApiError
-from felix_controlplane.store import ConflictError, NotFoundError, ResourceKey, Store
+from felix_controlplane.store import (
+    ConflictError,
+    NotFoundError,
+    ResourceKey,
+    Store,
+    StoreUnavailableError,
+)
 
 __all__ = ["CONTROLPLANE_AUDIENCE", "ControlPlane", "Settings"]
 
@@ -164,6 +170,11 @@ class ControlPlane:
             ("GET", re.compile(r"^/v1/tenants$"), self._list_tenants),
         ]
 
+    def changed_elsewhere(self) -> None:
+        """The store says its change log advanced through another instance (a shared
+        etcd store): wake this instance's long polls. Call on the event loop."""
+        self._notify()
+
     async def close(self) -> None:
         """End the outbound HTTP session (identity providers' JWKS); the store is the caller's."""
         await self.upstream.close()
@@ -214,7 +225,10 @@ class ControlPlane:
 
     async def _run(self, fn: Callable[..., Any], *args: Any) -> Any:
         # Every store call is one short transaction; off the loop all the same.
-        return await asyncio.to_thread(fn, *args)
+        try:
+            return await asyncio.to_thread(fn, *args)
+        except StoreUnavailableError as exc:
+            raise ApiError(503, "unavailable", f"the store cannot be reached: {exc}") from None
 
     def _notify(self) -> None:
         # Wake every long-polling broker; the next waiters get a fresh event.

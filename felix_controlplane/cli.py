@@ -1,4 +1,5 @@
-"""``felix-controlplane``: run the control plane (SQLite store, public API, loopback admin API).
+"""``felix-controlplane``: run the control plane (SQLite or etcd store, public API, loopback admin
+API, and with ``--etcd-endpoints`` the fleet's placer).
 
 ``felix-controlplane --help`` describes every option and its default.
 
@@ -19,15 +20,17 @@ import logging
 import os
 import secrets
 import signal
+import socket
 import ssl
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from felix_common.etcd import parse_endpoints
 from felix_common.files import create_file_once, replace_file
 from felix_controlplane.api import ControlPlane, Settings
 from felix_controlplane.http import HttpServer
-from felix_controlplane.store import DEFAULT_MAX_CHANGES, SqliteStore
+from felix_controlplane.store import DEFAULT_MAX_CHANGES, SqliteStore, Store
 from felix_transport import __version__
 
 __all__ = ["build_parser", "main", "parse_args", "run"]
@@ -44,9 +47,10 @@ def _hostport(value: str) -> tuple[str, int]:
 
 _DESCRIPTION = """\
 Run the Felix control plane: tenants, namespaces, streams and caches, RBAC, signing
-keys and token exchange, in one SQLite file. The public listener serves the /v1 API
-and the brokers' catalog sync feed; the admin listener (loopback only) serves
-bootstrap with the bootstrap secret as bearer."""
+keys and token exchange, in one SQLite file (or in etcd, --store etcd). The public
+listener serves the /v1 API and the brokers' catalog sync feed; the admin listener
+(loopback only) serves bootstrap with the bootstrap secret as bearer. Given
+--etcd-endpoints, the instance also campaigns for placement (one placer at a time)."""
 
 _EPILOG = """\
 secrets: the broker sync token and the bootstrap secret are read from the named files,
@@ -117,6 +121,43 @@ def build_parser() -> argparse.ArgumentParser:
         "created if missing)",
     )
     parser.add_argument(
+        "--store",
+        choices=("sqlite", "etcd"),
+        default="sqlite",
+        help="where the control plane keeps tenants, the catalog and keys: the SQLite file "
+        "of --db, or the etcd of --etcd-endpoints (several instances over one etcd are "
+        "interchangeable) (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--etcd-endpoints",
+        type=_endpoints,
+        default=None,
+        metavar="HOST:PORT[,...]",
+        help="the fleet's etcd: with it this instance also campaigns to be the placer and, "
+        "while it is, assigns every shard a leader among the live brokers (default: none)",
+    )
+    parser.add_argument(
+        "--etcd-prefix",
+        default="/felix",
+        metavar="PREFIX",
+        help="the etcd key prefix of the fleet, as the brokers' FELIX_ETCD_PREFIX "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--placer-id",
+        default=f"{socket.gethostname()}-{os.getpid()}",
+        metavar="ID",
+        help="this instance's name in the placer election (default: host-pid)",
+    )
+    parser.add_argument(
+        "--placer-lease-ttl",
+        type=int,
+        default=10,
+        metavar="SECONDS",
+        help="TTL of the placer's etcd lease: how long a vanished placer holds placement "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
         "--token-ttl",
         type=int,
         default=900,
@@ -162,6 +203,12 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--tls-cert and --tls-key go together")
     if not 1 <= args.token_ttl <= args.max_token_ttl:
         parser.error("--token-ttl must be between 1 and --max-token-ttl")
+    if args.store == "etcd" and not args.etcd_endpoints:
+        parser.error("--store etcd needs --etcd-endpoints")
+    if not args.etcd_prefix.startswith("/") or args.etcd_prefix.endswith("/"):
+        parser.error("--etcd-prefix must start with '/' and not end with it")
+    if args.placer_lease_ttl < 1:
+        parser.error("--placer-lease-ttl must be at least 1")
     try:
         loopback = ipaddress.ip_address(args.admin_bind[0]).is_loopback
     except ValueError:
@@ -169,6 +216,13 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
     if not loopback:
         parser.error("--admin-bind must be a loopback address (it serves the bootstrap path)")
     return args
+
+
+def _endpoints(value: str) -> list[tuple[str, int]]:
+    try:
+        return parse_endpoints(value)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def _url_host(host: str) -> str:
@@ -207,8 +261,24 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
             args.db.with_name(args.db.name + ".bootstrap-secret"),
         ),
     )
-    store = SqliteStore(args.db, max_changes=args.max_changes)
+    store: Store
+    etcd_store = None
+    if args.store == "etcd":
+        from felix_controlplane.store_etcd import EtcdStore
+
+        store = etcd_store = EtcdStore(
+            args.etcd_endpoints, prefix=args.etcd_prefix, max_changes=args.max_changes
+        )
+    else:
+        store = SqliteStore(args.db, max_changes=args.max_changes)
     plane = ControlPlane(store, settings)
+    if etcd_store is not None:
+        loop = asyncio.get_running_loop()
+
+        def wake() -> None:  # from the store's thread: writes through other instances
+            loop.call_soon_threadsafe(plane.changed_elsewhere)
+
+        etcd_store.add_change_listener(wake)
     context = None
     if args.tls_cert is not None:
         context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
@@ -231,11 +301,25 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         scheme,
         args.admin_bind[0],
         admin.port,
-        args.db,
+        args.db if args.store == "sqlite" else f"etcd {args.etcd_prefix}/cp",
     )
+    placement = None
+    if args.etcd_endpoints:
+        from felix_controlplane.placement import Placement
+
+        placement = Placement(
+            args.etcd_endpoints,
+            prefix=args.etcd_prefix,
+            holder_id=args.placer_id,
+            store=store,
+            lease_ttl_s=args.placer_lease_ttl,
+        )
+        placement.start()
     try:
         await stop.wait()
     finally:
+        if placement is not None:
+            await placement.stop()  # releases P/placer: another instance takes over at once
         await public.close()
         await admin.close()
         await plane.close()

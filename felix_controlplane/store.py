@@ -42,6 +42,7 @@ __all__ = [
     "Snapshot",
     "SqliteStore",
     "Store",
+    "StoreUnavailableError",
     "StoredKey",
 ]
 
@@ -59,6 +60,10 @@ _NAMESPACED = frozenset({"stream", "cache"})
 
 class ConflictError(Exception):
     """The thing to create exists already."""
+
+
+class StoreUnavailableError(Exception):
+    """The database cannot be reached now (the etcd backend's etcd is down): try again."""
 
 
 class NotFoundError(Exception):

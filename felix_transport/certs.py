@@ -105,8 +105,10 @@ def generate_leaf(
     ip_addresses: Sequence[str] = ("127.0.0.1",),
     key_type: KeyType = "p256",
     valid_days: int = 825,
+    client_auth: bool = False,
 ) -> CertKeyPair:
-    """Create a server leaf signed by ``ca``: CA=False, SAN DNS + IP, serverAuth EKU.
+    """Create a server leaf signed by ``ca``: CA=False, SAN DNS + IP, serverAuth EKU
+    (and clientAuth with ``client_auth``: a fleet peer certificate serves both ways).
 
     ``cert_pem`` holds the leaf only; a server loads ``leaf + ca`` as its chain
     (see :meth:`felix_transport.config.TransportConfig.server`).
@@ -147,7 +149,13 @@ def generate_leaf(
             ),
             critical=True,
         )
-        .add_extension(x509.ExtendedKeyUsage([ExtendedKeyUsageOID.SERVER_AUTH]), critical=False)
+        .add_extension(
+            x509.ExtendedKeyUsage(
+                [ExtendedKeyUsageOID.SERVER_AUTH]
+                + ([ExtendedKeyUsageOID.CLIENT_AUTH] if client_auth else [])
+            ),
+            critical=False,
+        )
         .add_extension(x509.SubjectAlternativeName(san), critical=False)
         .add_extension(x509.SubjectKeyIdentifier.from_public_key(public_key), critical=False)
         .add_extension(

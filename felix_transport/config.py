@@ -56,6 +56,14 @@ class TransportConfig:
     ``private_key_pem``. Client side: ``ca_pem``; peer verification is always
     on and cannot be switched off.
 
+    Mutual TLS: a server with ``client_ca_pem`` requests a client certificate
+    and completes the handshake only for a client that presents one signed by
+    that CA (aioquic only: qh3 2.1's server cannot request client certificates,
+    so a qh3 server configuration with ``client_ca_pem`` is refused). A client
+    with ``certificate_chain_pem`` / ``private_key_pem`` presents them when the
+    server asks (both stacks). ``Connection.peer_certificate`` then names the
+    other side's verified leaf, both ways.
+
     ALPN: a server selects ``felix/1`` (any of ``alpn_protocols``) when the
     client offers it and negotiates nothing when the client offers nothing,
     decided per connection; ``require_alpn`` refuses clients offering none. A
@@ -67,12 +75,23 @@ class TransportConfig:
     ``felix_transport.connection``). ``send_high_watermark`` /
     ``send_low_watermark`` bound each stream's send backlog: ``Stream.write``
     waits above the high mark until the backlog falls below the low mark.
+
+    Before authentication (server side, when ``preauth_stream_window`` is set):
+    a new connection is *untrusted* until the application calls
+    ``Connection.trust()`` (the broker does when the connection's first stream
+    authenticates). Until then each stream buffers at most
+    ``preauth_stream_window`` bytes, the connection's streams together at most
+    ``preauth_connection_budget``, and all untrusted connections of the server
+    together at most ``preauth_global_budget``; at a bound the connection's
+    input pauses (see ``felix_transport.connection``). None (the default)
+    trusts every connection from the start. Clients always trust their server.
     """
 
     impl: Impl = field(default_factory=default_impl)
     certificate_chain_pem: bytes | None = None
     private_key_pem: bytes | None = None
     ca_pem: bytes | None = None
+    client_ca_pem: bytes | None = None
     server_name: str = "localhost"
     alpn_protocols: tuple[str, ...] = (FELIX_ALPN,)
     offer_alpn: bool = False
@@ -92,6 +111,9 @@ class TransportConfig:
     signature_algorithms: tuple[str, ...] = DEFAULT_SIGNATURE_ALGORITHMS
     socket_buffer_size: int = 4 * 1024 * 1024
     max_datagrams_per_wakeup: int = 64
+    preauth_stream_window: int | None = None
+    preauth_connection_budget: int = 256 * 1024
+    preauth_global_budget: int = 16 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if self.impl not in ("qh3", "aioquic"):
@@ -111,12 +133,24 @@ class TransportConfig:
             raise ValueError("connection_receive_window must be >= stream_receive_window")
         if not 0 < self.send_low_watermark <= self.send_high_watermark:
             raise ValueError("need 0 < send_low_watermark <= send_high_watermark")
+        if self.preauth_stream_window is not None:
+            if not 4096 <= self.preauth_stream_window <= self.stream_receive_window:
+                raise ValueError("preauth_stream_window must be within 4096..stream_receive_window")
+            if self.preauth_connection_budget < self.preauth_stream_window:
+                raise ValueError("preauth_connection_budget must be >= preauth_stream_window")
+            if self.preauth_global_budget < self.preauth_connection_budget:
+                raise ValueError("preauth_global_budget must be >= preauth_connection_budget")
         if self.max_streams_bidi < 1 or self.max_streams_uni < 1:
             raise ValueError("max_streams_bidi and max_streams_uni must be >= 1")
         if (self.offer_alpn or self.require_alpn) and not self.alpn_protocols:
             raise ValueError("offer_alpn/require_alpn need at least one ALPN protocol")
         if (self.certificate_chain_pem is None) != (self.private_key_pem is None):
             raise ValueError("certificate_chain_pem and private_key_pem go together")
+        if self.client_ca_pem is not None and self.impl == "qh3":
+            raise ValueError(
+                "client_ca_pem (mutual TLS) needs impl='aioquic' on the server side: "
+                "qh3 2.1 cannot request client certificates"
+            )
 
     @classmethod
     def server(
@@ -134,7 +168,8 @@ class TransportConfig:
 
     @classmethod
     def client(cls, ca_pem: bytes, **options: Any) -> TransportConfig:
-        """A client configuration trusting the CA certificates in ``ca_pem``."""
+        """A client configuration trusting the CA certificates in ``ca_pem`` (pass
+        ``certificate_chain_pem`` and ``private_key_pem`` to present a certificate)."""
         return cls(ca_pem=ca_pem, **options)
 
     def with_impl(self, impl: Impl) -> TransportConfig:

@@ -21,9 +21,22 @@ Back-pressure, both directions, per stream:
   QUIC retransmits them) and resuming once reads bring the stream below half
   the bound. Unacknowledged, the peer's congestion window fills and its
   sender stops. To keep a long pause from idling the connection out, one held
-  datagram is fed every ``idle_timeout / 3``, so a stalled stream can exceed
+  datagram (the newest) is fed every ``idle_timeout / 3``, so a stalled stream can exceed
   its bound by about one datagram per such tick. The pause is connection-wide:
   other streams of the same connection stall with it.
+
+Before authentication (``TransportConfig.preauth_stream_window`` set, server
+side): until the application calls :meth:`Connection.trust`, a connection is
+untrusted. Its streams are bounded by ``preauth_stream_window`` instead of
+``stream_receive_window`` (aioquic: that is the credit the peer gets; qh3: the
+input pause above), all its streams together by ``preauth_connection_budget``
+(aioquic: MAX_DATA follows reads; qh3: input pauses at the budget and resumes
+at half of it), and all untrusted connections of a server together by
+``preauth_global_budget`` (both stacks: an untrusted connection receiving while
+the shared budget is spent pauses until it falls to half). An untrusted
+connection is fed one datagram at a time and holds at most
+``_MAX_HELD_UNTRUSTED`` datagrams while paused, so it overshoots a bound by at
+most one datagram.
 """
 
 from __future__ import annotations
@@ -33,6 +46,8 @@ import logging
 from collections import deque
 from collections.abc import Sequence
 from typing import Protocol
+
+from cryptography import x509
 
 from .backends import Address, ConnectionAdapter
 from .config import TransportConfig
@@ -49,12 +64,48 @@ from .events import (
     StreamReset,
 )
 
-__all__ = ["Connection", "Stream"]
+__all__ = ["Connection", "ReceiveBudget", "Stream"]
 
 logger = logging.getLogger(__name__)
 
 # Datagrams held for a paused (qh3) connection; beyond this they are dropped.
 _MAX_HELD_DATAGRAMS = 256
+# ...and for a paused connection nobody has authenticated yet.
+_MAX_HELD_UNTRUSTED = 8
+# Pause reasons besides stream ids (which are >= 0).
+_CONNECTION_BUDGET = -1
+_GLOBAL_BUDGET = -2
+
+
+class ReceiveBudget:
+    """Bytes buffered by a server's untrusted connections, against one limit.
+
+    A connection charges what its streams buffer while it is untrusted; one that
+    receives while the budget is spent pauses, and every paused one resumes when
+    the total falls to half the limit.
+    """
+
+    def __init__(self, limit: int) -> None:
+        self.limit = limit
+        self.used = 0
+        self._paused: set[Connection] = set()
+
+    @property
+    def spent(self) -> bool:
+        return self.used > self.limit
+
+    def charge(self, delta: int) -> None:
+        self.used += delta
+        if delta < 0 and self._paused and self.used <= self.limit // 2:
+            paused, self._paused = self._paused, set()
+            for connection in paused:
+                connection._unpause(_GLOBAL_BUDGET)
+
+    def wait(self, connection: Connection) -> None:
+        self._paused.add(connection)
+
+    def forget(self, connection: Connection) -> None:
+        self._paused.discard(connection)
 
 
 class _Driver(Protocol):
@@ -148,6 +199,7 @@ class Stream:
             data = b"".join(parts)
         self._buffered -= len(data)
         self._consumed += len(data)
+        self._conn._buffer_changed(-len(data))
         self._conn._consumed(self)
         return data
 
@@ -269,6 +321,7 @@ class Stream:
         if data:
             self._chunks.append(data)
             self._buffered += len(data)
+            self._conn._buffer_changed(len(data))
         if end_stream:
             self._eof = True
         self._wake_reader()
@@ -284,6 +337,7 @@ class Stream:
             self._read_error = error
         if discard:
             self._chunks.clear()
+            self._conn._buffer_changed(-self._buffered)
             self._buffered = 0
         self._wake_reader()
         self._conn._stream_drained(self)
@@ -336,6 +390,7 @@ class Connection:
         config: TransportConfig,
         *,
         is_client: bool,
+        budget: ReceiveBudget | None = None,
     ) -> None:
         self._loop = asyncio.get_running_loop()
         self._driver = driver
@@ -364,6 +419,11 @@ class Connection:
         self.dropped_datagrams = 0
         self._trickle: asyncio.TimerHandle | None = None
         self.refused = False
+        # Before authentication (see the module docstring).
+        self._trusted = is_client or config.preauth_stream_window is None
+        self._budget = None if self._trusted else budget
+        self._buffered_total = 0
+        self._charged = 0  # the part of _buffered_total charged to _budget
 
     def __repr__(self) -> str:
         role = "client" if self.is_client else "server"
@@ -392,6 +452,13 @@ class Connection:
         return self._adapter.alpn_protocol
 
     @property
+    def peer_certificate(self) -> x509.Certificate | None:
+        """The peer's verified leaf certificate: the server's on a client connection;
+        on a server, the client's when the server asked for one (``client_ca_pem``)."""
+        der = self._adapter.peer_certificate_der
+        return None if der is None else x509.load_der_x509_certificate(der)
+
+    @property
     def closed(self) -> bool:
         """True once :meth:`close` was called or the connection terminated."""
         return self._closing or self.termination is not None
@@ -405,6 +472,36 @@ class Connection:
     def held_datagrams(self) -> int:
         """Datagrams held while input is paused."""
         return len(self._held)
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Received bytes waiting for the application in all of this connection's streams."""
+        return self._buffered_total
+
+    @property
+    def trusted(self) -> bool:
+        """False while the pre-authentication bounds apply (see :meth:`trust`)."""
+        return self._trusted
+
+    def trust(self) -> None:
+        """Lift the pre-authentication bounds: the application has authenticated
+        the peer. Streams get ``stream_receive_window`` and the connection's own
+        windows apply from now on; idempotent."""
+        if self._trusted:
+            return
+        self._trusted = True
+        self._release_budget()
+        if self.termination is not None:
+            return
+        window = self._config.stream_receive_window
+        self._adapter.set_receive_limits(window, None)
+        for reason in list(self._over_limit):
+            stream = self._streams.get(reason)
+            if stream is None or stream._buffered <= window // 2:
+                self._over_limit.discard(reason)
+        if not self._over_limit:
+            self._resume_input()
+        self._schedule()
 
     async def wait_handshake(self) -> None:
         """Wait for the handshake; raises ConnectionClosedError if it fails."""
@@ -456,20 +553,29 @@ class Connection:
         if self.termination is not None:
             return
         for addr, datagrams in runs:
-            if self._over_limit:
-                for data in datagrams:
-                    if len(self._held) < _MAX_HELD_DATAGRAMS:
-                        self._held.append((data, addr))
-                    else:
-                        self.dropped_datagrams += 1
-                continue
-            try:
-                self._adapter.receive_datagrams(datagrams, addr, now)
-            except Exception:
-                # One connection's stack failure must not take the loop (and
-                # every other connection on the socket) down with it.
-                logger.warning("%r: stack failed on receive", self, exc_info=True)
-            self._process_events()
+            # Untrusted: one datagram at a time, so a bound is checked after each.
+            pieces = [datagrams] if self._trusted else [[data] for data in datagrams]
+            for piece in pieces:
+                if self._over_limit:
+                    self._hold(piece, addr)
+                    continue
+                try:
+                    self._adapter.receive_datagrams(piece, addr, now)
+                except Exception:
+                    # One connection's stack failure must not take the loop (and
+                    # every other connection on the socket) down with it.
+                    logger.warning("%r: stack failed on receive", self, exc_info=True)
+                self._process_events()
+                if self.termination is not None:
+                    return
+
+    def _hold(self, datagrams: list[bytes], addr: Address) -> None:
+        limit = _MAX_HELD_DATAGRAMS if self._trusted else _MAX_HELD_UNTRUSTED
+        for data in datagrams:
+            if len(self._held) < limit:
+                self._held.append((data, addr))
+            else:
+                self.dropped_datagrams += 1
 
     def _on_timer(self) -> None:
         self._timer = None
@@ -635,6 +741,7 @@ class Connection:
         self._streams.clear()
         self._over_limit.clear()
         self._held.clear()
+        self._release_budget()
         self._blocked_writers.clear()
         waiter = self._accept_waiter
         if waiter is not None and not waiter.done():
@@ -669,25 +776,77 @@ class Connection:
         self._stream_drained(stream)
         self._maybe_discard(stream)
 
+    def _stream_window(self) -> int:
+        window = self._config.preauth_stream_window
+        if self._trusted or window is None:
+            return self._config.stream_receive_window
+        return window
+
     def _check_receive_bound(self, stream: Stream) -> None:
+        if not self._trusted:
+            self._check_budgets()
         if self._adapter.capabilities.per_stream_receive_credit:
             return
-        if stream._buffered > self._config.stream_receive_window:
-            if not self._over_limit:
-                logger.debug("%r: pausing input, stream %d over its bound", self, stream.stream_id)
-                self._trickle = self._loop.call_later(
-                    self._config.idle_timeout / 3, self._feed_one_held
-                )
-            self._over_limit.add(stream.stream_id)
+        if stream._buffered > self._stream_window():
+            self._pause(stream.stream_id)
 
-    def _stream_drained(self, stream: Stream) -> None:
-        if stream.stream_id not in self._over_limit:
+    def _pause(self, reason: int) -> None:
+        if not self._over_limit and self.termination is None:
+            logger.debug("%r: pausing input (%d over its bound)", self, reason)
+            self._trickle = self._loop.call_later(
+                self._config.idle_timeout / 3, self._feed_one_held
+            )
+        self._over_limit.add(reason)
+
+    def _unpause(self, reason: int) -> None:
+        if reason not in self._over_limit:
             return
-        if stream._buffered > self._config.stream_receive_window // 2:
-            return
-        self._over_limit.discard(stream.stream_id)
+        self._over_limit.discard(reason)
         if not self._over_limit:
             self._resume_input()
+
+    def _check_budgets(self) -> None:
+        limit = self._config.preauth_connection_budget
+        if self._buffered_total > limit:
+            self._pause(_CONNECTION_BUDGET)
+        elif self._buffered_total <= limit // 2:
+            self._unpause(_CONNECTION_BUDGET)
+        budget = self._budget
+        if budget is not None and budget.spent and self._buffered_total > 0:
+            budget.wait(self)
+            self._pause(_GLOBAL_BUDGET)
+
+    def _buffer_changed(self, delta: int) -> None:
+        self._buffered_total += delta
+        if self._budget is not None and self.termination is None:
+            self._charged += delta
+            self._budget.charge(delta)
+
+    def _release_budget(self) -> None:
+        budget = self._budget
+        if budget is None:
+            return
+        self._budget = None
+        budget.forget(self)
+        charged, self._charged = self._charged, 0
+        if charged:
+            budget.charge(-charged)
+
+    def _stream_drained(self, stream: Stream) -> None:
+        if not self._trusted:
+            if _CONNECTION_BUDGET in self._over_limit:
+                self._check_budgets()
+            if _GLOBAL_BUDGET in self._over_limit and self._buffered_total == 0:
+                # Everything it sent was read: let it make progress (it pauses
+                # again on its next data while the budget is still spent).
+                if self._budget is not None:
+                    self._budget.forget(self)
+                self._unpause(_GLOBAL_BUDGET)
+        if stream.stream_id not in self._over_limit:
+            return
+        if stream._buffered > self._stream_window() // 2:
+            return
+        self._unpause(stream.stream_id)
 
     def _resume_input(self) -> None:
         if self._trickle is not None:
@@ -715,8 +874,13 @@ class Connection:
         if not self._over_limit or self.termination is not None:
             return
         if self._held:
-            data, addr = self._held.popleft()
-            self._adapter.receive_datagrams([data], addr, self._loop.time())
+            # The newest: what the peer sent last (its latest ACKs, or its
+            # CONNECTION_CLOSE) matters most; older stream data is resent anyway.
+            data, addr = self._held.pop()
+            try:
+                self._adapter.receive_datagrams([data], addr, self._loop.time())
+            except Exception:
+                logger.warning("%r: stack failed on receive", self, exc_info=True)
             self._process_events()
             self._transmit()
         if self._over_limit and self.termination is None:

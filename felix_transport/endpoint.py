@@ -28,7 +28,7 @@ from collections.abc import Awaitable, Callable
 
 from .backends import Address, ConnectionAdapter, create_client_adapter, server_factory
 from .config import TransportConfig
-from .connection import Connection
+from .connection import Connection, ReceiveBudget
 from .events import CONNECTION_REFUSED, INTERNAL_ERROR, NO_ERROR, ConnectionClosedError
 
 __all__ = ["Server", "connect", "serve"]
@@ -197,11 +197,21 @@ class Server(_Endpoint):
         self._closed_task: asyncio.Task[None] | None = None
         self.refused_connections = 0
         self._refused_cids: OrderedDict[bytes, None] = OrderedDict()
+        self._preauth = (
+            None
+            if config.preauth_stream_window is None
+            else ReceiveBudget(config.preauth_global_budget)
+        )
 
     @property
     def address(self) -> Address:
         """The bound ``(host, port)`` (IPv6: 4-tuple)."""
         return tuple(self._sock.getsockname())
+
+    @property
+    def preauth_buffered_bytes(self) -> int:
+        """Bytes buffered by connections not trusted yet (0 without pre-auth bounds)."""
+        return 0 if self._preauth is None else self._preauth.used
 
     @property
     def connections(self) -> frozenset[Connection]:
@@ -272,7 +282,7 @@ class Server(_Endpoint):
 
     def _accept(self, dcid: bytes) -> Connection:
         adapter: ConnectionAdapter = self._factory.create(dcid)
-        connection = Connection(self, adapter, self._config, is_client=False)
+        connection = Connection(self, adapter, self._config, is_client=False, budget=self._preauth)
         cids = {dcid, *adapter.initial_connection_ids}
         self._cids[connection] = cids
         for cid in cids:

@@ -72,6 +72,56 @@ def stop_fixture_broker(process: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         process.kill()
         process.wait(timeout=5)
+    errors = process.stderr.read().decode(errors="replace") if process.stderr else ""
+    found = [line for line in errors.splitlines() if any(m in line for m in ASYNCIO_WARNINGS)]
+    if found:
+        pytest.fail("the fixture broker logged asyncio warnings:\n" + "\n".join(found[:20]))
+
+
+# --- asyncio must stay silent (issue 20, finding 9) ----------------------------------
+# A task destroyed while pending, an exception nobody retrieved, or a callback that
+# raised is a bug even when the test's assertions pass. The asyncio logger says so
+# at ERROR (often only when the object is garbage-collected), so every test ends with
+# a collection and fails if anything was logged.
+
+import gc  # noqa: E402
+import logging  # noqa: E402
+
+ASYNCIO_WARNINGS = (
+    "Task was destroyed but it is pending",
+    "Task exception was never retrieved",
+    "Future exception was never retrieved",
+    "Exception in callback",
+)
+
+
+class AsyncioErrors(logging.Handler):
+    """Collects what the asyncio logger reports at ERROR or above."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.ERROR)
+        self.messages: list[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        if record.exc_info and record.exc_info[1] is not None:
+            text += f" ({type(record.exc_info[1]).__name__}: {record.exc_info[1]})"
+        self.messages.append(text)
+
+
+ASYNCIO_ERRORS = AsyncioErrors()
+logging.getLogger("asyncio").addHandler(ASYNCIO_ERRORS)
+
+
+@pytest.fixture(autouse=True)
+def _no_asyncio_errors() -> Iterator[None]:
+    gc.collect()
+    ASYNCIO_ERRORS.messages.clear()
+    yield
+    gc.collect()
+    found, ASYNCIO_ERRORS.messages[:] = list(ASYNCIO_ERRORS.messages), []
+    if found:
+        pytest.fail("asyncio reported:\n" + "\n".join(found[:20]), pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -27,7 +27,9 @@ def main(argv: list[str] | None = None) -> int:
         print(
             f"catalogue ok: {len(cat.messages)} messages, {len(cat.flags)} flags, "
             f"{len(cat.features)} features, {len(cat.error_codes)} error codes, "
-            f"{len(cat.requirements.items) if cat.requirements else 0} requirements"
+            f"{len(cat.requirements.items) if cat.requirements else 0} requirements; "
+            f"fleet: {len(cat.fleet.messages) if cat.fleet else 0} peer messages, "
+            f"{len(cat.fleet.records) if cat.fleet else 0} records"
         )
         return 0
     written = write(cat, args.out)

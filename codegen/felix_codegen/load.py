@@ -14,12 +14,16 @@ import dataclasses
 import hashlib
 import itertools
 import json
+import re
 from pathlib import Path
 from typing import Any
 
 import jsonschema
+import referencing
+import referencing.jsonschema
 import yaml
 
+from .fleet import FleetCatalogue, build_fleet, fleet_hash
 from .model import (
     SCALARS,
     BinaryEnum,
@@ -34,6 +38,7 @@ from .model import (
     Flag,
     JsonField,
     Message,
+    NameRule,
     RetryClass,
     Shape,
     TypeRef,
@@ -59,6 +64,26 @@ def _validate(document: Any, schema: dict[str, Any], definition: str, filename: 
     if errors:
         lines = [f"{filename}: {_path(e.absolute_path)}: {e.message}" for e in errors[:20]]
         raise CatalogueError("catalogue does not match its schema:\n" + "\n".join(lines))
+
+
+def _load_fleet(spec_dir: Path, client_schema: dict[str, Any], cat: Catalogue) -> FleetCatalogue:
+    """spec/fleet.yaml, validated by spec/fleet.schema.json (which borrows the client
+    catalogue schema's field shapes by reference)."""
+    fleet_schema = json.loads((spec_dir / "fleet.schema.json").read_text())
+    text = (spec_dir / "fleet.yaml").read_bytes()
+    document = yaml.safe_load(text)
+    draft = referencing.jsonschema.DRAFT202012
+    registry: referencing.Registry[Any] = referencing.Registry().with_resources(
+        [(doc["$id"], draft.create_resource(doc)) for doc in (client_schema, fleet_schema)]
+    )
+    validator = jsonschema.Draft202012Validator(fleet_schema, registry=registry)
+    errors = sorted(validator.iter_errors(document), key=lambda e: list(e.absolute_path))
+    if errors:
+        lines = [f"fleet.yaml: {_path(e.absolute_path)}: {e.message}" for e in errors[:20]]
+        raise CatalogueError("catalogue does not match its schema:\n" + "\n".join(lines))
+    digest = hashlib.sha256(text)
+    digest.update(json.dumps(fleet_schema, sort_keys=True).encode())
+    return build_fleet(document, cat, fleet_hash(digest.hexdigest().encode(), cat.spec_hash))
 
 
 def _json_field(raw: dict[str, Any]) -> JsonField:
@@ -112,6 +137,8 @@ def load(spec_dir: Path) -> Catalogue:
         digest.update(texts[name])
     digest.update(json.dumps(schema, sort_keys=True).encode())
     cat = _build(docs["messages"], docs["features"], digest.hexdigest())
+    fleet = _load_fleet(spec_dir, schema, cat)
+    cat = dataclasses.replace(cat, fleet=fleet)
     try:
         requirements = load_requirements(spec_dir, (d.id for d in cat.decisions))
     except RequirementsError as exc:
@@ -370,6 +397,27 @@ def _build(m: dict[str, Any], f: dict[str, Any], spec_hash: str) -> Catalogue:
     numbers = [ec.number for ec in error_codes]
     check(len(set(numbers)) == len(numbers), "messages.yaml: $.error_codes", "duplicate number")
 
+    raw_names = m["names"]
+    names = NameRule(
+        doc=raw_names["doc"],
+        kinds=tuple(raw_names["kinds"]),
+        alphabet=raw_names["alphabet"],
+        min_length=raw_names["min_length"],
+        max_length=raw_names["max_length"],
+        reserved=tuple(raw_names["reserved"]),
+        notes=tuple(raw_names.get("notes", ())),
+    )
+    check(
+        names.min_length <= names.max_length,
+        "messages.yaml: $.names",
+        "min_length is above max_length",
+    )
+    for sep in ("/", "\\", "\0"):
+        check(
+            re.fullmatch(names.pattern, sep * names.min_length) is None,
+            "messages.yaml: $.names.alphabet",
+            f"admits the path-unsafe character {sep!r}",
+        )
     decisions = tuple(Decision(**d) for d in m["decisions"])
     decision_ids = {d.id for d in decisions}
     all_notes = [fd.note for msg in messages for fd in msg.fields] + [msg.note for msg in messages]
@@ -395,6 +443,7 @@ def _build(m: dict[str, Any], f: dict[str, Any], spec_hash: str) -> Catalogue:
         error_codes=error_codes,
         error_code_unknown_name=m["error_code_unknown_name"],
         routing=m["routing"],
+        names=names,
         decisions=decisions,
         messages=tuple(messages),
         features=features,

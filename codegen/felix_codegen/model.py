@@ -3,9 +3,12 @@
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from .requirements import Requirements
+
+if TYPE_CHECKING:
+    from .fleet import FleetCatalogue
 
 # JSON wire scalar types and their integer ranges (inclusive).
 INT_RANGES: dict[str, tuple[int, int]] = {
@@ -266,6 +269,24 @@ class Feature:
 
 
 @dataclass(frozen=True)
+class NameRule:
+    """The one rule for tenant, namespace, stream, cache and group names."""
+
+    doc: str
+    kinds: tuple[str, ...]
+    alphabet: str
+    min_length: int
+    max_length: int
+    reserved: tuple[str, ...]
+    notes: tuple[str, ...] = ()
+
+    @property
+    def pattern(self) -> str:
+        """The whole-name regular expression (ASCII; matched with fullmatch)."""
+        return f"[{self.alphabet}]{{{self.min_length},{self.max_length}}}"
+
+
+@dataclass(frozen=True)
 class Decision:
     id: str
     topic: str
@@ -287,6 +308,7 @@ class Catalogue:
     error_codes: tuple[ErrorCode, ...]
     error_code_unknown_name: str
     routing: dict[str, Any]
+    names: NameRule
     decisions: tuple[Decision, ...]
     messages: tuple[Message, ...]
     features: tuple[Feature, ...]
@@ -294,6 +316,7 @@ class Catalogue:
     negotiation: dict[str, Any]
     tagged_variant_of: dict[str, tuple[str, str]] = field(default_factory=dict)
     requirements: Requirements | None = None
+    fleet: FleetCatalogue | None = None
 
     def flag(self, name: str) -> Flag:
         return next(f for f in self.flags if f.name == name)

@@ -35,10 +35,13 @@ MODULES = (
     "codec.py",
     "gating.py",
     "routing.py",
+    "names.py",
     "catalogue.py",
     "requirements.py",
     "strategies.py",
 )
+# Rendered from the fleet catalogue (spec/fleet.yaml).
+FLEET_MODULES = ("fleet.py", "fleet_strategies.py")
 
 INT_ALIASES = {name: name.upper() for name in INT_RANGES}
 
@@ -155,6 +158,11 @@ def render_all(cat: Catalogue) -> dict[str, str]:
     """Every generated file, keyed by its path inside the package."""
     env = _environment(cat)
     out = {name: env.get_template(name + ".j2").render() for name in MODULES}
+    fleet = cat.fleet
+    if fleet is not None:
+        local = {s.name for s in (*fleet.records, *fleet.shapes)} | {u.name for u in fleet.unions}
+        for name in FLEET_MODULES:
+            out[name] = env.get_template(name + ".j2").render(fleet=fleet, fleet_local=local)
     out["py.typed"] = ""
     for name, document in schemas.message_schemas(cat).items():
         out[f"schemas/{name}.json"] = json.dumps(document, indent=2, sort_keys=True) + "\n"

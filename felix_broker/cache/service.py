@@ -46,7 +46,6 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from pathlib import Path
 from typing import Any, TypeVar
 
 from prometheus_client import Counter
@@ -67,6 +66,7 @@ from felix_broker.session.context import RequestContext
 from felix_broker.session.dispatch import DispatchTable, Handler
 from felix_broker.session.protocol import StreamProtocol
 from felix_broker.storage import OffsetOutOfRangeError, StorageError
+from felix_broker.storage.paths import log_dir
 from felix_common.permissions import Action, cache_object
 from felix_transport import Stream, StreamClosedError
 from felix_transport.events import ConnectionClosedError
@@ -120,7 +120,6 @@ WATCH_ID_BASE = 1 << 40
 _EVENT_BATCH = 256
 _REPLAY_RECORDS = 512
 _REPLAY_BYTES = 1024 * 1024
-_CACHE_DIR = "@cache"
 
 _MEMORY_FEATURES = int(Feature.FEATURE_CACHE_DELETE | Feature.FEATURE_CACHE_CONDITIONAL)
 _DURABLE_FEATURES = _MEMORY_FEATURES | int(
@@ -158,6 +157,7 @@ class CacheService:
         self._tasks: set[asyncio.Task[None]] = set()
         self._started = False
         self._closed = False
+        self._fsync = metrics.timed_fsync()
         registry = metrics.registry
         self.evictions = Counter(
             "felix_cache_evictions",
@@ -174,6 +174,10 @@ class CacheService:
             "Cache watches ended with cache_watch_lagged (their queue overflowed).",
             registry=registry,
         )
+
+    def failed_logs(self) -> int:
+        """Open cache logs in the failed state (they take no writes until restart)."""
+        return sum(1 for s in self._shards.values() if s.log is not None and s.log.failed)
 
     @property
     def durable(self) -> bool:
@@ -288,13 +292,14 @@ class CacheService:
             return CacheShard(name, limits=self.limits, evictions=self.evictions)
         root = self._config.durable_storage_dir
         assert root is not None
-        directory = Path(root, _CACHE_DIR, spec.tenant_id, spec.namespace, spec.name, str(index))
+        directory = log_dir(root, "cache", spec.tenant_id, spec.namespace, spec.name, index)
         return CacheShard.open(
             name,
             directory,
             limits=self.limits,
             evictions=self.evictions,
             fsync_mode=self._config.durable_fsync_mode,
+            fsync=self._fsync,
         )
 
     def shard(self, spec: CacheSpec, index: int) -> CacheShard:
@@ -550,6 +555,8 @@ class CacheService:
             shard.unregister(watcher)
             raise
         self._watchers.add(watcher)
+        # The watch ends when the token it was opened under expires (plus the leeway).
+        ctx.io.on_expire.append(watcher.close)
         ctx.spawn(
             self._deliver(shard, watcher, uni, proto, subscription_id, snapshot, replay_from, tail),
             "cache_watch_delivery",

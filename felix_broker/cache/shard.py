@@ -30,8 +30,10 @@ from __future__ import annotations
 import asyncio
 import heapq
 import logging
+import os
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -153,14 +155,16 @@ class CacheShard:
         limits: CacheLimits,
         evictions: Counter,
         fsync_mode: FsyncMode,
+        fsync: Callable[[int], None] = os.fsync,
     ) -> CacheShard:
-        """Open (recovering) the shard's log and rebuild the index. Blocking file I/O."""
+        """Open (recovering) the shard's log and rebuild the index. Blocking file I/O.
+        `fsync` is what the log syncs a file with (the broker's times itself)."""
         config = LogConfig(
             segment_bytes=limits.segment_bytes,
             fsync_mode=fsync_mode,
             fsync_interval=limits.fsync_interval,
         )
-        log = Log.open(directory, config)
+        log = Log.open(directory, config, fsync=fsync)
         shard = cls(name, limits=limits, evictions=evictions, log=log)
         try:
             shard._replay()

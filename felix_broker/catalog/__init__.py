@@ -38,7 +38,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Protocol
 
-from felix_common.catalog import MAX_SHARDS, NAME_RULE, CacheSpec, Routing, StreamSpec, is_name
+from felix_common.catalog import MAX_SHARDS, CacheSpec, Routing, StreamSpec
+from felix_wire.names import name_problem
 
 __all__ = [
     "MAX_SHARDS",
@@ -154,8 +155,9 @@ def _mapping(
 
 
 def _name(name: str, path: str) -> str:
-    if not is_name(name):
-        raise CatalogError(path, NAME_RULE)
+    problem = name_problem(name)
+    if problem is not None:
+        raise CatalogError(path, f"invalid name {name!r}: {problem}")
     return name
 
 

@@ -180,7 +180,7 @@ class LiveCatalog(CatalogTables):
         except feed.FeedError as exc:
             raise SyncError(str(exc)) from None
         before_streams, before_caches = set(self._streams), set(self._caches)
-        self._tenants = set(snap.tenants)
+        self._tenants = {t for t in snap.tenants if is_name(t)}
         self._namespaces, self._streams, self._caches = set(), {}, {}
         for entry in snap.resources:
             self._put(entry.kind, entry.tenant, entry.namespace, entry.name, entry.body)
@@ -233,6 +233,16 @@ class LiveCatalog(CatalogTables):
                 delay = min(delay * 2, self._max_retry)
 
     def _put(self, kind: str, tenant: str, namespace: str, name: str, body: Any) -> None:
+        named = {"tenant": (tenant,), "namespace": (tenant, name)}.get(
+            kind, (tenant, namespace, name)
+        )
+        if not all(is_name(n) for n in named):
+            # The catalogue's name rule: never a folder, a permission object or a
+            # log path from a name that breaks it, whoever sent it.
+            _log.error(
+                "ignoring %s %s/%s/%s: a name breaks the rule", kind, tenant, namespace, name
+            )
+            return
         if kind == "tenant":
             self._tenants.add(tenant)
         elif kind == "namespace":
@@ -246,7 +256,7 @@ class LiveCatalog(CatalogTables):
                     self._caches[(tenant, namespace, name)] = feed.cache_spec(
                         tenant, namespace, body
                     )
-            except feed.InvalidDefinition as exc:
+            except ValueError as exc:  # feed.InvalidDefinition or InvalidNameError
                 # The control plane validated it; a mismatch means versions differ.
                 _log.error("ignoring %s %s/%s/%s: %s", kind, tenant, namespace, name, exc)
                 return

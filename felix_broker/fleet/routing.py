@@ -23,6 +23,9 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 
+# Shared with the control plane's placer, which names shards the same way.
+from felix_common.fleet import ShardId, ShardKind
+
 __all__ = [
     "AssignmentState",
     "Member",
@@ -33,11 +36,6 @@ __all__ = [
 ]
 
 
-class ShardKind(enum.Enum):
-    STREAM = "stream"
-    CACHE = "cache"
-
-
 class AssignmentState(enum.Enum):
     """Where a shard's assignment stands (the `state` of an assignment record)."""
 
@@ -45,25 +43,6 @@ class AssignmentState(enum.Enum):
     UNAVAILABLE = "unavailable"  # nobody serves it; `reason` says why
     DRAINING = "draining"  # the leader is handing it over (a planned move)
     MOVING = "moving"  # fenced for a move: writes are held, nobody serves it
-
-
-@dataclass(frozen=True, slots=True)
-class ShardId:
-    """One shard of one stream or cache."""
-
-    kind: ShardKind
-    tenant: str
-    namespace: str
-    name: str
-    shard: int
-
-    def __lt__(self, other: object) -> bool:  # enums do not order; compare by value
-        if not isinstance(other, ShardId):
-            return NotImplemented
-        return self._key() < other._key()
-
-    def _key(self) -> tuple[str, str, str, str, int]:
-        return (self.kind.value, self.tenant, self.namespace, self.name, self.shard)
 
 
 @dataclass(frozen=True, slots=True)
@@ -143,6 +122,20 @@ class RoutingSnapshot:
             routes[shard] = route
         if routes is None:
             return self
+        return replace(self, routes=MappingProxyType(routes))
+
+    def fenced(self, reason: str = "fenced") -> RoutingSnapshot:
+        """The same view with every shard this broker leads made unavailable (its lease
+        is lost): generations unchanged, so nothing newer is mistaken for older."""
+        changed = {
+            shard: replace(route, state=AssignmentState.UNAVAILABLE, reason=reason)
+            for shard, route in self.routes.items()
+            if route.leader == self.node_id and route.state is AssignmentState.ACTIVE
+        }
+        if not changed:
+            return self
+        routes = dict(self.routes)
+        routes.update(changed)
         return replace(self, routes=MappingProxyType(routes))
 
     def without_route(self, shard: ShardId, generation: int) -> RoutingSnapshot:

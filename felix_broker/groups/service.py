@@ -37,12 +37,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import time
 import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeVar
+
+from prometheus_client import Counter
 
 from felix_broker.catalog import Catalog, StreamSpec
 from felix_broker.config import BrokerConfig, FsyncMode
@@ -69,6 +72,7 @@ from felix_broker.session.dispatch import DispatchTable, Handler
 from felix_broker.session.protocol import StreamProtocol
 from felix_broker.storage import Log, LogConfig, Retention, StorageError
 from felix_broker.storage.format import Record
+from felix_broker.storage.paths import log_dir
 from felix_broker.streams.engine import Engine, Shard
 from felix_common.permissions import Action, group_object
 from felix_transport import StreamClosedError
@@ -97,6 +101,7 @@ from felix_wire.messages import (
     GroupSeek,
     StartOffset,
 )
+from felix_wire.names import name_problem
 
 __all__ = ["GROUP_FEATURES", "GroupService", "GroupServiceLimits"]
 
@@ -132,7 +137,6 @@ GROUP_FEATURES = int(
 POLL_MAX_RECORDS = 1000  # Q3
 POLL_MAX_BYTES = 4 * 1024 * 1024  # Q3
 MAX_CONSUMER_BYTES = 128  # Q16
-_GROUPS_DIR = "@groups"
 _MIB = 1024 * 1024
 _READ_BATCH = 4096
 
@@ -187,6 +191,10 @@ class _ShardGroups:
     signal: _Signal = field(default_factory=_Signal)
     last_stamp_us: int = 0
     compacting: bool = False
+    # Changes made this loop pass, appended together by one commit (group commit),
+    # and their writers' futures: each gets the last offset, or the append's error.
+    pending: list[GroupChange] = field(default_factory=list)
+    committers: list[asyncio.Future[int]] = field(default_factory=list)
 
     @property
     def tail(self) -> int:
@@ -221,6 +229,9 @@ class GroupService:
         assert config.durable_enabled, "consumer groups need durable storage"
         self._config = config
         self._metrics = metrics
+        self._fsync = os.fsync if metrics is None else metrics.timed_fsync()
+        # (request type, outcome) -> its counter child; outcomes are ok or error codes.
+        self._request_counts: dict[tuple[type[Any], str], Counter] = {}
         self._catalog = catalog
         self._engine = engine
         self.limits = limits or GroupServiceLimits()
@@ -276,6 +287,7 @@ class GroupService:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
         for groups in self._shards.values():
+            self._commit(groups)  # what a settle of this pass changed is not lost
             with contextlib.suppress(ValueError):
                 groups.stream.listeners.remove(groups.signal.fire)
             try:
@@ -283,6 +295,10 @@ class GroupService:
             except StorageError as exc:
                 _log.error("closing a group log failed: %s", exc)
         self._shards.clear()
+
+    def failed_logs(self) -> int:
+        """Open group logs in the failed state (they take no writes until restart)."""
+        return sum(1 for groups in self._shards.values() if groups.log.failed)
 
     def _run(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         task = asyncio.get_running_loop().create_task(coro, name=name)
@@ -323,7 +339,7 @@ class GroupService:
     def _directory(self, spec: StreamSpec, index: int) -> Path:
         root = self._config.durable_storage_dir
         assert root is not None
-        return Path(root, _GROUPS_DIR, spec.tenant_id, spec.namespace, spec.name, str(index))
+        return log_dir(root, "groups", spec.tenant_id, spec.namespace, spec.name, index)
 
     def _shard_groups(self, spec: StreamSpec, index: int) -> _ShardGroups:
         """The shard's groups, its group log opened and replayed on first use."""
@@ -331,6 +347,9 @@ class GroupService:
         found = self._shards.get(key)
         if found is not None:
             return found
+        # The stream's shard first: if it cannot be had, no group log was opened
+        # (nothing to close on that path).
+        stream = self._engine.shard(spec, index)
         log = Log.open(
             self._directory(spec, index),
             LogConfig(
@@ -338,6 +357,7 @@ class GroupService:
                 fsync_mode=self._config.durable_fsync_mode,
                 fsync_interval=self.limits.fsync_interval,
             ),
+            fsync=self._fsync,
         )
         durable: dict[str, GroupDurable] = {}
         last_stamp = 0
@@ -354,7 +374,6 @@ class GroupService:
         except BaseException:
             log.close()
             raise
-        stream = self._engine.shard(spec, index)
         groups = _ShardGroups(stream, log, durable, last_stamp_us=last_stamp)
         stream.listeners.append(groups.signal.fire)
         self._shards[key] = groups
@@ -379,7 +398,10 @@ class GroupService:
         return state
 
     def _append(self, groups: _ShardGroups, changes: list[GroupChange]) -> int | None:
-        """Append changes to the group log now (in state order); returns the last offset."""
+        """Append changes to the group log now, after those still waiting for this
+        pass's commit (so the log keeps state order); returns the last offset."""
+        if groups.pending:
+            self._commit(groups)
         if not changes:
             return None
         stamp = max(time.time_ns() // 1000, groups.last_stamp_us)
@@ -387,12 +409,45 @@ class GroupService:
         base = groups.log.append([encode_change(c) for c in changes], timestamp_us=stamp)
         return base + len(changes) - 1
 
+    def _commit(self, groups: _ShardGroups) -> None:
+        """Append every change made since the last commit as one batch: one write for
+        all the settles of a loop pass instead of one per settle."""
+        changes, groups.pending = groups.pending, []
+        committers, groups.committers = groups.committers, []
+        if not changes:
+            return
+        try:
+            last = self._append(groups, changes)
+        except BaseException as exc:
+            for waiter in committers:
+                if not waiter.done():
+                    waiter.set_exception(exc)
+            return
+        assert last is not None
+        for waiter in committers:
+            if not waiter.done():
+                waiter.set_result(last)
+
     async def _persist(self, groups: _ShardGroups, state: GroupState) -> None:
-        """Write what the state changed, and wait until it is durable."""
-        last = self._append(groups, state.take_writes())
+        """Write what the state changed, and wait until it is durable.
+
+        The changes join this loop pass's commit: the first writer of a pass
+        schedules it, everyone of the pass waits for it, then for durability per
+        fsync mode (which the log shares between waiters in turn). So no settle is
+        answered before its change is written (and, under on_commit, synced). Each
+        writer has its own future, so a cancelled one cancels only itself."""
+        changes = state.take_writes()
         groups.signal.fire()
-        if last is not None:
-            await groups.log.wait_durable(last)
+        if not changes:
+            return
+        loop = asyncio.get_running_loop()
+        if not groups.pending:
+            loop.call_soon(self._commit, groups)
+        groups.pending.extend(changes)
+        waiter = loop.create_future()
+        groups.committers.append(waiter)
+        last = await waiter
+        await groups.log.wait_durable(last)
 
     def _wants_compaction(self, groups: _ShardGroups) -> bool:
         if groups.compacting:
@@ -406,6 +461,7 @@ class GroupService:
         groups.compacting = True
         try:
             log = groups.log
+            self._commit(groups)  # this pass's changes go before the copy, as made
             # Every record before the copy has a time below `stamp`, the copy and
             # everything after it one at or above it: retention by age at `stamp`
             # removes exactly the segments wholly before the copy.
@@ -477,9 +533,7 @@ class GroupService:
             except (StreamClosedError, ConnectionClosedError):
                 return
             finally:
-                if self._metrics is not None:
-                    name = str(type(request).__struct_config__.tag)
-                    self._metrics.group_requests.labels(type=name, outcome=outcome).inc()
+                self._count(type(request), outcome)
 
         return handle
 
@@ -491,8 +545,10 @@ class GroupService:
         tenant, namespace, stream = request.tenant_id, request.namespace, request.stream
         if tenant != principal.tenant_id:
             raise _Refused(ErrorCode.FORBIDDEN, "forbidden: the token is for another tenant")
-        if not request.group:
-            raise _Refused(ErrorCode.INVALID_REQUEST, "a group needs a name")
+        problem = name_problem(request.group)
+        if problem is not None:
+            # The catalogue's one name rule (group names go into permission objects).
+            raise _Refused(ErrorCode.INVALID_REQUEST, f"invalid group name: {problem}")
         obj = group_object(tenant, namespace, stream, request.group)
         if not principal.permissions.allows(action, obj):
             raise _Refused(ErrorCode.FORBIDDEN, f"forbidden: {action.value} on {obj}")
@@ -513,8 +569,6 @@ class GroupService:
                 ErrorCode.INVALID_REQUEST,
                 f"stream {stream} has {spec.shards} shard(s), not {request.shard + 1}",
             )
-        if len(request.group.encode()) > 0xFFFF:
-            raise _Refused(ErrorCode.INVALID_REQUEST, "the group name is too long")
         return self._shard_groups(spec, request.shard)
 
     def _live(self, groups: _ShardGroups, name: str) -> GroupState:
@@ -531,8 +585,12 @@ class GroupService:
 
     async def _ack(self, groups: _ShardGroups, request: GroupAck, ctx: RequestContext) -> bytes:
         state = self._live(groups, request.group)
-        state.ack(_now_ms(), request.offset, groups.tail)
-        return await self._settled(ctx, groups, state, request.request_id)
+        handed = state.ack(_now_ms(), request.offset, groups.tail)
+        answer = await self._settled(ctx, groups, state, request.request_id)
+        if handed is not None and self._metrics is not None:
+            # Handed out -> acknowledged and durable (answered right after this).
+            self._metrics.group_poll_ack_seconds.observe(time.perf_counter() - handed)
+        return answer
 
     async def _nack(self, groups: _ShardGroups, request: GroupNack, ctx: RequestContext) -> bytes:
         state = self._live(groups, request.group)
@@ -627,6 +685,17 @@ class GroupService:
 
     # -- polls ----------------------------------------------------------------------
 
+    def _count(self, kind: type[Any], outcome: str) -> None:
+        """Count one answered request; label children are looked up once per pair."""
+        if self._metrics is None:
+            return
+        child = self._request_counts.get((kind, outcome))
+        if child is None:
+            name = str(kind.__struct_config__.tag)
+            child = self._metrics.group_requests.labels(type=name, outcome=outcome)
+            self._request_counts[(kind, outcome)] = child
+        child.inc()
+
     def _connection_seq(self, connection: object) -> int:
         seq = self._connections.get(connection)
         if seq is None:
@@ -707,7 +776,8 @@ class GroupService:
         if not offers:
             return []
         taken = _read(groups, offers)
-        state.claim(now, [offer for offer, _ in taken], conn, member, visibility_ms)
+        offers_taken = [offer for offer, _ in taken]
+        state.claim(now, offers_taken, conn, member, visibility_ms, time.perf_counter())
         return taken
 
 

@@ -96,6 +96,7 @@ class Claim:
     member: Member | None
     state: ClaimState = ClaimState.HELD
     stamp: int = 0  # tells a live expiry-heap entry from a stale one
+    handed_at: float = 0.0  # when the poll handed it out, on the caller's clock (s)
 
 
 @dataclass(frozen=True, slots=True)
@@ -259,13 +260,15 @@ class GroupState:
         conn: int,
         member: Member | None,
         visibility_ms: int = 0,
+        handed_at: float = 0.0,
     ) -> None:
-        """Hand out `offers` (a prefix of what `offer` returned, with no await since)."""
+        """Hand out `offers` (a prefix of what `offer` returned, with no await since);
+        `handed_at` is kept for `ack` to report (any clock of the caller's, seconds)."""
         deadline = now + self._visibility(visibility_ms)
         for item in offers:
             offset = item.offset
             self.owed.pop(offset, None)
-            claim = Claim(item.attempts, deadline, conn, member)
+            claim = Claim(item.attempts, deadline, conn, member, handed_at=handed_at)
             self.claims[offset] = claim
             self._arm(offset, claim, deadline)
             if offset >= self.next_new:
@@ -314,12 +317,16 @@ class GroupState:
             return True
         raise GroupRefusedError(f"offset {offset} was not handed out: nothing applied", stale=True)
 
-    def ack(self, now: int, offset: int, tail: int) -> None:
-        """Finish a record, whoever holds it (Q8)."""
+    def ack(self, now: int, offset: int, tail: int) -> float | None:
+        """Finish a record, whoever holds it (Q8). Returns when the delivery it ended
+        was handed out (`claim`'s `handed_at`) if a held claim ended, else None."""
         self.expire(now)
         self._check_tail(offset, tail)
+        claim = self.claims.get(offset)
+        handed = claim.handed_at if claim is not None and claim.state is ClaimState.HELD else None
         if self._take(offset) or self._unclaimed(offset):
             self._finish(offset)
+        return handed
 
     def nack(self, now: int, offset: int, tail: int, delay_ms: int = 0, attempts: int = 0) -> None:
         """Hand a record back now or after `delay_ms`; naming `attempts`, only while

@@ -60,6 +60,7 @@ class InspectionService:
         self._next_number = itertools.count(1)
         self._store = store
         self._connections = connections
+        self.node_id = NODE_ID  # a fleet member's subclass names its node (fleet/inspection.py)
 
     @property
     def features(self) -> int:
@@ -120,7 +121,7 @@ class InspectionService:
         await ctx.write(
             ctx.proto.message(
                 SubscriptionsListInfo(
-                    node_id=NODE_ID,
+                    node_id=self.node_id,
                     subscriptions=page.subscriptions,
                     next_cursor=page.next_cursor,
                     request_id=request.request_id,

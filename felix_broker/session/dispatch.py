@@ -15,6 +15,10 @@ Two ways to run a handler:
   waiting for fsync) holds back nothing else; answers then go out in
   completion order, matched by request_id.
 
+A handler that raises what it did not expect (a bug) still answers: `internal`,
+naming the request_id, logged once and counted in
+`felix_request_internal_errors_total{type}` (`answer_refused`).
+
 A known client request type with no handler is answered as not served:
 `unsupported` to a client that negotiated FEATURE_UNSUPPORTED, otherwise an
 `invalid_request` error. Which types are deliberately never served, and why,
@@ -24,22 +28,32 @@ The serve / forward / redirect seam. Every request passes `Placement.place`
 before its handler runs: the one place where, per request, a broker decides
 whether it serves the request here, forwards it to the shard's owner, or
 redirects the client. A standalone broker owns every shard, so its placement
-(`STANDALONE`) always answers `SERVE_HERE`; the cluster supplies another
-`Placement` and the decisions that go with it.
+(`STANDALONE`) always answers `SERVE_HERE`; a fleet member's placement
+(felix_broker/fleet/placement.py) also answers `FORWARD` (the owner serves it
+and this broker relays the owner's answer), `REDIRECT` (the client is told who
+leads: `not_leader`, or its error and refusal forms) and `UNAVAILABLE` (no
+broker serves the shard now: `shard_unavailable` with its reason), and
+answers those itself (`Placement.elsewhere`). A request whose decision is not
+`SERVE_HERE` never reaches this broker's handler.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import logging
+import time
 from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import Any, Protocol, TypeVar
 
+from felix_broker.metrics import BrokerMetrics
 from felix_broker.session.context import RequestContext
+from felix_transport import ConnectionClosedError, StreamClosedError
 from felix_wire.binary import PublishBatchFrame
 from felix_wire.errors import ErrorCode
 from felix_wire.features import Feature
-from felix_wire.messages import Message, Unsupported
+from felix_wire.messages import Message, Publish, PublishBatch, Unsupported
 
 __all__ = [
     "NOT_SERVED",
@@ -50,9 +64,12 @@ __all__ = [
     "PlacementDecision",
     "Request",
     "Standalone",
+    "answer_refused",
     "not_served_answer",
     "type_name",
 ]
+
+_log = logging.getLogger(__name__)
 
 Request = Message | PublishBatchFrame
 R = TypeVar("R", bound=Request)
@@ -77,12 +94,21 @@ class PlacementDecision(enum.Enum):
     """What a broker does with one request (see the module docs)."""
 
     SERVE_HERE = "serve_here"
+    FORWARD = "forward"  # served by the shard's owner; its answer is relayed
+    REDIRECT = "redirect"  # the client is sent to the shard's owner
+    UNAVAILABLE = "unavailable"  # no broker serves the shard now
 
 
 class Placement(Protocol):
-    """Decides, per request, where it is served."""
+    """Decides, per request, where it is served, and answers what is not served here."""
 
     def place(self, request: Request, ctx: RequestContext) -> PlacementDecision: ...
+
+    async def elsewhere(
+        self, decision: PlacementDecision, request: Request, ctx: RequestContext
+    ) -> None:
+        """Answer a request `place` did not keep here (forward, redirect, refuse)."""
+        ...
 
 
 class Standalone:
@@ -91,8 +117,22 @@ class Standalone:
     def place(self, request: Request, ctx: RequestContext) -> PlacementDecision:
         return PlacementDecision.SERVE_HERE
 
+    async def elsewhere(
+        self, decision: PlacementDecision, request: Request, ctx: RequestContext
+    ) -> None:
+        raise AssertionError(f"a standalone broker serves everything here, not {decision}")
+
 
 STANDALONE = Standalone()
+
+
+class _Timer(Protocol):
+    def observe(self, amount: float) -> None: ...
+
+
+class _Untimed:
+    def observe(self, amount: float) -> None:
+        return None
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,20 +140,36 @@ class _Route:
     handler: Callable[[Any, RequestContext], Coroutine[Any, Any, None]]
     concurrent: bool
     name: str
+    timer: _Timer
 
 
 class DispatchTable:
-    """Request type -> handler. Registering a type twice is a programming error."""
+    """Request type -> handler. Registering a type twice is a programming error.
 
-    def __init__(self, placement: Placement = STANDALONE) -> None:
+    With `metrics`, each handled request's time from dispatch to the end of its
+    handler (its answer written, or queued in order for a publish) is observed in
+    `felix_request_seconds{type}`; the label child is taken once, at register."""
+
+    def __init__(
+        self, placement: Placement = STANDALONE, *, metrics: BrokerMetrics | None = None
+    ) -> None:
         # Keyed by the request's exact class (generated classes are never subclassed).
         self._routes: dict[type[Any], _Route] = {}
         self._placement = placement
+        self._metrics = metrics
 
     def register(self, kind: type[R], handler: Handler[R], *, concurrent: bool = False) -> None:
         if kind in self._routes:
             raise ValueError(f"{type_name(kind)} already has a handler")
-        self._routes[kind] = _Route(handler, concurrent, type_name(kind))
+        name = type_name(kind)
+        metrics = self._metrics
+        timer: _Timer = _Untimed() if metrics is None else metrics.request_timer(name)
+        self._routes[kind] = _Route(handler, concurrent, name, timer)
+
+    def handler_for(self, kind: type[R]) -> Handler[R] | None:
+        """The handler registered for `kind` (an owner runs forwarded requests with it)."""
+        route = self._routes.get(kind)
+        return None if route is None else route.handler
 
     def handled(self) -> frozenset[str]:
         """The wire names of every type with a handler."""
@@ -126,11 +182,66 @@ class DispatchTable:
             await ctx.write(not_served_answer(ctx, request))
             return
         decision = self._placement.place(request, ctx)
-        assert decision is PlacementDecision.SERVE_HERE
+        if decision is not PlacementDecision.SERVE_HERE:
+            await self._placement.elsewhere(decision, request, ctx)
+            return
+        started = time.perf_counter()
         if route.concurrent:
-            await ctx.connection.spawn_request(route.handler(request, ctx), route.name)
+            timed = _timed(self._run(route, request, ctx), route.timer, started)
+            await ctx.connection.spawn_request(timed, route.name)
         else:
+            try:
+                await self._run(route, request, ctx)
+            finally:
+                route.timer.observe(time.perf_counter() - started)
+
+    async def _run(self, route: _Route, request: Request, ctx: RequestContext) -> None:
+        """The handler, with every unexpected exception answered `internal`.
+
+        Handlers answer every error they expect; anything else is a bug, and the
+        client still gets an answer (`internal`, naming the request_id), the
+        exception is logged once and counted in felix_request_internal_errors_total.
+        The stream or connection going away is not an error: there is nobody left
+        to answer (an inline handler's caller ends the stream).
+        """
+        try:
             await route.handler(request, ctx)
+        except (StreamClosedError, ConnectionClosedError):
+            if not route.concurrent:
+                raise
+        except Exception as exc:
+            ctx.connection.metrics.internal_errors.labels(type=route.name).inc()
+            _log.error("%s request failed", route.name, exc_info=exc)
+            with contextlib.suppress(StreamClosedError, ConnectionClosedError):
+                await answer_refused(ctx, request, ErrorCode.INTERNAL, "internal error")
+
+
+async def _timed(handling: Coroutine[Any, Any, None], timer: _Timer, started: float) -> None:
+    try:
+        await handling
+    finally:
+        timer.observe(time.perf_counter() - started)
+
+
+async def answer_refused(ctx: RequestContext, request: Request, code: ErrorCode, text: str) -> None:
+    """Refuse a request with `code` whatever its type (an unexpected failure:
+    `internal`; an expired token: `unauthenticated`).
+
+    An acked publish gets its publish answer (in order with the stream's other
+    publish answers); an unacked one is owed nothing. Any other request gets an
+    `error` naming its request_id in the message.
+    """
+    proto = ctx.proto
+    request_id = getattr(request, "request_id", None)
+    about = f"{text} (request_id {request_id})" if request_id is not None else text
+    if isinstance(request, PublishBatchFrame | Publish | PublishBatch):
+        if request_id is None or proto.publish_only:
+            return
+        binary = isinstance(request, PublishBatchFrame)
+        answer = proto.publish_answer(request_id, binary=binary, error=(code, about))
+        await ctx.answer_in_order(None, lambda _r: answer)
+        return
+    await ctx.write(proto.error(code, about))
 
 
 def not_served_answer(ctx: RequestContext, request: Message, reason: str | None = None) -> bytes:

@@ -186,6 +186,9 @@ class StreamProtocol:
         # Until auth says otherwise the client is an original v1 peer (N2).
         self.client = Capabilities()
         self.principal: Principal | None = None
+        # The bearer token the stream authenticated with: a fleet member forwards it
+        # with the stream's forwarded requests, for the owner to verify again.
+        self.token: str | None = None
 
     # -- input -------------------------------------------------------------------
 
@@ -349,6 +352,7 @@ class StreamProtocol:
             self._close(out, reset=False)
             return
         self.principal = principal
+        self.token = auth.token
         self.state = State.OPEN
         self._reader.max_payload = self._max_frame_bytes
         out.append(Authenticated(principal))
@@ -401,8 +405,13 @@ class StreamProtocol:
         error: tuple[ErrorCode, str] | None = None,
         retry: RetryClass | None = None,
         detail: ErrorDetail | None = None,
+        owner: tuple[str, str, int] | None = None,
     ) -> bytes:
         """The answer to one acked publish.
+
+        `owner` (node id, client address or "", generation) names the shard owner
+        of a forwarded batch: appended to a binary ack for a client that offered
+        BINARY_PUBLISH_ACK_OWNER, never to JSON.
 
         A binary publisher that offered BINARY_PUBLISH_ACK gets a binary ack with
         exactly the modifiers it offered; everyone else gets publish_ok /
@@ -413,7 +422,10 @@ class StreamProtocol:
         if code is not None:
             retry = retry or code.default_retry
         if binary and self.client.has(Flag.BINARY_PUBLISH_ACK):
-            return encode_frame(self._binary_ack(request_id, offset, code, text, retry, detail))
+            ack = self._binary_ack(request_id, offset, code, text, retry, detail)
+            if owner is not None and self.client.has(Flag.BINARY_PUBLISH_ACK_OWNER):
+                ack.node_id, ack.addr, ack.generation = owner
+            return encode_frame(ack)
         if code is None:
             return self.message(PublishOk(request_id=request_id, offset=offset))
         assert retry is not None

@@ -7,7 +7,11 @@ Nothing here knows a request type.
 
 Limits enforced here: at most `preauth_max_streams_per_conn` unauthenticated
 streams are read at once per connection (more wait); a connection that
-authenticates no stream within `auth_timeout_ms` is closed with code 1; a
+authenticates no stream within `auth_timeout_ms` is closed with code 1, and
+every stream that has not authenticated within `auth_timeout_ms` of its opening
+is abandoned (RESET_STREAM and STOP_SENDING), whatever its siblings did; the
+connection's first authenticated stream makes the transport trust it (lifting
+the pre-authentication receive bounds, see felix_transport.connection); a
 stream whose request waits for a request slot or for room in its publish
 answer queue is not read meanwhile, so QUIC flow control holds the client back.
 """
@@ -17,12 +21,18 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Callable
 
 from felix_broker.config import BrokerConfig
 from felix_broker.metrics import BrokerMetrics
-from felix_broker.session.context import ConnectionState, RequestContext, StreamIO
-from felix_broker.session.dispatch import DispatchTable
+from felix_broker.session.context import (
+    STREAM_ABANDONED,
+    ConnectionState,
+    RequestContext,
+    StreamIO,
+)
+from felix_broker.session.dispatch import DispatchTable, answer_refused
 from felix_broker.session.protocol import (
     Authenticated,
     Dispatch,
@@ -30,9 +40,10 @@ from felix_broker.session.protocol import (
     Send,
     StreamProtocol,
 )
-from felix_common.tokens import Principal
+from felix_common.tokens import LEEWAY_SECONDS, Principal
 from felix_transport import Connection, Stream, StreamClosedError
 from felix_transport.events import ConnectionClosedError
+from felix_wire.errors import ErrorCode
 from felix_wire.features import Feature
 from felix_wire.messages import Auth, Extension, Unsupported
 
@@ -152,36 +163,72 @@ class Session:
         io = StreamIO(stream, config.publish_window, ack_wait=config.ack_wait_timeout_ms / 1000)
         ctx = RequestContext(proto, io, state)
         state.streams.add(io)
-        writer = asyncio.get_running_loop().create_task(io.answer_writer())
+        loop = asyncio.get_running_loop()
+        writer = loop.create_task(io.answer_writer())
         preauth = state.preauth
-        await preauth.acquire()
-        holding = True
+        holding = False
+        expiry: asyncio.TimerHandle | None = None
+        # Every stream must authenticate within auth_timeout_ms of its opening, whatever
+        # its siblings did (waiting for a pre-auth slot counts).
+        timeout = config.auth_timeout_ms / 1000
+        auth_deadline = asyncio.timeout_at(loop.time() + timeout if timeout > 0 else None)
         try:
-            while True:
-                try:
-                    data = await stream.read()
-                except StreamClosedError:
-                    return
-                outputs = proto.receive(data) if data else proto.end_of_stream()
-                for output in outputs:
-                    if isinstance(output, Send):
-                        await io.write(output.data)
-                    elif isinstance(output, Authenticated):
-                        state.authenticated.set()
-                        if holding:
-                            preauth.release()
-                            holding = False
-                    elif isinstance(output, Dispatch):
-                        await self._table.dispatch(output.request, ctx)
-                    elif isinstance(output, End):
-                        await io.end(reset=output.reset)
+            async with auth_deadline:
+                await preauth.acquire()
+                holding = True
+                while True:
+                    try:
+                        data = await stream.read()
+                    except StreamClosedError:
                         return
-                if not data:
-                    return
+                    outputs = proto.receive(data) if data else proto.end_of_stream()
+                    for output in outputs:
+                        if isinstance(output, Send):
+                            await io.write(output.data)
+                        elif isinstance(output, Authenticated):
+                            auth_deadline.reschedule(None)
+                            expiry = self._watch_expiry(io, proto)
+                            state.authenticated.set()
+                            # The connection's first authenticated stream lifts the
+                            # transport's pre-authentication receive bounds.
+                            state.connection.trust()
+                            if holding:
+                                preauth.release()
+                                holding = False
+                        elif isinstance(output, Dispatch):
+                            if io.expired:
+                                await answer_refused(
+                                    ctx,
+                                    output.request,
+                                    ErrorCode.UNAUTHENTICATED,
+                                    "the stream's token has expired",
+                                )
+                                await io.end(reset=False)
+                                return
+                            await self._table.dispatch(output.request, ctx)
+                        elif isinstance(output, End):
+                            await io.end(reset=output.reset)
+                            return
+                    if not data:
+                        return
         except StreamClosedError:
             return
+        except TimeoutError:
+            if not auth_deadline.expired():
+                self._abandon(stream, "stream")
+            else:
+                self._metrics.auth_timeouts.inc()
+                _log.debug("ending a stream that did not authenticate in time")
+                stream.reset(STREAM_ABANDONED)
+                stream.stop_sending(STREAM_ABANDONED)
+        except Exception:
+            # A bug outside any handler (those answer `internal` themselves): the
+            # client still sees a clean end of the stream rather than silence.
+            self._abandon(stream, "stream")
         finally:
             state.streams.discard(io)
+            if expiry is not None:
+                expiry.cancel()
             if holding:
                 preauth.release()
             # Let pending answers out before the writer goes (bounded by the window).
@@ -189,6 +236,25 @@ class Session:
                 if not stream.at_eof or io.answers.qsize():
                     await io.flush_answers()
             writer.cancel()
+
+    def _watch_expiry(self, io: StreamIO, proto: StreamProtocol) -> asyncio.TimerHandle:
+        """End the stream's authority when its token expires plus the leeway."""
+        principal = proto.principal
+        assert principal is not None
+        remaining = principal.expires_at + LEEWAY_SECONDS - time.time()
+        loop = asyncio.get_running_loop()
+        return loop.call_later(max(0.0, remaining), self._expire, io)
+
+    def _expire(self, io: StreamIO) -> None:
+        self._metrics.token_expiries.inc()
+        _log.debug("a stream's token expired: its authority ends")
+        io.expire()
+
+    def _abandon(self, stream: Stream, kind: str) -> None:
+        self._metrics.internal_errors.labels(type=kind).inc()
+        _log.exception("serving a stream failed; abandoning it")
+        stream.reset(STREAM_ABANDONED)
+        stream.stop_sending(STREAM_ABANDONED)
 
     # -- session-level requests -----------------------------------------------------
 

@@ -55,6 +55,16 @@ class LogFailedError(StorageError):
     """
 
 
+class LogOpenError(StorageError):
+    """A log's folder or files could not be opened or created (no space, no
+    permission, a file where a folder belongs, ...); nothing was written."""
+
+    def __init__(self, directory: Path, error: OSError) -> None:
+        super().__init__(f"cannot open the log in {directory}: {error.strerror or error}")
+        self.directory = directory
+        self.errno = error.errno
+
+
 class LogClosedError(StorageError):
     """The log was closed; reopen it to use it again."""
 

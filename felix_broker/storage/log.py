@@ -116,7 +116,9 @@ def _scan(
     for segment, fd in files:
         if offset >= stop:
             break
-        for record in segment.records_from(fd, offset):
+        # At most max_records are wanted: the segment reads only their bytes.
+        want = min(stop, offset + max_records - len(records))
+        for record in segment.records_from(fd, offset, end=want):
             if record.offset >= stop:
                 return records
             if records and used + len(record.payload) > max_bytes:

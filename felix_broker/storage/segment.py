@@ -9,9 +9,12 @@ from __future__ import annotations
 
 import logging
 import os
+import threading
 from array import array
 from bisect import bisect_left, bisect_right
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
+from itertools import accumulate
 from pathlib import Path
 
 from felix_broker.storage.errors import CorruptionError
@@ -47,6 +50,9 @@ _log = logging.getLogger(__name__)
 
 # Reads go through the page cache in chunks this big; a longer record is read whole.
 _READ_CHUNK = 256 * 1024
+# Verified batch tables kept per segment, counted in records: a read that lands
+# inside a batch read recently goes straight to its record.
+_TABLE_CACHE_RECORDS = 4096
 
 
 # Most systems accept 1024 buffers per vectored write.
@@ -110,11 +116,12 @@ class _Reader:
         self._window = memoryview(b"")
         self._window_at = 0
 
-    def view(self, position: int, size: int) -> memoryview:
-        """Bytes ``[position, position + size)``; a part longer than a chunk is read whole."""
+    def view(self, position: int, size: int, *, ahead: bool = True) -> memoryview:
+        """Bytes ``[position, position + size)``; a part longer than a chunk is read whole.
+        With ``ahead`` False a miss reads just these bytes (the caller needs no more)."""
         start = position - self._window_at
         if start < 0 or start + size > len(self._window):
-            want = max(size, min(_READ_CHUNK, self._end - position))
+            want = max(size, min(_READ_CHUNK, self._end - position)) if ahead else size
             self._window = memoryview(os.pread(self._fd, want, position))
             self._window_at, start = position, 0
             if len(self._window) < size:
@@ -142,6 +149,12 @@ class Segment:
         self._entry_offsets = array("q")
         self._entry_positions = array("q")
         self._entry_times = array("q")
+        # position -> (verified batch, where each payload starts), least recent first;
+        # at most _TABLE_CACHE_RECORDS records' worth. Written batches never change.
+        # Reads run on the loop and on worker threads (Log.aread): the lock guards it.
+        self._tables: OrderedDict[int, tuple[Batch, tuple[int, ...]]] = OrderedDict()
+        self._tables_records = 0
+        self._tables_lock = threading.Lock()
 
     @property
     def end_offset(self) -> int:
@@ -383,31 +396,37 @@ class Segment:
 
     # --- reading ---------------------------------------------------------------------
 
-    def records_from(self, fd: int, offset: int) -> Iterator[Record]:
-        """Records with offsets at and after ``offset`` (to the end written so far).
+    def records_from(self, fd: int, offset: int, end: int | None = None) -> Iterator[Record]:
+        """Records with offsets at and after ``offset`` (to the end written so far, or
+        below ``end``: then only the bytes of those records are read).
 
         ``fd`` is any descriptor open for reading this segment. Checksums are
         verified on the way, so damage after open is reported, not returned.
         """
         reader = _Reader(self.path, fd, self.size)
-        for position, batch in self._batches_from(reader, offset):
+        for position, batch, starts in self._batches_from(reader, offset):
             head = batch.head
             if head.end_offset <= offset:
                 continue
-            records = zip(
-                range(head.base_offset, head.end_offset),
-                batch.payload_positions(position),
-                batch.lengths,
-                batch.crcs,
-                strict=True,
-            )
-            for record_offset, at, length, crc in records:
-                if record_offset < offset:
-                    continue
-                payload = reader.view(at, length)
-                if not check_payload(payload, crc):
+            if end is not None and head.base_offset >= end:
+                return
+            # Straight to the first wanted record: the table says where it starts.
+            first = max(offset, head.base_offset) - head.base_offset
+            stop = len(starts) if end is None else min(len(starts), end - head.base_offset)
+            lengths, crcs = batch.lengths, batch.crcs
+            span_at = starts[first]
+            span = starts[stop - 1] + lengths[stop - 1] - span_at
+            # Read ahead only when later batches are wanted too (a scan); a read that
+            # ends in this batch takes just its records' bytes.
+            data = reader.view(span_at, span, ahead=end is None or end > head.end_offset)
+            for i in range(first, stop):
+                at = starts[i] - span_at
+                payload = data[at : at + lengths[i]]
+                if not check_payload(payload, crcs[i]):
                     raise CorruptionError(self.path, position, "record checksum mismatch")
-                yield Record(record_offset, head.timestamp_us, batch.publisher, bytes(payload))
+                yield Record(
+                    head.base_offset + i, head.timestamp_us, batch.publisher, bytes(payload)
+                )
 
     def extensions(self, fd: int) -> Iterator[tuple[int, int, BatchExtension]]:
         """(first offset, record count, extension) of every batch here that carries one.
@@ -415,26 +434,59 @@ class Segment:
         Reads heads, extension areas and record tables only, never payloads.
         """
         reader = _Reader(self.path, fd, self.size)
-        for _position, batch in self._batches_from(reader, self.base_offset):
+        for _position, batch, _starts in self._batches_from(reader, self.base_offset):
             if batch.extension is not None:
                 yield batch.head.base_offset, batch.head.record_count, batch.extension
 
-    def _batches_from(self, reader: _Reader, offset: int) -> Iterator[tuple[int, Batch]]:
-        """Each batch (head and table verified) from the one the index says holds ``offset``."""
+    def _batches_from(
+        self, reader: _Reader, offset: int
+    ) -> Iterator[tuple[int, Batch, tuple[int, ...]]]:
+        """Each batch (head and table verified) from the one the index says holds
+        ``offset``, with where each of its payloads starts."""
         i = bisect_right(self._entry_offsets, offset) - 1
         position = self._entry_positions[i] if i >= 0 else HEADER_SIZE
         expected = self._entry_offsets[i] if i >= 0 else self.base_offset
         end = self.size
         while position < end:
-            head = read_batch_head(reader.view(position, BATCH_HEAD_SIZE), 0, end - position)
-            if head is None:
-                raise CorruptionError(self.path, position, "batch head out of range")
-            batch = read_batch_table(reader.view(position, head.table_end), 0, head)
-            if batch is None or head.base_offset != expected:
+            cached = self._table_at(position)
+            if cached is None:
+                head = read_batch_head(reader.view(position, BATCH_HEAD_SIZE), 0, end - position)
+                if head is None:
+                    raise CorruptionError(self.path, position, "batch head out of range")
+                batch = read_batch_table(reader.view(position, head.table_end), 0, head)
+                if batch is None or head.base_offset != expected:
+                    raise CorruptionError(self.path, position, "batch checksum or offset mismatch")
+                starts = tuple(accumulate(batch.lengths[:-1], initial=position + head.table_end))
+                cached = (batch, starts)
+                self._remember(position, cached)
+            batch, starts = cached
+            head = batch.head
+            if head.base_offset != expected:
                 raise CorruptionError(self.path, position, "batch checksum or offset mismatch")
-            yield position, batch
+            yield position, batch, starts
             position += head.length
             expected = head.end_offset
+
+    def _table_at(self, position: int) -> tuple[Batch, tuple[int, ...]] | None:
+        with self._tables_lock:
+            table = self._tables.get(position)
+            if table is not None:
+                self._tables.move_to_end(position)
+            return table
+
+    def _remember(self, position: int, table: tuple[Batch, tuple[int, ...]]) -> None:
+        records = len(table[1])
+        if records > _TABLE_CACHE_RECORDS:
+            return
+        with self._tables_lock:
+            tables = self._tables
+            if position in tables:
+                return  # another reader got there first
+            tables[position] = table
+            self._tables_records += records
+            while self._tables_records > _TABLE_CACHE_RECORDS:
+                _, (_, dropped) = tables.popitem(last=False)
+                self._tables_records -= len(dropped)
 
     def offset_for_time(self, fd: int, at_us: int) -> int | None:
         """The first offset here appended at or after ``at_us``, via the sparse index."""
@@ -445,7 +497,9 @@ class Segment:
         i = bisect_left(self._entry_times, at_us)
         start = self._entry_offsets[i - 1] if i > 0 else self.base_offset
         # Every record of a batch has the batch's time: no payload is read.
-        for _position, batch in self._batches_from(_Reader(self.path, fd, self.size), start):
+        for _position, batch, _starts in self._batches_from(
+            _Reader(self.path, fd, self.size), start
+        ):
             if batch.head.timestamp_us >= at_us:
                 return batch.head.base_offset
         return None

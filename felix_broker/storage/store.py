@@ -1,8 +1,9 @@
 """All shard logs of a broker under one root folder, with their background upkeep.
 
 Layout: ``root/<tenant>/<namespace>/<stream>/<shard>/`` holds one log, where
-the names come from the catalog (``[A-Za-z0-9_.-]{1,128}``) and ``<shard>``
-is the decimal shard number.
+the names follow the catalogue's name rule (:mod:`felix_wire.names`) and
+``<shard>`` is the decimal shard number; folders are built only by
+:mod:`felix_broker.storage.paths`.
 """
 
 from __future__ import annotations
@@ -17,21 +18,17 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from felix_broker.config import FsyncMode
+from felix_broker.storage.errors import LogOpenError
 from felix_broker.storage.log import Log, LogConfig
+from felix_broker.storage.paths import log_dir
 from felix_broker.storage.retention import Retention
+from felix_wire.names import check_name
 
 __all__ = ["LogStore", "ShardKey", "ShardOffsets"]
 
 _log = logging.getLogger(__name__)
 
-_NAME = re.compile(r"[A-Za-z0-9_.-]{1,128}")
 _SHARD = re.compile(r"0|[1-9][0-9]{0,9}")
-
-
-def _check_name(kind: str, name: str) -> None:
-    # "." and ".." fit the catalog alphabet but would walk the folder tree.
-    if not _NAME.fullmatch(name) or name in {".", ".."}:
-        raise ValueError(f"invalid {kind} name {name!r}")
 
 
 def _now_us() -> int:
@@ -48,15 +45,16 @@ class ShardKey:
     shard: int
 
     def __post_init__(self) -> None:
-        _check_name("tenant", self.tenant)
-        _check_name("namespace", self.namespace)
-        _check_name("stream", self.stream)
+        # Raises InvalidNameError (a ValueError) for a name breaking the rule.
+        check_name("tenant", self.tenant)
+        check_name("namespace", self.namespace)
+        check_name("stream", self.stream)
         if self.shard < 0:
             raise ValueError(f"invalid shard {self.shard}")
 
-    def relative_path(self) -> Path:
+    def directory(self, root: Path) -> Path:
         """The log's folder below the store root."""
-        return Path(self.tenant, self.namespace, self.stream, str(self.shard))
+        return log_dir(root, "streams", self.tenant, self.namespace, self.stream, self.shard)
 
 
 @dataclass(frozen=True, slots=True)
@@ -110,7 +108,7 @@ class LogStore:
         for key in keys:
             if key not in self._logs:
                 self._logs[key] = await asyncio.to_thread(
-                    Log.open, self.root / key.relative_path(), self.config, fsync=self._fsync
+                    Log.open, key.directory(self.root), self.config, fsync=self._fsync
                 )
         self.ready = True
         _log.info("recovered %d shard logs under %s", len(keys), self.root)
@@ -146,9 +144,19 @@ class LogStore:
             self._retention[key] = retention
         log = self._logs.get(key)
         if log is None:
-            log = Log.open(self.root / key.relative_path(), self.config, fsync=self._fsync)
+            directory = key.directory(self.root)
+            try:
+                log = Log.open(directory, self.config, fsync=self._fsync)
+            except OSError as exc:
+                # e.g. ENOSPC or EACCES creating the first segment of a new log.
+                raise LogOpenError(directory, exc) from exc
             self._logs[key] = log
         return log
+
+    def failed_logs(self) -> list[ShardKey]:
+        """The open logs in the failed state (see LogFailedError): they accept no
+        more writes until the broker is restarted, which reopens and rescans them."""
+        return [key for key, log in self._logs.items() if log.failed]
 
     def get(self, key: ShardKey) -> Log | None:
         """The open log of ``key``, if any."""

@@ -199,8 +199,44 @@ class PublishRequest:
         return sum(map(len, self.payloads))
 
 
+class QueuedBytes:
+    """Encoded bytes queued for every subscriber of a broker, against one bound."""
+
+    def __init__(self, limit: int, metrics: BrokerMetrics) -> None:
+        self.limit = limit
+        self.used = 0
+        self._metrics = metrics
+        self._room = asyncio.Event()
+        self._room.set()
+
+    def fits(self, size: int) -> bool:
+        return self.used + size <= self.limit
+
+    def take(self, size: int) -> None:
+        self.used += size
+        self._metrics.subscriber_queued_bytes.inc(size)
+        if self.used >= self.limit:
+            self._room.clear()
+
+    def give(self, size: int) -> None:
+        self.used -= size
+        self._metrics.subscriber_queued_bytes.dec(size)
+        if self.used < self.limit:
+            self._room.set()
+
+    async def wait(self) -> None:
+        await self._room.wait()
+
+
 class Subscriber:
-    """One subscription's bounded queue of encoded frames."""
+    """One subscription's bounded queue of encoded frames.
+
+    Bounded in frames (`capacity`), in bytes (`max_bytes`; an empty queue still
+    takes one frame, however large) and by the broker-wide `budget`. At a bound the
+    policy applies: `drop_new` drops the frame offered, `drop_old` drops the oldest
+    queued ones until it fits (both mark the subscriber lagged); `block` queues the
+    frame and reports it full, and the publishing tenant waits until there is room.
+    """
 
     def __init__(
         self,
@@ -210,11 +246,17 @@ class Subscriber:
         capacity: int,
         policy: SubscriberQueuePolicy,
         metrics: BrokerMetrics,
+        *,
+        max_bytes: int,
+        budget: QueuedBytes,
     ) -> None:
         self.subscription_id = subscription_id
         self.shard = shard
         self.variant = variant
         self.capacity = capacity
+        self.max_bytes = max_bytes
+        self.queued_bytes = 0
+        self._budget = budget
         self.policy = policy
         self.dropped = 0
         self.delivered = 0
@@ -236,25 +278,38 @@ class Subscriber:
     def depth(self) -> int:
         return len(self._frames)
 
+    def _full(self, size: int) -> bool:
+        frames = self._frames
+        return (
+            len(frames) >= self.capacity
+            or (bool(frames) and self.queued_bytes + size > self.max_bytes)
+            or not self._budget.fits(size)
+        )
+
     def offer(self, frame: bytes, records: int, base: int = 0) -> bool:
-        """Queue a frame; False when the queue is at its capacity under policy `block`.
+        """Queue a frame; False when the queue is at a bound under policy `block`.
 
         Under `block` the frame is queued all the same (nothing is lost) and the
         caller must `wait_for_room()` before it offers more than the rest of its
-        current flush: the queue then holds at most `capacity` frames plus one
-        flush's frames.
+        current flush: the queue then holds at most its bounds plus one flush's
+        frames. The drop policies never exceed the bounds (see the class docs).
         """
         if self.closed:
             return True
-        if len(self._frames) >= self.capacity:
+        size = len(frame)
+        if self._full(size):
             if self.policy is SubscriberQueuePolicy.BLOCK:
                 self._room.clear()
                 self._queue(frame, records, base)
                 return False
             if self.policy is SubscriberQueuePolicy.DROP_OLD:
-                _, old_records, _ = self._frames.popleft()
-                self._drop(old_records)
-                self._metrics.subscriber_queue_depth.dec()
+                while self._frames and self._full(size):
+                    old, old_records, _ = self._frames.popleft()
+                    self._release(len(old), 1)
+                    self._drop(old_records)
+                if self._full(size):
+                    self._drop(records)  # the broker-wide bound: nothing of ours to drop
+                    return True
             else:
                 self._drop(records)
                 return True
@@ -263,13 +318,25 @@ class Subscriber:
 
     def _queue(self, frame: bytes, records: int, base: int) -> None:
         self._frames.append((frame, records, base))
+        self.queued_bytes += len(frame)
+        self._budget.take(len(frame))
         self._metrics.subscriber_queue_depth.inc()
         self._ready.set()
 
+    def _release(self, size: int, frames: int) -> None:
+        self.queued_bytes -= size
+        self._budget.give(size)
+        self._metrics.subscriber_queue_depth.dec(frames)
+
     async def wait_for_room(self) -> None:
-        while not self.closed and len(self._frames) >= self.capacity:
+        while not self.closed and (
+            len(self._frames) >= self.capacity
+            or (self._frames and self.queued_bytes >= self.max_bytes)
+        ):
             self._room.clear()
             await self._room.wait()
+        while not self.closed and self._budget.used >= self._budget.limit:
+            await self._budget.wait()
 
     def _drop(self, records: int) -> None:
         self.lagged = True
@@ -287,7 +354,7 @@ class Subscriber:
         records = sum(r for _, r, _ in frames)
         _, last_records, last_base = frames[-1]
         self.position = last_base + last_records
-        self._metrics.subscriber_queue_depth.dec(len(frames))
+        self._release(self.queued_bytes, len(frames))
         self._frames.clear()
         self.delivered += records
         self._metrics.deliveries.inc(records)
@@ -307,7 +374,7 @@ class Subscriber:
         if self.closed:
             return
         self.closed = True
-        self._metrics.subscriber_queue_depth.dec(len(self._frames))
+        self._release(self.queued_bytes, len(self._frames))
         self._frames.clear()
         self._ready.set()
         self._room.set()
@@ -379,7 +446,18 @@ class Shard:
 
     def cut(self, chunks: list[Chunk], split_by_publisher: bool) -> list[Chunk]:
         """Records cut into event batches of at most max events and max bytes; a new
-        batch starts where the publisher changes when the variant carries it."""
+        batch starts where the publisher changes when the variant carries it.
+
+        A published batch that is already deliverable is never re-chunked: alone,
+        it goes out as it came; with others, it joins the open batch whole when
+        it fits, else starts the next one. Only a batch over a bound is cut."""
+        max_events, max_bytes = self._max_events, self._max_bytes
+        if len(chunks) == 1:
+            only = chunks[0]
+            if len(only.payloads) <= max_events and sum(map(len, only.payloads)) <= max_bytes:
+                if split_by_publisher or only.publisher is None:
+                    return [only]
+                return [Chunk(only.payloads, None, only.base_offset, only.timestamps)]
         out: list[Chunk] = []
         payloads: list[bytes] = []
         stamps: list[int] | None = None
@@ -396,8 +474,21 @@ class Shard:
                 close()
                 payloads, size = [], 0
             owner = publisher
+            count, total = len(appended.payloads), sum(map(len, appended.payloads))
+            if count <= max_events and total <= max_bytes:
+                if payloads and (len(payloads) + count > max_events or size + total > max_bytes):
+                    close()
+                    payloads, size = [], 0
+                if not payloads:
+                    base = appended.base_offset
+                    stamps = [] if appended.timestamps is not None else None
+                payloads.extend(appended.payloads)
+                if stamps is not None and appended.timestamps is not None:
+                    stamps.extend(appended.timestamps)
+                size += total
+                continue
             for i, payload in enumerate(appended.payloads):
-                full = len(payloads) >= self._max_events or size + len(payload) > self._max_bytes
+                full = len(payloads) >= max_events or size + len(payload) > max_bytes
                 if payloads and full:
                     close()
                     payloads, size = [], 0
@@ -473,6 +564,7 @@ class _TenantPipeline:
             now = now_micros()
             touched: dict[int, Shard] = {}
             written: list[tuple[PublishRequest, int]] = []
+            appended_records = appended_bytes = 0
             at = 0
             while at < len(batch):
                 request = batch[at]
@@ -513,8 +605,12 @@ class _TenantPipeline:
                     guard.appended(base)
                 touched[id(shard)] = shard
                 written.append((request, base))
-                self._metrics.publishes.inc(len(request.payloads))
-                self._metrics.published_bytes.inc(request.size)
+                appended_records += len(request.payloads)
+                appended_bytes += request.size
+            # Counted once per pass, not per publish (each inc takes a lock).
+            if appended_records:
+                self._metrics.publishes.inc(appended_records)
+                self._metrics.published_bytes.inc(appended_bytes)
             # Append -> durable (per fsync mode) -> fan out -> acknowledge: disk order is
             # delivery order. Waiting here holds this tenant's next pass, so everything
             # queued meanwhile shares the next fsync (group commit).
@@ -564,6 +660,7 @@ class Engine:
         self._shards: dict[tuple[str, str, str, int], Shard] = {}
         self._pipelines: dict[str, _TenantPipeline] = {}
         self._subscription_ids = itertools.count(1)
+        self.queued_bytes = QueuedBytes(config.subscriber_queued_bytes_max, metrics)
 
     # -- lookup ------------------------------------------------------------------
 
@@ -678,6 +775,8 @@ class Engine:
             capacity or self.config.subscriber_queue_capacity,
             self.config.subscriber_queue_policy,
             self.metrics,
+            max_bytes=self.config.subscriber_queue_max_bytes,
+            budget=self.queued_bytes,
         )
         shard.subscribers.append(sub)
         return sub

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import time
 from collections.abc import Awaitable, Callable
 
 from felix_broker.catalog import StreamSpec
@@ -32,6 +33,8 @@ from felix_broker.config import BrokerConfig
 from felix_broker.metrics import BrokerMetrics
 from felix_broker.session.context import ConnectionState, RequestContext
 from felix_broker.session.dispatch import DispatchTable
+from felix_broker.session.protocol import StreamProtocol
+from felix_broker.storage import StorageError
 from felix_broker.streams.budget import ByteBudget
 from felix_broker.streams.delivery import SubscriptionWriter
 from felix_broker.streams.engine import (
@@ -67,7 +70,14 @@ from felix_wire.messages import (
     Subscribed,
 )
 
-__all__ = ["DURABLE_FEATURES", "READ_MAX_BYTES", "STREAM_FEATURES", "StreamService", "refusal"]
+__all__ = [
+    "DURABLE_FEATURES",
+    "READ_MAX_BYTES",
+    "STREAM_FEATURES",
+    "StreamService",
+    "publish_answer_id",
+    "refusal",
+]
 
 # Features the stream service serves on any broker.
 STREAM_FEATURES = int(
@@ -96,6 +106,21 @@ def refusal(
     return None
 
 
+def publish_answer_id(message: Publish | PublishBatch, proto: StreamProtocol) -> int | None:
+    """The request id a JSON publish is answered by: None when it owes no answer, -1
+    when it owes one but names no request_id (refused invalid_request)."""
+    ack = message.ack or AckMode.NONE
+    wants_answer = ack is not AckMode.NONE or (
+        # decision ack-default: a pipelining client's request_id owes an answer.
+        message.ack is None
+        and message.request_id is not None
+        and proto.negotiated(Feature.FEATURE_PUBLISH_PIPELINE)
+    )
+    if not wants_answer:
+        return None
+    return -1 if message.request_id is None else message.request_id
+
+
 class StreamService:
     """Publish, subscribe and (with durable storage) bounded reads, over the engine."""
 
@@ -107,6 +132,8 @@ class StreamService:
         self._metrics = metrics
         self._durable = durable
         self._inflight = ByteBudget(config.pub_inflight_bytes)  # the whole broker's
+        # Read at scrape time: nothing to count per publish.
+        metrics.publish_inflight_bytes.set_function(lambda: self._inflight.held)
         # Set by the composition root when guarded writes are served (guarded.py):
         # binary idempotent frames (0x0100) go there, and keyed batches routed by a
         # width other than the stream's (publish_width) are refused stale_width.
@@ -161,14 +188,8 @@ class StreamService:
     ) -> None:
         proto = ctx.proto
         self._metrics.json_publishes.labels(frame=frame_type).inc()
-        ack = message.ack or AckMode.NONE
-        wants_answer = ack is not AckMode.NONE or (
-            # decision ack-default: a pipelining client's request_id owes an answer.
-            message.ack is None
-            and message.request_id is not None
-            and proto.negotiated(Feature.FEATURE_PUBLISH_PIPELINE)
-        )
-        if wants_answer and message.request_id is None:
+        request_id = publish_answer_id(message, proto)
+        if request_id == -1:
             await ctx.write(
                 proto.error(ErrorCode.INVALID_REQUEST, "an acked publish needs a request_id")
             )
@@ -180,7 +201,7 @@ class StreamService:
             stream=message.stream,
             payloads=payloads,
             key=message.key,
-            request_id=message.request_id if wants_answer else None,
+            request_id=request_id,
             binary=False,
         )
 
@@ -196,6 +217,7 @@ class StreamService:
         request_id: int | None,
         binary: bool,
     ) -> None:
+        started = time.perf_counter()
         proto = ctx.proto
         if proto.publish_only:
             request_id = None  # nothing is ever answered on a publish-only stream (T7)
@@ -234,7 +256,12 @@ class StreamService:
                     f"stream {stream} has {spec.shards}",
                 )
                 return
-        shard = self._engine.shard_for(spec, key)
+        try:
+            shard = self._engine.shard_for(spec, key)
+        except StorageError as exc:
+            # The shard's log could not be opened (e.g. ENOSPC on its first segment).
+            await refuse(ErrorCode.STORAGE, str(exc))
+            return
         publish = PublishRequest(shard, payloads, publisher_of(ctx.principal.subject))
         # Held until the worker has appended it; waiting here stops this stream's reader.
         release = await self._hold_bytes(ctx, publish.size)
@@ -259,8 +286,11 @@ class StreamService:
         after_write = self._config.ack_on_commit or proto.negotiated(Feature.FEATURE_ACK_ON_COMMIT)
         rid = request_id
         durable = shard.durable
+        ack_seconds = self._metrics.publish_ack_seconds
 
         def answer(offset: int | None) -> bytes:
+            # Built just before it is written: received -> (appended, synced) -> answered.
+            ack_seconds.observe(time.perf_counter() - started)
             if offset is None and after_write:
                 # The write failed after the publish was queued: it may or may not be on disk.
                 return proto.publish_answer(
@@ -298,8 +328,6 @@ class StreamService:
             for budget in held:
                 budget.release(size)
             raise
-        gauge = self._metrics.publish_inflight_bytes
-        gauge.inc(size)
         released = False
 
         def release() -> None:
@@ -308,7 +336,6 @@ class StreamService:
                 released = True
                 for budget in held:
                     budget.release(size)
-                gauge.dec(size)
 
         return release
 
@@ -352,7 +379,11 @@ class StreamService:
                 proto.error(ErrorCode.LIMIT_EXCEEDED, "too many subscriptions on this connection")
             )
             return
-        shard = self._engine.shard(spec, index)
+        try:
+            shard = self._engine.shard(spec, index)
+        except StorageError as exc:
+            await ctx.write(proto.error(ErrorCode.STORAGE, str(exc)))
+            return
         start = _start_position(shard, request)
         if isinstance(start, SubscribeCursorError):
             await ctx.write(proto.message(start))
@@ -365,6 +396,8 @@ class StreamService:
         live = shard.next_offset
         sub = self._engine.subscribe(shard, proto.client, capacity=capacity)
         state.subscriptions[sub] = identity
+        # It ends when the token it was opened under expires (plus the leeway).
+        ctx.io.on_expire.append(lambda: self.end_subscription(state, sub))
         subscribed = Subscribed(subscription_id=sub.subscription_id, queue_capacity=capacity)
         if shard.durable:
             # Shaping keeps these for clients that negotiated EVENT_BATCH_OFFSETS only.
@@ -453,7 +486,10 @@ class StreamService:
             )
         if not spec.durable:
             return proto.error(ErrorCode.INVALID_REQUEST, f"stream {name} is in memory: no log")
-        return self._engine.shard(spec, index)
+        try:
+            return self._engine.shard(spec, index)
+        except StorageError as exc:
+            return proto.error(ErrorCode.STORAGE, str(exc))
 
     async def stream_read(self, request: StreamRead, ctx: RequestContext) -> None:
         """A page of committed records; never waits for new ones (R1)."""

@@ -147,6 +147,13 @@ class ConnectionAdapter(abc.ABC):
         """
 
     @abc.abstractmethod
+    def set_receive_limits(self, stream_window: int, connection_budget: int | None) -> None:
+        """Credit the peer ``stream_window`` bytes per stream beyond what was read and,
+        with ``connection_budget``, at most that many bytes beyond what was read on all
+        streams together (None: the stack's own connection window). Backends without
+        per-stream credit ignore this; the connection layer pauses input instead."""
+
+    @abc.abstractmethod
     def forget_stream(self, stream_id: int) -> None:
         """Drop per-stream bookkeeping once the stream is finished both ways."""
 
@@ -159,6 +166,12 @@ class ConnectionAdapter(abc.ABC):
     @abc.abstractmethod
     def alpn_protocol(self) -> str | None:
         """The negotiated ALPN protocol, None when none was."""
+
+    @property
+    @abc.abstractmethod
+    def peer_certificate_der(self) -> bytes | None:
+        """The peer's leaf certificate (DER) once the handshake has seen one: the
+        server's on a client, a verified client certificate on a mutual-TLS server."""
 
     @property
     @abc.abstractmethod

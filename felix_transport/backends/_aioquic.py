@@ -64,13 +64,12 @@ def build_configuration(config: TransportConfig, *, is_client: bool) -> QuicConf
         qc.verify_mode = ssl.CERT_REQUIRED
         qc.load_verify_locations(cadata=config.ca_pem)
         qc.alpn_protocols = list(config.alpn_protocols) if config.offer_alpn else None
+        if config.certificate_chain_pem is not None and config.private_key_pem is not None:
+            _load_chain(qc, config.certificate_chain_pem, config.private_key_pem)
     else:
         if config.certificate_chain_pem is None or config.private_key_pem is None:
             raise ValueError("a server needs certificate_chain_pem and private_key_pem")
-        chain = x509.load_pem_x509_certificates(config.certificate_chain_pem)
-        qc.certificate = chain[0]
-        qc.certificate_chain = chain[1:]
-        qc.private_key = serialization.load_pem_private_key(config.private_key_pem, None)
+        _load_chain(qc, config.certificate_chain_pem, config.private_key_pem)
         install_server_hello_hook(
             tls.Context, tls.pull_client_hello, tls.AlertNoApplicationProtocol
         )
@@ -78,13 +77,97 @@ def build_configuration(config: TransportConfig, *, is_client: bool) -> QuicConf
     return qc
 
 
-class _CreditedConnection(QuicConnection):
-    """A QuicConnection whose MAX_STREAM_DATA follows application reads."""
+def _load_chain(qc: QuicConfiguration, chain_pem: bytes, key_pem: bytes) -> None:
+    chain = x509.load_pem_x509_certificates(chain_pem)
+    qc.certificate = chain[0]
+    qc.certificate_chain = chain[1:]
+    qc.private_key = serialization.load_pem_private_key(key_pem, None)
 
-    def __init__(self, *, window: int, **kwargs: Any) -> None:
+
+def _require_client_certificate(context: tls.Context, client_ca_pem: bytes) -> None:
+    """Make one server handshake request a client certificate and verify it.
+
+    aioquic 1.7 sends a CertificateRequest only under the private
+    ``_request_client_certificate`` flag, accepts an empty Certificate (no client
+    authentication) and checks only the CertificateVerify signature. The two
+    per-instance wrappers refuse an empty Certificate (certificate_required) and
+    verify the chain against ``client_ca_pem`` after the signature check
+    (bad_certificate), before the handshake can finish.
+    """
+    context._request_client_certificate = True
+    handle_certificate = context._server_handle_certificate
+    handle_verify = context._server_handle_certificate_verify
+
+    def _server_handle_certificate(input_buf: Any) -> None:
+        start = input_buf.tell()
+        if not tls.pull_certificate(input_buf).certificates:
+            raise _AlertCertificateRequired("a client certificate is required")
+        input_buf.seek(start)
+        handle_certificate(input_buf)
+
+    def _server_handle_certificate_verify(input_buf: Any) -> None:
+        handle_verify(input_buf)
+        certificate = context._peer_certificate
+        if certificate is None:  # _server_handle_certificate saw one; cannot happen
+            raise _AlertCertificateRequired("no client certificate")
+        tls.verify_certificate(
+            certificate=certificate,
+            chain=context._peer_certificate_chain,
+            cadata=client_ca_pem,
+        )
+
+    # Instance attributes win over the class's methods (the state machine calls
+    # them through self).
+    context._server_handle_certificate = _server_handle_certificate  # type: ignore[method-assign]
+    context._server_handle_certificate_verify = _server_handle_certificate_verify  # type: ignore[method-assign]
+
+
+class _AlertCertificateRequired(tls.Alert):
+    description = tls.AlertDescription.certificate_required
+
+
+class _CreditedConnection(QuicConnection):
+    """A QuicConnection whose MAX_STREAM_DATA (and, with a connection budget,
+    MAX_DATA) follows application reads."""
+
+    def __init__(
+        self,
+        *,
+        window: int,
+        connection_budget: int | None = None,
+        client_ca_pem: bytes | None = None,
+        **kwargs: Any,
+    ) -> None:
         super().__init__(**kwargs)
         self.felix_window = window
+        self.felix_connection_budget = connection_budget
         self.felix_consumed: dict[int, int] = {}
+        self.felix_consumed_total = 0
+        self.felix_client_ca = client_ca_pem
+
+    def _write_connection_limits(self, builder: QuicPacketBuilder, space: QuicPacketSpace) -> None:
+        # Private hook (aioquic 1.7). aioquic doubles MAX_DATA once half of it has
+        # *arrived*; under a budget it instead follows reads, in half-budget steps.
+        budget = self.felix_connection_budget
+        if budget is None:
+            super()._write_connection_limits(builder, space)
+            return
+        max_data = self._local_max_data
+        target = self.felix_consumed_total + budget
+        if target - max_data.value >= budget // 2:
+            max_data.value = target
+        used = max_data.used
+        max_data.used = 0  # keeps the stock doubling from firing
+        try:
+            super()._write_connection_limits(builder, space)
+        finally:
+            max_data.used = used
+
+    def _initialize(self, peer_cid: bytes) -> None:
+        # Private hook (aioquic 1.7): the TLS context is created here.
+        super()._initialize(peer_cid)
+        if self.felix_client_ca is not None:
+            _require_client_certificate(self.tls, self.felix_client_ca)
 
     def _write_stream_limits(
         self, builder: QuicPacketBuilder, space: QuicPacketSpace, stream: QuicStream
@@ -119,7 +202,7 @@ class AioquicAdapter(ConnectionAdapter):
 
     def __init__(self, quic: _CreditedConnection, config: TransportConfig) -> None:
         self._quic = quic
-        self._window = config.stream_receive_window
+        self._connection_window = config.connection_receive_window
         self._alpn: str | None = None
         # Stream-count limits are private Limit objects; set before any
         # transport parameters are serialised (at connect / first datagram).
@@ -208,14 +291,35 @@ class AioquicAdapter(ConnectionAdapter):
         return sender._buffer_stop - sender._buffer_start
 
     def consumed(self, stream_id: int, total: int) -> bool:
-        self._quic.felix_consumed[stream_id] = total
-        stream = self._quic._streams.get(stream_id)
+        quic = self._quic
+        quic.felix_consumed_total += total - quic.felix_consumed.get(stream_id, 0)
+        quic.felix_consumed[stream_id] = total
+        budget = quic.felix_connection_budget
+        if budget is not None:
+            sent_data: int = quic._local_max_data.sent
+            if quic.felix_consumed_total + budget - sent_data >= budget // 2:
+                return True
+        stream = quic._streams.get(stream_id)
         if stream is None or not stream.max_stream_data_local:
             return False
+        window = quic.felix_window
         sent: int = stream.max_stream_data_local_sent
-        return total + self._window - sent >= self._window // 2
+        return total + window - sent >= window // 2
+
+    def set_receive_limits(self, stream_window: int, connection_budget: int | None) -> None:
+        quic = self._quic
+        quic.felix_window = stream_window
+        if connection_budget is None and quic.felix_connection_budget is not None:
+            # Back to the stock window, at least the configured size beyond reads.
+            max_data = quic._local_max_data
+            max_data.value = max(
+                max_data.value, quic.felix_consumed_total + self._connection_window
+            )
+        quic.felix_connection_budget = connection_budget
 
     def forget_stream(self, stream_id: int) -> None:
+        # The stream's bytes stay counted in felix_consumed_total, which is what
+        # MAX_DATA is measured against.
         self._quic.felix_consumed.pop(stream_id, None)
 
     @property
@@ -225,6 +329,12 @@ class AioquicAdapter(ConnectionAdapter):
     @property
     def alpn_protocol(self) -> str | None:
         return self._alpn
+
+    @property
+    def peer_certificate_der(self) -> bytes | None:
+        context = getattr(self._quic, "tls", None)
+        cert = getattr(context, "_peer_certificate", None)
+        return None if cert is None else cert.public_bytes(serialization.Encoding.DER)
 
     @property
     def initial_connection_ids(self) -> Sequence[bytes]:
@@ -237,10 +347,19 @@ class AioquicServerFactory(ServerFactory):
     def __init__(self, config: TransportConfig) -> None:
         self._config = config
         self._qc = build_configuration(config, is_client=False)
+        self._window = config.stream_receive_window
+        self._budget: int | None = None
+        if config.preauth_stream_window is not None:
+            # Connections start untrusted: the transport parameters carry the
+            # pre-authentication credit; Connection.trust() raises it.
+            self._window = self._qc.max_stream_data = config.preauth_stream_window
+            self._budget = self._qc.max_data = config.preauth_connection_budget
 
     def create(self, original_destination_cid: bytes) -> ConnectionAdapter:
         quic = _CreditedConnection(
-            window=self._config.stream_receive_window,
+            window=self._window,
+            connection_budget=self._budget,
+            client_ca_pem=self._config.client_ca_pem,
             configuration=self._qc,
             original_destination_connection_id=original_destination_cid,
         )

@@ -21,6 +21,7 @@ recovery, about 1.3 s later. qh3 and the official client are not affected.
 
 from __future__ import annotations
 
+import contextlib
 import ssl
 from collections.abc import Sequence
 
@@ -80,6 +81,9 @@ def build_configuration(config: TransportConfig, *, is_client: bool) -> QuicConf
         qc.verify_mode = ssl.CERT_REQUIRED
         qc.load_verify_locations(cadata=config.ca_pem)
         qc.alpn_protocols = list(config.alpn_protocols) if config.offer_alpn else None
+        if config.certificate_chain_pem is not None and config.private_key_pem is not None:
+            # Presented when the server sends a CertificateRequest (mutual TLS).
+            qc.load_cert_chain(config.certificate_chain_pem, config.private_key_pem)
     else:
         if config.certificate_chain_pem is None or config.private_key_pem is None:
             raise ValueError("a server needs certificate_chain_pem and private_key_pem")
@@ -146,11 +150,18 @@ class Qh3Adapter(ConnectionAdapter):
             # ...and writes on a connection its native core already closed this way.
             raise StreamClosedError(stream_id, f"connection closed: {exc}") from exc
 
+    # Once the native core is closing (the peer's CONNECTION_CLOSE arrived; our
+    # ConnectionTerminated follows after draining) it refuses every frame with
+    # QuicConnectionError. Nothing can reach the peer any more, so ending a stream
+    # or pinging is then a no-op rather than an error.
+
     def reset(self, stream_id: int, error_code: int) -> None:
-        self._quic.reset_stream(stream_id, error_code)
+        with contextlib.suppress(QuicConnectionError):
+            self._quic.reset_stream(stream_id, error_code)
 
     def stop_sending(self, stream_id: int, error_code: int) -> None:
-        self._quic.stop_stream(stream_id, error_code)
+        with contextlib.suppress(QuicConnectionError):
+            self._quic.stop_stream(stream_id, error_code)
 
     def close(self, error_code: int, reason_phrase: str, *, transport: bool = False) -> None:
         # A frame type (PADDING, 0) marks the close as transport-level.
@@ -161,7 +172,8 @@ class Qh3Adapter(ConnectionAdapter):
         )
 
     def ping(self) -> None:
-        self._quic.send_ping(0)
+        with contextlib.suppress(QuicConnectionError):
+            self._quic.send_ping(0)
 
     def peer_idle_timeout(self) -> float | None:
         # qh3 keeps the peer's transport parameters (milliseconds), privately.
@@ -175,6 +187,10 @@ class Qh3Adapter(ConnectionAdapter):
     def consumed(self, stream_id: int, total: int) -> bool:
         return False
 
+    def set_receive_limits(self, stream_window: int, connection_budget: int | None) -> None:
+        # The native core grants credit on its own; see Capabilities.
+        return None
+
     def forget_stream(self, stream_id: int) -> None:
         return None
 
@@ -186,6 +202,12 @@ class Qh3Adapter(ConnectionAdapter):
     @property
     def alpn_protocol(self) -> str | None:
         return self._alpn
+
+    @property
+    def peer_certificate_der(self) -> bytes | None:
+        context = getattr(self._quic, "tls", None)
+        cert = getattr(context, "_peer_certificate", None)
+        return None if cert is None else bytes(cert.public_bytes())
 
     @property
     def initial_connection_ids(self) -> Sequence[bytes]:

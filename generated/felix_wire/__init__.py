@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: f89dd090f3ce1834423a46d71d8919d607db08226f2be5b8d9e3fd40dd95134a
+# spec sha256: 5f85fe01647cc840b0a3a3ff120f09511945e7f3befb2f906b8dbedb16237516
 """felix_wire: the Felix wire protocol v1, generated from the catalogue.
 
 Modules (one concern each):
@@ -13,6 +13,7 @@ Modules (one concern each):
   errors      - error codes, retry classes, one BrokerError subclass per code
   wire_errors - typed local decode/encode errors
   routing     - routing keys to shards
+  names       - the one rule for tenant, namespace, stream, cache and group names
   catalogue   - read-only index of everything above
   requirements - the protocol's requirements (spec/requirements.yaml), by id
   strategies  - hypothesis strategies (tests only)

@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: f89dd090f3ce1834423a46d71d8919d607db08226f2be5b8d9e3fd40dd95134a
+# spec sha256: 5f85fe01647cc840b0a3a3ff120f09511945e7f3befb2f906b8dbedb16237516
 """Read-only index of the catalogue: every name the generated layer knows.
 
 Tests count these against tests/vectors/protocol-tables.yaml; tools (the conformance
@@ -30,7 +30,7 @@ __all__ = [
     "COUNTS",
 ]
 
-SPEC_SHA256 = "f89dd090f3ce1834423a46d71d8919d607db08226f2be5b8d9e3fd40dd95134a"
+SPEC_SHA256 = "5f85fe01647cc840b0a3a3ff120f09511945e7f3befb2f906b8dbedb16237516"
 
 
 class Decision(NamedTuple):

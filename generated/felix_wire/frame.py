@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: f89dd090f3ce1834423a46d71d8919d607db08226f2be5b8d9e3fd40dd95134a
+# spec sha256: 5f85fe01647cc840b0a3a3ff120f09511945e7f3befb2f906b8dbedb16237516
 """The frame envelope: Every message, JSON or binary, is one frame - a fixed 12-byte header then `length` payload bytes. Frames are concatenated back to back on a QUIC stream.
 
 Header layout (big-endian):
@@ -29,6 +29,7 @@ __all__ = [
     "PREAUTH_MAX_FRAME_BYTES",
     "MAX_FRAME_BYTES",
     "MAX_ENCODABLE_PAYLOAD",
+    "MAX_JSON_DEPTH",
     "Frame",
     "FrameHeader",
     "FrameReader",
@@ -46,6 +47,8 @@ PREAUTH_MAX_FRAME_BYTES = 65536
 MAX_FRAME_BYTES = 16777216
 # encoders must not exceed u32::MAX payload bytes
 MAX_ENCODABLE_PAYLOAD = 4294967295
+# deepest nesting of arrays and objects a JSON payload may have; checked before decoding (a deeper payload is malformed JSON) so that no decoder recurses on a stranger's input
+MAX_JSON_DEPTH = 64
 
 _HEADER = struct.Struct(">IHHI")
 HEADER_SIZE = _HEADER.size

@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: f89dd090f3ce1834423a46d71d8919d607db08226f2be5b8d9e3fd40dd95134a
+# spec sha256: 5f85fe01647cc840b0a3a3ff120f09511945e7f3befb2f906b8dbedb16237516
 """Feature gating and negotiation, as tables generated from the catalogue.
 
 - MESSAGE_GATES: which flags/features the *receiving* peer must have announced

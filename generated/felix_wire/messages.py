@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: f89dd090f3ce1834423a46d71d8919d607db08226f2be5b8d9e3fd40dd95134a
+# spec sha256: 5f85fe01647cc840b0a3a3ff120f09511945e7f3befb2f906b8dbedb16237516
 """Every JSON message of the protocol (frames with flags 0) as a msgspec Struct.
 
 Messages are internally tagged by "type" and encoded compactly, "type" first,
@@ -22,6 +22,7 @@ from types import MappingProxyType
 
 import msgspec
 
+from .frame import MAX_JSON_DEPTH
 from .wire_errors import MalformedJsonError, MessageFieldError
 
 __all__ = [
@@ -144,6 +145,7 @@ __all__ = [
     "BROKER_TO_CLIENT",
     "encode_message",
     "decode_message",
+    "json_too_deep",
 ]
 
 U8 = Annotated[int, msgspec.Meta(ge=0, le=255)]
@@ -2532,14 +2534,52 @@ def encode_message(message: Message) -> bytes:
     return _encode(message)
 
 
+# JSON string literals (escapes included) and the brackets left once they are gone.
+_JSON_STRING = re.compile(rb'"(?:[^"\\]++|\\.)*+"', re.DOTALL)
+_JSON_BRACKET = re.compile(rb"[\[\]{}]")
+
+
+def json_too_deep(payload: bytes | bytearray | memoryview, limit: int = MAX_JSON_DEPTH) -> bool:
+    """True when arrays and objects in `payload` nest deeper than `limit`.
+
+    Runs before any decoder sees the bytes. A payload with at most `limit` opening
+    brackets in all (nearly every message) is answered by two counts; otherwise
+    strings are blanked out and the brackets walked. Malformed JSON is left for the
+    decoder to refuse.
+    """
+    data = bytes(payload) if isinstance(payload, memoryview) else payload
+    if data.count(b"[") + data.count(b"{") <= limit:
+        return False
+    depth = 0
+    for match in _JSON_BRACKET.finditer(_JSON_STRING.sub(b"", data)):
+        if match.group() in (b"[", b"{"):
+            depth += 1
+            if depth > limit:
+                return True
+        elif depth:
+            depth -= 1
+    return False
+
+
 def decode_message(payload: bytes | bytearray | memoryview) -> Message | Unknown:
-    """Decode a flags-0 payload. Raises MalformedJsonError or MessageFieldError."""
+    """Decode a flags-0 payload. Raises MalformedJsonError or MessageFieldError.
+
+    Nesting deeper than MAX_JSON_DEPTH is refused before decoding starts.
+    """
+    if json_too_deep(payload):
+        raise MalformedJsonError(
+            "json", None, None, f"nested deeper than {MAX_JSON_DEPTH} levels"
+        ) from None
     try:
         return _decode(payload)
     except msgspec.ValidationError as exc:
         return _explain(payload, exc)
     except msgspec.DecodeError as exc:
         raise MalformedJsonError("json", None, None, str(exc)) from None
+    except RecursionError:
+        # Unreachable after the depth check unless the caller is already deep in
+        # its own stack; still a refusal, never an escaped exception.
+        raise MalformedJsonError("json", None, None, "nested too deep to decode") from None
 
 
 def _explain(payload: bytes | bytearray | memoryview, exc: msgspec.ValidationError) -> Unknown:

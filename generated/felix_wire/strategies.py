@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: f89dd090f3ce1834423a46d71d8919d607db08226f2be5b8d9e3fd40dd95134a
+# spec sha256: 5f85fe01647cc840b0a3a3ff120f09511945e7f3befb2f906b8dbedb16237516
 """Hypothesis strategies for every message and every legal binary flag value.
 
 Derived from the catalogue (hypothesis' `from_type` ignores msgspec.Meta bounds),
@@ -9,6 +9,7 @@ so generated values respect the wire ranges and the presence rules. Needs the
 
 from __future__ import annotations
 
+import re
 from types import MappingProxyType
 from typing import Any, Callable, Mapping
 
@@ -16,9 +17,18 @@ from hypothesis import strategies as st
 
 from . import binary as _b
 from . import messages as _m
+from . import names as _names
 from .errors import RetryClass
 
-__all__ = ["MESSAGE_STRATEGIES", "SHAPE_STRATEGIES", "BINARY_STRATEGIES", "message", "binary_frame"]
+__all__ = [
+    "MESSAGE_STRATEGIES",
+    "SHAPE_STRATEGIES",
+    "BINARY_STRATEGIES",
+    "message",
+    "binary_frame",
+    "valid_names",
+    "hostile_names",
+]
 
 _U8 = st.integers(0, 255)
 _U16 = st.integers(0, 65535)
@@ -984,3 +994,75 @@ BINARY_STRATEGIES: Mapping[str, Callable[[int], st.SearchStrategy[Any]]] = Mappi
 def binary_frame(layout: str, flags: int) -> st.SearchStrategy[Any]:
     """Frames of `layout` that encode to exactly `flags` (a legal value for it)."""
     return BINARY_STRATEGIES[layout](flags)
+
+
+_NAME_CHAR = re.compile("[A-Za-z0-9_.-]", re.ASCII)
+_NAME_CHARS = st.sampled_from(sorted(c for c in map(chr, range(128)) if _NAME_CHAR.fullmatch(c)))
+# Look-alikes and invisible characters a careless check might normalise into the
+# alphabet (dot leaders, full-width dot and slashes, zero-width and bidi marks).
+_TRICKS = (
+    "\u2024",
+    "\u2025",
+    "\uff0e",
+    "\u2215",
+    "\u2044",
+    "\uff0f",
+    "\uff3c",
+    "\u200b",
+    "\u200d",
+    "\u202e",
+    "\ufeff",
+    "\u0307",
+    "\u00a0",
+    "\uff41",
+    "\u0430",
+    "\udc80",
+)
+_PATH_LIKE = (
+    "../x",
+    "x/..",
+    "./x",
+    "x/.",
+    "..\\x",
+    "a/b",
+    "/abs",
+    "\\abs",
+    "%2e%2e",
+    "C:x",
+    "x\x00",
+    " ",
+    "..\x00",
+)
+
+
+def valid_names(max_size: int = 24) -> st.SearchStrategy[str]:
+    """Names the rule accepts (short by default; pass max_size up to the limit)."""
+    size = min(max_size, _names.NAME_MAX_LENGTH)
+    return st.text(_NAME_CHARS, min_size=_names.NAME_MIN_LENGTH, max_size=size).filter(
+        _names.is_valid_name
+    )
+
+
+def _unsafe_char() -> st.SearchStrategy[str]:
+    return (
+        st.sampled_from(("/", "\\", "\x00", "\x7f", *_TRICKS))
+        | st.characters(max_codepoint=0x1F)
+        | st.characters().filter(lambda c: _NAME_CHAR.fullmatch(c) is None)
+    )
+
+
+def hostile_names() -> st.SearchStrategy[str]:
+    """Names every entry point must refuse: reserved ones, empty, too long, and valid
+    text around one path separator, NUL, control character or Unicode trick."""
+    around = st.tuples(
+        st.text(_NAME_CHARS, max_size=6), _unsafe_char(), st.text(_NAME_CHARS, max_size=6)
+    )
+    return st.one_of(
+        st.sampled_from(sorted(_names.RESERVED_NAMES)),
+        st.just(""),
+        st.sampled_from(_PATH_LIKE),
+        around.map("".join),
+        st.integers(_names.NAME_MAX_LENGTH + 1, _names.NAME_MAX_LENGTH + 4096).map(
+            lambda n: "a" * n
+        ),
+    ).filter(lambda name: not _names.is_valid_name(name))

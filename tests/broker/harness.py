@@ -31,7 +31,17 @@ def catalog() -> StaticCatalog:
 
 
 @asynccontextmanager
-async def running_broker(tmp: Path, **overrides: Any) -> AsyncIterator[Broker]:
+async def running_broker(
+    tmp: Path, *, topology: str = "one", **overrides: Any
+) -> AsyncIterator[Broker]:
+    """A broker; with `topology="three"` the broker a client reaches in a fleet of three
+    (tests/fleet/harness.py: a member that leads no shard, so requests are forwarded)."""
+    if topology == "three":
+        from ..fleet.harness import reached_through_non_owner
+
+        async with reached_through_non_owner(tmp, catalog(), **overrides) as entry:
+            yield entry  # type: ignore[misc]
+        return
     settings: dict[str, Any] = {
         "quic_bind": "127.0.0.1:0",
         "metrics_bind": "127.0.0.1:0",

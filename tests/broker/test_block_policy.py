@@ -62,4 +62,4 @@ async def test_block_policy_delivers_every_record_and_drops_none(tmp_path: Path)
     engine.close()
     assert got == sent
     assert sub.dropped == 0
-    assert metrics.registry.get_sample_value("felix_broker_subscriber_drops_total") == 0
+    assert metrics.registry.get_sample_value("felix_stream_subscriber_dropped_records_total") == 0

@@ -110,7 +110,7 @@ async def test_http_endpoints_report_the_broker(tmp_path: Path) -> None:
         assert await asyncio.to_thread(_get, base + "/live") == (200, "ok")
         assert await asyncio.to_thread(_get, base + "/ready") == (200, "ok")
         status, metrics = await asyncio.to_thread(_get, base + "/metrics")
-        assert status == 200 and "felix_broker_connections 1.0" in metrics
+        assert status == 200 and "felix_connections_open 1.0" in metrics
         status, body = await asyncio.to_thread(_get, base + "/backup/offsets")
         offsets = json.loads(body)
         # Nothing written yet: the durable stream has no log, the log-backed

@@ -35,6 +35,7 @@ from felix_wire.messages import (
 )
 from felix_wire.routing import shard_for_key
 
+from ..fleet.harness import TOPOLOGIES
 from ..support.wire import NS, TENANT, Feature, Flag, WireClient, token
 from .harness import running_broker
 
@@ -134,8 +135,9 @@ async def test_json_publishes_and_acks(tmp_path: Path) -> None:
         client.close()
 
 
-async def test_refusals_of_a_binary_acked_publish(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_refusals_of_a_binary_acked_publish(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         pub, _ = await client.authed()
         await pub.send(batch("missing", b"x", request_id=1, ack_mode=BinaryAckMode.PER_MESSAGE))
@@ -158,8 +160,11 @@ async def test_refusals_of_a_binary_acked_publish(tmp_path: Path) -> None:
         client.close()
 
 
-async def test_binary_ack_carries_only_what_the_client_offered(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_binary_ack_carries_only_what_the_client_offered(
+    tmp_path: Path, topology: str
+) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         bare, _ = await client.authed(
             flags=int(
@@ -198,8 +203,9 @@ async def test_malformed_acked_body_is_answered_by_its_request_id(tmp_path: Path
         client.close()
 
 
-async def test_pipelined_acks_come_back_in_order(tmp_path: Path) -> None:
-    async with running_broker(tmp_path, ack_on_commit=True) as broker:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_pipelined_acks_come_back_in_order(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, ack_on_commit=True, topology=topology) as broker:
         client = await WireClient.connect(broker)
         pub, _ = await client.authed()
         for rid in range(1, 201):

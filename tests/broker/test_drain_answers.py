@@ -43,7 +43,7 @@ async def test_every_appended_publish_is_answered_before_the_close(tmp_path: Pat
                 break  # the broker closed the connection after the answers
             assert isinstance(answer, PublishOk), answer
             answered += 1
-        appended = broker.metrics.registry.get_sample_value("felix_broker_publishes_total")
+        appended = broker.metrics.registry.get_sample_value("felix_stream_published_records_total")
         assert appended is not None and appended > 1
         assert answered == appended
         client.close()

@@ -442,21 +442,21 @@ async def test_metrics_count_duplicates_refusals_and_commits(tmp_path: Path) -> 
         await stream.send(pif(0, b"x", rid=6))
         await stream.recv()
         client.close()
-        assert registry.get_sample_value("felix_broker_producer_duplicates_total") == 1
+        assert registry.get_sample_value("felix_stream_producer_duplicates_total") == 1
         assert (
             registry.get_sample_value(
-                "felix_broker_producer_refusals_total", {"reason": "sequence_gap"}
+                "felix_stream_producer_refusals_total", {"reason": "sequence_gap"}
             )
             == 1
         )
-        assert registry.get_sample_value("felix_broker_commits_total", {"outcome": "ok"}) == 1
+        assert registry.get_sample_value("felix_stream_commits_total", {"outcome": "ok"}) == 1
         assert (
-            registry.get_sample_value("felix_broker_commits_total", {"outcome": "offset_mismatch"})
+            registry.get_sample_value("felix_stream_commits_total", {"outcome": "offset_mismatch"})
             == 1
         )
         for kind in ("commit", "publish_if"):
             assert (
-                registry.get_sample_value("felix_broker_conditional_refusals_total", {"type": kind})
+                registry.get_sample_value("felix_stream_conditional_refusals_total", {"type": kind})
                 == 1
             )
 

@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from felix_broker.metrics import BrokerMetrics
+from felix_broker.metrics import LATENCY_BUCKETS, BrokerMetrics, build_version
 from felix_broker.ops_http import Health, HttpListener
 
 pytestmark = pytest.mark.timeout(20)
@@ -86,19 +86,78 @@ async def test_metrics(listener: HttpListener, metrics: BrokerMetrics) -> None:
     assert status == 200
     assert headers["content-type"].startswith("text/plain")
     text = body.decode()
-    assert 'felix_broker_json_publishes_total{frame="publish_batch"} 1.0' in text
+    assert 'felix_stream_json_publishes_total{frame="publish_batch"} 1.0' in text
     assert 'felix_tenant_publish_queue_full_total{tenant="t1"} 2.0' in text
-    assert "felix_broker_publishes_total 5.0" in text
-    assert 'felix_broker_auth_failures_total{reason="exp"} 1.0' in text
-    assert "felix_broker_subscriber_queue_depth 0.0" in text
+    assert "felix_stream_published_records_total 5.0" in text
+    assert 'felix_auth_failures_total{reason="exp"} 1.0' in text
+    assert "felix_stream_subscriber_queue_batches 0.0" in text
     assert "python_gc" not in text  # a dedicated registry, not the global one
+
+
+def _series(text: str) -> list[str]:
+    return [line.split("{")[0].split(" ")[0] for line in text.splitlines() if line[:1] != "#"]
+
+
+async def test_metric_names_follow_one_scheme(metrics: BrokerMetrics) -> None:
+    metrics.request_timer("cache_get").observe(0.0001)
+    metrics.tenant_publish_queue_full.labels(tenant="t1").inc()
+    metrics.json_publishes.labels(frame="publish").inc()
+    metrics.auth_failures.labels(reason="exp").inc()
+    metrics.group_requests.labels(type="group_ack", outcome="ok").inc()
+    names = set(_series(metrics.exposition().decode()))
+    assert names, "the registry exports series"
+    areas = [
+        "connections",
+        "auth",
+        "task",
+        "request",
+        "stream",
+        "storage",
+        "group",
+        "cache",
+        "tenant",
+        "build",
+    ]
+    for name in names:
+        assert name.startswith(tuple(f"felix_{area}_" for area in areas)), name
+    assert "felix_tenant_publish_queue_full_total" in names  # the name the protocol documents
+
+
+async def test_build_info(metrics: BrokerMetrics) -> None:
+    text = metrics.exposition().decode()
+    (line,) = [ln for ln in text.splitlines() if ln.startswith("felix_build_info{")]
+    assert line.endswith(" 1.0")
+    assert f'version="{build_version()}"' in line
+    assert 'python="' in line
+
+
+async def test_latency_histograms_are_in_seconds(metrics: BrokerMetrics) -> None:
+    metrics.request_timer("cache_get").observe(40e-6)
+    metrics.request_timer("cache_get").observe(3.0)
+    metrics.publish_ack_seconds.observe(0.002)
+    metrics.fsync_seconds.observe(0.01)
+    metrics.group_poll_ack_seconds.observe(0.5)
+    text = metrics.exposition().decode()
+    assert 'felix_request_seconds_bucket{le="2.5e-05",type="cache_get"} 0.0' in text
+    assert 'felix_request_seconds_bucket{le="5e-05",type="cache_get"} 1.0' in text
+    assert 'felix_request_seconds_bucket{le="5.0",type="cache_get"} 2.0' in text
+    assert 'felix_request_seconds_count{type="cache_get"} 2.0' in text
+    for name in (
+        "felix_stream_publish_ack_seconds",
+        "felix_storage_fsync_seconds",
+        "felix_group_poll_ack_seconds",
+    ):
+        assert f"{name}_count 1.0" in text
+        assert f'{name}_bucket{{le="10.0"}} 1.0' in text
+    assert LATENCY_BUCKETS[0] < 100e-6 and LATENCY_BUCKETS[-1] >= 1.0
+    assert metrics.request_timer("cache_get") is metrics.request_timer("cache_get")
 
 
 async def test_two_brokers_have_separate_metrics() -> None:
     first, second = BrokerMetrics(), BrokerMetrics()
     first.publishes.inc()
-    assert b"felix_broker_publishes_total 1.0" in first.exposition()
-    assert b"felix_broker_publishes_total 0.0" in second.exposition()
+    assert b"felix_stream_published_records_total 1.0" in first.exposition()
+    assert b"felix_stream_published_records_total 0.0" in second.exposition()
 
 
 async def test_backup_offsets_standalone(listener: HttpListener) -> None:

@@ -56,14 +56,14 @@ def test_keyed_publishes_after_publish_width(felix_fixture: dict[str, Any]) -> N
     # client announces the width it learned from stream_shards before keyed batches; the
     # broker takes it silently (no answer) and the keyed batches are accepted.
     fx = felix_fixture
-    before = _metric(fx, "felix_broker_publish_widths_total")
+    before = _metric(fx, "felix_stream_publish_widths_total")
     c = client(fx)
     t, ns, stream = fx["tenant_id"], fx["namespace"], fx["durable_stream"]
     assert c.stream_shards(t, ns, stream) == 4
     for i in range(8):
         c.publish(t, ns, stream, b"k%d" % i, key=b"key-%d" % i)  # raises if refused
-    assert _metric(fx, "felix_broker_publish_widths_total") > before
-    assert _metric(fx, "felix_broker_stale_width_refusals_total") == 0
+    assert _metric(fx, "felix_stream_publish_widths_total") > before
+    assert _metric(fx, "felix_stream_stale_width_refusals_total") == 0
 
 
 def _metric(fx: dict[str, Any], name: str) -> float:

@@ -19,6 +19,7 @@ from felix_wire.codec import encode_frame
 from felix_wire.features import Capabilities
 from felix_wire.messages import AckMode, AuthOk, Publish, PublishOk, Subscribe, Subscribed
 
+from ..fleet.harness import TOPOLOGIES
 from ..support.wire import NS, TENANT, WireClient
 from .harness import running_broker
 
@@ -88,9 +89,16 @@ async def test_a_cancelled_waiter_gives_way() -> None:
     assert budget.held == 1
 
 
-async def test_tiny_publish_budgets_still_let_every_publish_through(tmp_path: Path) -> None:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_tiny_publish_budgets_still_let_every_publish_through(
+    tmp_path: Path, topology: str
+) -> None:
     async with running_broker(
-        tmp_path, pub_conn_inflight_bytes=1, pub_conn_total_inflight_bytes=1, pub_inflight_bytes=1
+        tmp_path,
+        topology=topology,
+        pub_conn_inflight_bytes=1,
+        pub_conn_total_inflight_bytes=1,
+        pub_inflight_bytes=1,
     ) as broker:
         client = await WireClient.connect(broker)
         stream, ok = await client.authed()
@@ -111,7 +119,7 @@ async def test_tiny_publish_budgets_still_let_every_publish_through(tmp_path: Pa
         await stream.send(burst)
         answers = [await stream.recv() for _ in range(50)]
         assert [a.request_id for a in answers if isinstance(a, PublishOk)] == list(range(50))
-        gauge = broker.metrics.registry.get_sample_value("felix_broker_publish_inflight_bytes")
+        gauge = broker.metrics.registry.get_sample_value("felix_stream_publish_inflight_bytes")
         assert gauge == 0
         client.close()
 
@@ -149,7 +157,7 @@ async def test_publish_bytes_in_flight_stay_within_the_connection_budget(tmp_pat
         highest, full_for = 0.0, 0
         for _ in range(500):
             await asyncio.sleep(0.02)
-            held = broker.metrics.registry.get_sample_value("felix_broker_publish_inflight_bytes")
+            held = broker.metrics.registry.get_sample_value("felix_stream_publish_inflight_bytes")
             assert held is not None and held <= 3 * mib, held
             highest = max(highest, held)
             full_for = full_for + 1 if held >= 2 * mib else 0

@@ -32,9 +32,9 @@ def reader_threads(monkeypatch: pytest.MonkeyPatch) -> set[int]:
     threads: set[int] = set()
     records_from = Segment.records_from
 
-    def traced(self: Segment, fd: int, offset: int) -> Iterator[Record]:
+    def traced(self: Segment, fd: int, offset: int, end: int | None = None) -> Iterator[Record]:
         threads.add(threading.get_ident())
-        return records_from(self, fd, offset)
+        return records_from(self, fd, offset, end)
 
     monkeypatch.setattr(Segment, "records_from", traced)
     return threads

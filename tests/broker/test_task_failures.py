@@ -1,5 +1,5 @@
 """A connection's task that ends with an exception is logged once, naming the request
-type that started it, and counted in felix_broker_task_failures_total."""
+type that started it, and counted in felix_task_failures_total."""
 
 from __future__ import annotations
 
@@ -36,7 +36,7 @@ async def test_a_failed_task_is_logged_once_and_counted(
         assert len(failures) == 1
         assert failures[0].exc_info is not None and "a handler bug" in str(failures[0].exc_info[1])
         value = broker.metrics.registry.get_sample_value(
-            "felix_broker_task_failures_total", {"type": "cache_get"}
+            "felix_task_failures_total", {"type": "cache_get"}
         )
         assert value == 1.0
         client.close()

@@ -43,8 +43,25 @@ def broker_config(tmp: Path, *, durable: bool, **overrides: Any) -> Any:
 
 @asynccontextmanager
 async def cache_broker(
-    tmp: Path, *, durable: bool = True, limits: CacheLimits | None = None, **overrides: Any
+    tmp: Path,
+    *,
+    durable: bool = True,
+    limits: CacheLimits | None = None,
+    topology: str = "one",
+    **overrides: Any,
 ) -> AsyncIterator[Broker]:
+    """A broker with caches; with `topology="three"` the broker a client reaches in a
+    fleet of three that leads no shard (tests/fleet/harness.py), so cache ops are forwarded."""
+    if topology == "three":
+        from ..fleet.harness import reached_through_non_owner
+
+        if not durable:
+            overrides["durable_storage_dir"] = ""
+        async with reached_through_non_owner(
+            tmp, catalog(), cache_limits=limits, **overrides
+        ) as entry:
+            yield entry  # type: ignore[misc]
+        return
     broker = Broker(broker_config(tmp, durable=durable, **overrides), cache_limits=limits)
     await broker.start()
     try:

@@ -28,6 +28,7 @@ from felix_wire.messages import (
     VersionCondition,
 )
 
+from ..fleet.harness import TOPOLOGIES
 from ..support.wire import NS, TENANT, WireClient
 from .harness import CACHE, MULTI, WITHOUT_CONDITIONAL, cache_broker
 
@@ -65,8 +66,9 @@ def value(key: str, data: bytes | None, rid: int, version: int | None = None) ->
 
 
 @pytest.mark.parametrize("durable", [False, True])
-async def test_put_get_delete_answers(tmp_path: Path, durable: bool) -> None:
-    async with cache_broker(tmp_path, durable=durable) as broker:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_put_get_delete_answers(tmp_path: Path, durable: bool, topology: str) -> None:
+    async with cache_broker(tmp_path, durable=durable, topology=topology) as broker:
         client = await WireClient.connect(broker)
         s = await client.session()
         await s.send(put("k", b"v1", 1))
@@ -95,8 +97,9 @@ async def test_put_get_delete_answers(tmp_path: Path, durable: bool) -> None:
         client.close()
 
 
-async def test_version_only_to_conditional_offerers(tmp_path: Path) -> None:
-    async with cache_broker(tmp_path, durable=False) as broker:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_version_only_to_conditional_offerers(tmp_path: Path, topology: str) -> None:
+    async with cache_broker(tmp_path, durable=False, topology=topology) as broker:
         client = await WireClient.connect(broker)
         plain = await client.session(features=WITHOUT_CONDITIONAL)
         await plain.send(put("k", b"v", 1))
@@ -135,8 +138,9 @@ async def test_features_in_memory_and_durable(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("durable", [False, True])
-async def test_conditional_writes(tmp_path: Path, durable: bool) -> None:
-    async with cache_broker(tmp_path, durable=durable) as broker:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_conditional_writes(tmp_path: Path, durable: bool, topology: str) -> None:
+    async with cache_broker(tmp_path, durable=durable, topology=topology) as broker:
         client = await WireClient.connect(broker)
         s = await client.session()
 
@@ -195,8 +199,11 @@ async def test_conditional_writes(tmp_path: Path, durable: bool) -> None:
 
 
 @pytest.mark.parametrize("durable", [False, True])
-async def test_racing_absent_puts_exactly_one_wins(tmp_path: Path, durable: bool) -> None:
-    async with cache_broker(tmp_path, durable=durable) as broker:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_racing_absent_puts_exactly_one_wins(
+    tmp_path: Path, durable: bool, topology: str
+) -> None:
+    async with cache_broker(tmp_path, durable=durable, topology=topology) as broker:
         clients = [await WireClient.connect(broker) for _ in range(4)]
         streams = [await c.session() for c in clients for _ in range(4)]
 
@@ -346,8 +353,9 @@ async def test_memory_bound_evicts_least_recently_used(tmp_path: Path, durable: 
         client.close()
 
 
-async def test_permissions_and_unknown_cache(tmp_path: Path) -> None:
-    async with cache_broker(tmp_path, durable=True) as broker:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_permissions_and_unknown_cache(tmp_path: Path, topology: str) -> None:
+    async with cache_broker(tmp_path, durable=True, topology=topology) as broker:
         client = await WireClient.connect(broker)
         reader = await client.session(perms=[f"cache.read:cache:{TENANT}/*"])
         await reader.send(get("k", 1))

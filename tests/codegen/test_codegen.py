@@ -91,6 +91,46 @@ def test_cross_references_are_checked(spec_copy: Path, change, expected: str) ->
     assert expected in str(info.value)
 
 
+@pytest.mark.parametrize(
+    ("change", "expected"),
+    [
+        (
+            lambda d: d["messages"]["hello"]["fields"][0].update(presense="required"),
+            "fleet.yaml: $.messages.hello.fields[0]",
+        ),
+        (
+            lambda d: d["records"]["Member"]["fields"][4].update(type="Incarnation"),
+            "$.records.Member.fields[4]: unknown type Incarnation",
+        ),
+        (
+            lambda d: d["shapes"]["CacheOp"]["messages"].append("cache_gett"),
+            "unknown client message cache_gett",
+        ),
+        (
+            lambda d: d["messages"]["forward_publish"].update(answered_by=["forward_publish"]),
+            "travels the same way as the request",
+        ),
+        (
+            lambda d: d["keyspace"]["members"].update(value="Membr"),
+            "unknown record Membr",
+        ),
+        (
+            lambda d: d["shapes"].update(ErrorDetail={"kind": "struct", "doc": "x", "fields": []}),
+            "already a client catalogue type",
+        ),
+        (
+            lambda d: d["peer"].update(alpn="felix peer"),
+            "fleet.yaml: $.peer.alpn",
+        ),
+    ],
+)
+def test_the_fleet_catalogue_is_validated(spec_copy: Path, change, expected: str) -> None:  # type: ignore[no-untyped-def]
+    _edit(spec_copy, "fleet", change)
+    with pytest.raises(CatalogueError) as info:
+        load(spec_copy)
+    assert expected in str(info.value)
+
+
 def test_generation_is_byte_stable_and_matches_the_committed_layer() -> None:
     cat = load(SPEC)
     first = _ruff_format(render_all(cat))
@@ -113,8 +153,10 @@ def test_generated_files_carry_the_header_and_no_timestamp() -> None:
             assert first_line.startswith("# Generated from spec/") and "DO NOT EDIT" in first_line
             # The requirements table carries its own file's digest (rewording one
             # requirement regenerates that module only); every other module the catalogue's.
-            assert cat.requirements is not None
+            assert cat.requirements is not None and cat.fleet is not None
             digest = cat.requirements.digest if name == "requirements.py" else cat.spec_hash
+            if name.startswith("fleet"):  # the fleet catalogue's modules carry its digest
+                digest = cat.fleet.spec_hash
             assert digest in text.splitlines()[1]
 
 
@@ -181,6 +223,22 @@ def test_nothing_imports_codegen_at_run_time() -> None:
 )
 def test_a_bad_requirement_fails_with_its_path(spec_copy: Path, change, expected: str) -> None:  # type: ignore[no-untyped-def]
     _edit(spec_copy, "requirements", change)
+    with pytest.raises(CatalogueError) as info:
+        load(spec_copy)
+    assert expected in str(info.value)
+
+
+@pytest.mark.parametrize(
+    ("alphabet", "expected"),
+    [("A-Za-z/", "$.names.alphabet"), ("A-Z\\\\", "$.names.alphabet")],
+)
+def test_the_name_rule_cannot_admit_a_path_separator(
+    spec_copy: Path, alphabet: str, expected: str
+) -> None:
+    def loosen(data):  # type: ignore[no-untyped-def]
+        data["names"]["alphabet"] = alphabet
+
+    _edit(spec_copy, "messages", loosen)
     with pytest.raises(CatalogueError) as info:
         load(spec_copy)
     assert expected in str(info.value)

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric import ec
 
 from felix_controlplane.api import ControlPlane, Settings
 from felix_controlplane.http import HttpServer, Request, Response
-from felix_controlplane.store import DEFAULT_MAX_CHANGES, SqliteStore
+from felix_controlplane.store import DEFAULT_MAX_CHANGES, SqliteStore, Store
 
 SYNC_TOKEN = "sync-secret-for-tests"
 BOOTSTRAP_SECRET = "bootstrap-secret-for-tests"
@@ -56,10 +56,23 @@ async def call(
     return await asyncio.to_thread(_call, method, url, token, body, headers)
 
 
+# The store `control_plane` opens: SQLite unless a test module's fixture points it at
+# an etcd (tests/controlplane/test_api.py runs every test on both backends).
+ETCD_ENDPOINT: tuple[str, int] | None = None
+
+
+def open_store(tmp: Path, max_changes: int) -> Store:
+    if ETCD_ENDPOINT is None:
+        return SqliteStore(tmp / "cp.db", max_changes=max_changes)
+    from felix_controlplane.store_etcd import EtcdStore
+
+    return EtcdStore([ETCD_ENDPOINT], max_changes=max_changes)
+
+
 @dataclass
 class Plane:
     control: ControlPlane
-    store: SqliteStore
+    store: Store
     url: str
     admin_url: str
 
@@ -79,21 +92,44 @@ class Plane:
 
     def rows(self) -> dict[str, int]:
         """Row counts of every table: 'nothing written' checks compare two of these."""
+        if not isinstance(self.store, SqliteStore):
+            return self._etcd_rows()
         db = self.store._db
         return {
             table: int(db.execute(f"SELECT COUNT(*) FROM {table}").fetchone()[0])
             for table in ("tenants", "resources", "signing_keys", "changes")
         }
 
+    def _etcd_rows(self) -> dict[str, int]:
+        from felix_controlplane.store_etcd import EtcdStore
+
+        store = self.store
+        assert isinstance(store, EtcdStore)
+        counts = {}
+        for table, part in (
+            ("tenants", "tenants/"),
+            ("resources", "res/"),
+            ("signing_keys", "keys/"),
+            ("changes", "changes/"),
+        ):
+            counts[table] = len(store._run(store._range(store._root + part)))
+        return counts
+
 
 @asynccontextmanager
 async def control_plane(
     tmp: Path, *, max_changes: int = DEFAULT_MAX_CHANGES, **settings: Any
 ) -> AsyncIterator[Plane]:
-    store = SqliteStore(tmp / "cp.db", max_changes=max_changes)
+    store = open_store(tmp, max_changes)
     settings.setdefault("sync_token", SYNC_TOKEN)
     settings.setdefault("bootstrap_secret", BOOTSTRAP_SECRET)
     control = ControlPlane(store, Settings(**settings))
+    if ETCD_ENDPOINT is not None:  # as felix-controlplane --store etcd wires it
+        from felix_controlplane.store_etcd import EtcdStore
+
+        assert isinstance(store, EtcdStore)
+        loop = asyncio.get_running_loop()
+        store.add_change_listener(lambda: loop.call_soon_threadsafe(control.changed_elsewhere))
     public = HttpServer(control.handle)
     admin = HttpServer(control.handle_admin)
     await public.start("127.0.0.1", 0)

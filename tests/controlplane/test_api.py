@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,10 +11,27 @@ import pytest
 from felix_broker.catalog.live import CatalogChange, LiveCatalog
 from felix_common.tokens import DevIssuer
 from felix_controlplane.store import SqliteStore
+from tests.support.etcd import start_etcd
 
+from . import support
 from .support import BOOTSTRAP_SECRET, SYNC_TOKEN, call, control_plane
 
 pytestmark = pytest.mark.timeout(30)
+
+
+@pytest.fixture(params=["sqlite", "etcd"], autouse=True)
+def store_backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str]:
+    """Every test here runs on both store backends."""
+    if request.param == "sqlite":
+        yield "sqlite"
+        return
+    etcd = start_etcd(tmp_path / "etcd")
+    support.ETCD_ENDPOINT = ("127.0.0.1", etcd.client_port)
+    try:
+        yield "etcd"
+    finally:
+        support.ETCD_ENDPOINT = None
+        etcd.close()
 
 
 async def test_stream_and_cache_lifecycle(tmp_path: Path) -> None:

@@ -20,7 +20,12 @@ def test_help_describes_every_option_and_its_default(capsys: pytest.CaptureFixtu
         main(["--help"])
     assert stopped.value.code == 0
     text = " ".join(capsys.readouterr().out.split())
-    options = [a for a in build_parser()._actions if not isinstance(a, argparse._HelpAction)]
+    # --help and --version are argparse's own actions: they take no value, so no default.
+    own = (argparse._HelpAction, argparse._VersionAction)
+    actions = build_parser()._actions
+    assert any(isinstance(a, argparse._VersionAction) for a in actions)
+    assert "--version" in text
+    options = [a for a in actions if not isinstance(a, own)]
     assert len(options) >= 12
     for action in options:
         assert action.help, f"{action.option_strings} has no help"

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import platform
 import time
 import urllib.request
 from pathlib import Path
@@ -11,6 +12,9 @@ from typing import Any
 
 import pytest
 
+from felix_broker.metrics import build_version
+from felix_transport import default_impl
+from felix_wire.codec import encode_frame
 from felix_wire.features import Feature
 from felix_wire.messages import (
     AuthOk,
@@ -42,6 +46,11 @@ from .session import GroupSession
 
 pytestmark = pytest.mark.timeout(60)
 
+BUILD_LABELS = {
+    "version": build_version(),
+    "python": platform.python_version(),
+    "implementation": platform.python_implementation(),
+}
 SCOPE: dict[str, Any] = {"tenant_id": TENANT, "namespace": NS, "stream": "log", "shard": 0}
 
 
@@ -105,16 +114,80 @@ async def test_poll_ack_and_the_contiguous_cursor(tmp_path: Path) -> None:
         await s.publish(b"d")
         assert stale(await s.call(GroupAck, offset=3))  # written after the state, not handed out
         metrics = broker.metrics.exposition().decode()
-        assert "felix_broker_group_records_claimed_total 3.0" in metrics
-        assert 'felix_broker_group_requests_total{outcome="ok",type="group_ack"} 3.0' in metrics
+        assert "felix_group_records_claimed_total 3.0" in metrics
+        assert 'felix_group_requests_total{outcome="ok",type="group_ack"} 3.0' in metrics
+        assert 'felix_group_requests_total{outcome="stale_claim",type="group_ack"} 1.0' in metrics
         assert (
-            'felix_broker_group_requests_total{outcome="stale_claim",type="group_ack"} 1.0'
-            in metrics
+            'felix_group_requests_total{outcome="invalid_request",type="group_ack"} 1.0' in metrics
         )
-        assert (
-            'felix_broker_group_requests_total{outcome="invalid_request",type="group_ack"} 1.0'
-            in metrics
-        )
+
+
+async def test_the_acks_of_one_pass_share_one_group_log_write_and_are_durable_first(
+    tmp_path: Path,
+) -> None:
+    async with running_broker(tmp_path, durable_fsync_mode="on_commit") as broker:
+        s = await session(broker)
+        await s.publish(*(b"r%d" % i for i in range(32)))
+        records: list[Any] = []
+        for _ in range(50):  # a publish is answered when queued: readable after the fsync
+            records += await s.poll(32 - len(records), wait_ms=200)
+            if len(records) == 32:
+                break
+        assert len(records) == 32
+        assert broker.groups is not None
+        (groups,) = broker.groups._shards.values()
+        log = groups.log
+        appends: list[int] = []
+        real_append = log.append
+
+        def counting_append(payloads: Any, **kw: Any) -> int:
+            appends.append(len(payloads))
+            return real_append(payloads, **kw)
+
+        log.append = counting_append  # type: ignore[method-assign]
+        first = s.rid + 1
+        acks = [
+            encode_frame(GroupAck(**SCOPE, group="g", offset=r.offset, request_id=s.next_id()))
+            for r in records
+        ]
+        await s.stream.send(b"".join(acks))  # one write: the acks arrive together
+        answered = set()
+        for _ in records:
+            answer = await s.stream.recv()
+            assert isinstance(answer, CacheOk), answer
+            # Answered only once the change is on disk and synced (on_commit).
+            assert log.durable_offset == log.next_offset
+            answered.add(answer.request_id)
+        assert answered == set(range(first, first + 32))
+        # One write per pass, not per ack (a pass per datagram at worst).
+        assert sum(appends) == 32 and len(appends) <= 4, appends
+        info = await s.call(GroupDescribe)
+        assert isinstance(info, GroupInfo) and info.committed == 32
+
+
+async def test_latency_histograms_see_requests_publishes_fsyncs_and_poll_to_ack(
+    tmp_path: Path,
+) -> None:
+    async with running_broker(tmp_path, durable_fsync_mode="on_commit") as broker:
+        s = await session(broker)
+        await s.publish(b"a", b"b", b"c")
+        records: list[Any] = []
+        for _ in range(50):
+            records += await s.poll(3 - len(records), wait_ms=200)
+            if len(records) == 3:
+                break
+        for record in records:
+            assert isinstance(await s.call(GroupAck, offset=record.offset), CacheOk)
+        value = broker.metrics.registry.get_sample_value
+        assert value("felix_group_poll_ack_seconds_count") == 3
+        assert value("felix_request_seconds_count", {"type": "group_ack"}) == 3
+        assert value("felix_request_seconds_count", {"type": "group_poll"}) >= 1
+        assert value("felix_request_seconds_count", {"type": "publish"}) == 3
+        assert value("felix_stream_publish_ack_seconds_count") == 3
+        fsyncs = value("felix_storage_fsync_seconds_count")
+        assert fsyncs is not None and fsyncs >= 1  # on_commit: the group log's, at least
+        build = value("felix_build_info", {**BUILD_LABELS, "quic_impl": default_impl()})
+        assert build == 1.0
 
 
 async def test_gated_fields_are_dropped_for_a_client_that_did_not_offer_them(

@@ -72,6 +72,24 @@ def test_many_segments_and_reads_from_every_offset(tmp_path: Path) -> None:
     log.close()
 
 
+def test_reads_inside_big_batches_go_to_the_record_and_stay_right(tmp_path: Path) -> None:
+    log = Log.open(tmp_path)
+    payloads = [b"%d" % i * (1 + i % 5) for i in range(1500)]
+    for i in range(0, 1500, 500):  # three batches of 500 records
+        log.append(payloads[i : i + 500], timestamp_us=i)
+    # Every offset twice (the second time from the remembered batch tables), with
+    # reads ending inside a batch, at its end and past it.
+    for _ in range(2):
+        for start in range(0, 1500, 7):
+            for count in (1, 32, 600):
+                got = log.read(start, max_records=count, max_bytes=1 << 20)
+                want = list(range(start, min(start + count, 1500)))
+                assert [r.offset for r in got] == want
+                assert [r.payload for r in got] == payloads[start : start + count]
+                assert {r.timestamp_us for r in got} <= {0, 500, 1000}
+    log.close()
+
+
 def test_read_budgets_and_end(tmp_path: Path) -> None:
     log = Log.open(tmp_path, SMALL)
     log.append([b"x" * 10] * 10, timestamp_us=1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 from collections.abc import AsyncIterator, Awaitable, Callable
@@ -493,3 +494,181 @@ async def test_last_answer_before_close_stays_readable(pki: Pki, impl: str) -> N
         assert await partial.read() == b"partial"
         with pytest.raises(StreamClosedError):
             await partial.read()
+
+
+# -- before authentication (issue 20, finding 4) -------------------------------
+
+PREAUTH = dict(
+    preauth_stream_window=16 * 1024,
+    preauth_connection_budget=64 * 1024,
+    preauth_global_budget=160 * 1024,
+)
+# qh3 pauses input after the datagram that crossed a bound: one datagram of slack.
+DATAGRAM_SLACK = 1400
+
+
+async def _flood(conn: Connection, streams: int, size: int) -> list[asyncio.Task[None]]:
+    async def one() -> None:
+        stream = await conn.open_bidi_stream()
+        with contextlib.suppress(StreamClosedError):
+            await stream.write(os.urandom(size), end_stream=True)
+
+    return [asyncio.create_task(one()) for _ in range(streams)]
+
+
+async def _settle(server: Server, seconds: float) -> int:
+    """Peak of the server's untrusted buffered bytes while nobody reads."""
+    peak = 0
+    for _ in range(int(seconds / 0.05)):
+        await asyncio.sleep(0.05)
+        peak = max(peak, sum(c.buffered_bytes for c in server.connections))
+    return peak
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("bounded", [True, False], ids=["preauth", "no-preauth"])
+async def test_untrusted_connection_is_bounded_until_trusted(
+    pki: Pki, impl: str, bounded: bool
+) -> None:
+    opts = PREAUTH if bounded else {}
+    async with running_server(server_config(pki, impl, **opts)) as (server, accepted):
+        conn = await connect(client_config(pki, impl), HOST, server.address[1])
+        server_conn = await asyncio.wait_for(accepted.get(), 5)
+        assert server_conn.trusted is not bounded
+        size, count = 256 * 1024, 12
+        writers = await _flood(conn, count, size)
+        peak = await _settle(server, 1.5)
+        budget = PREAUTH["preauth_connection_budget"]
+        if not bounded:
+            # The control: without the bounds the same peer parks far more.
+            assert peak > 4 * budget
+            conn.close()
+            return
+        assert peak <= budget + DATAGRAM_SLACK
+        assert server.preauth_buffered_bytes == server_conn.buffered_bytes
+        streams = []
+        while len(streams) < count:
+            streams.append(await asyncio.wait_for(server_conn.accept_stream(), 5))
+        for stream in streams:
+            assert stream.buffered_bytes <= PREAUTH["preauth_stream_window"] + DATAGRAM_SLACK
+
+        # Trusted, the connection gets its full windows and every byte arrives.
+        server_conn.trust()
+        assert server_conn.trusted and server.preauth_buffered_bytes == 0
+        received = await asyncio.wait_for(asyncio.gather(*(read_all(s) for s in streams)), 30)
+        assert [len(r) for r in received] == [size] * count
+        await asyncio.wait_for(asyncio.gather(*writers), 10)
+        conn.close()
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("impl", IMPLS)
+async def test_untrusted_connections_share_one_global_budget(pki: Pki, impl: str) -> None:
+    served: asyncio.Queue[Connection] = asyncio.Queue()
+
+    async def handler(conn: Connection) -> None:
+        await served.put(conn)
+        await conn.wait_closed()
+
+    async with running_server(server_config(pki, impl, **PREAUTH), handler) as (server, _):
+        port = server.address[1]
+        attackers = [await connect(client_config(pki, impl), HOST, port) for _ in range(5)]
+        writers = []
+        for attacker in attackers:
+            writers += await _flood(attacker, 4, 128 * 1024)
+        peak = await _settle(server, 1.5)
+        limit = PREAUTH["preauth_global_budget"]
+        assert peak <= limit + len(attackers) * DATAGRAM_SLACK
+        assert server.preauth_buffered_bytes == sum(c.buffered_bytes for c in server.connections)
+
+        # A connection the application trusts is not held back by the others.
+        healthy = await connect(client_config(pki, impl), HOST, port)
+        server_side = [await asyncio.wait_for(served.get(), 5) for _ in range(6)]
+        mine = next(c for c in server_side if c.peer_address == healthy_address(healthy))
+        mine.trust()
+        payload = os.urandom(1024 * 1024)
+        stream = await healthy.open_bidi_stream()
+        sender = asyncio.create_task(stream.write(payload, end_stream=True))
+        peer = await asyncio.wait_for(mine.accept_stream(), 5)
+        assert await asyncio.wait_for(read_all(peer), 20) == payload
+        await sender
+
+        # What the application does at its auth timeout: give up on them. (A paused
+        # connection reads nothing, so the peer's own CONNECTION_CLOSE waits in the
+        # held datagrams.)
+        for other in server_side:
+            if other is not mine:
+                other.close()
+        for _ in range(200):
+            if server.preauth_buffered_bytes == 0:
+                break
+            await asyncio.sleep(0.05)
+        assert server.preauth_buffered_bytes == 0
+        for writer in writers:
+            writer.cancel()
+        await asyncio.gather(*writers, return_exceptions=True)
+        for attacker in attackers:
+            attacker.close()
+        healthy.close()
+
+
+def healthy_address(conn: Connection) -> tuple[object, ...]:
+    """The client's local address, as the server sees it."""
+    sock = conn._driver._sock  # type: ignore[attr-defined]
+    return tuple(sock.getsockname())
+
+
+def test_preauth_config_is_validated() -> None:
+    with pytest.raises(ValueError, match="preauth_stream_window"):
+        TransportConfig(preauth_stream_window=1024)
+    with pytest.raises(ValueError, match="preauth_connection_budget"):
+        TransportConfig(preauth_stream_window=64 * 1024, preauth_connection_budget=4096)
+    with pytest.raises(ValueError, match="preauth_global_budget"):
+        TransportConfig(preauth_stream_window=8192, preauth_global_budget=8192)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("impl", IMPLS)
+async def test_keepalive_stops_when_the_peer_closes(pki: Pki, impl: str) -> None:
+    # Issue 20, finding 9: the keepalive must not fire into a closing stack.
+    async def close_at_once(conn: Connection) -> None:
+        await asyncio.sleep(0.3)
+        conn.close(0, "bye")
+
+    async with running_server(server_config(pki, impl), close_at_once) as (server, _):
+        for _ in range(5):
+            conn = await connect(
+                client_config(pki, impl, keepalive_interval=0.01), HOST, server.address[1]
+            )
+            await asyncio.wait_for(conn.wait_closed(), 10)
+            await asyncio.sleep(0.1)
+
+
+@pytest.mark.timeout(30)
+@pytest.mark.parametrize("impl", IMPLS)
+async def test_ending_a_stream_while_the_peer_closes_does_not_raise(pki: Pki, impl: str) -> None:
+    # Issue 20, finding 2: the broker ends streams right after an answer; when the
+    # peer's CONNECTION_CLOSE is already in (the stack drains), that must not raise.
+    async def close_at_once(conn: Connection) -> None:
+        stream = await conn.accept_stream()
+        with contextlib.suppress(StreamClosedError):
+            await stream.read(1)
+        conn.close(0, "bye")
+        await conn.wait_closed()
+
+    async with running_server(server_config(pki, impl), close_at_once) as (server, _):
+        conn = await connect(client_config(pki, impl), HOST, server.address[1])
+        streams = [await conn.open_bidi_stream() for _ in range(90)]
+        for stream in streams:
+            await stream.write(b"x")
+        # End one stream every 2 ms from before the close arrives until the
+        # connection has terminated (the stack drains in between).
+        for stream in streams:
+            if conn.closed:
+                break
+            stream.stop_sending(5)
+            stream.reset(5)
+            await asyncio.sleep(0.002)
+        conn.close()
+        await asyncio.wait_for(conn.wait_closed(), 10)

@@ -1,0 +1,71 @@
+"""A broker's presence in etcd: its client, its membership and the watcher feeding its view.
+
+Built by the composition root (`felix_broker.app`) only when FELIX_NODE_ID and
+FELIX_ETCD_ENDPOINTS are set. `start()` reads the fleet's assignments into the
+`FleetView` (so the first snapshot is complete), then registers the broker;
+`view.snapshot` is what placement and discovery read from then on. `stop()`
+revokes the lease, so the placer re-places this broker's shards at once.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from felix_broker.fleet.assignments import AssignmentWatcher
+from felix_broker.fleet.membership import Membership
+from felix_broker.fleet.view import FleetView
+from felix_common.etcd import EtcdClient
+from felix_common.fleet import Keyspace, Member
+
+__all__ = ["EtcdNode"]
+
+_log = logging.getLogger(__name__)
+
+
+class EtcdNode:
+    def __init__(
+        self,
+        *,
+        view: FleetView,
+        endpoints: list[tuple[str, int]],
+        prefix: str,
+        lease_ttl_ms: int,
+        client_addr: str,
+        peer_addr: str,
+        features: list[str],
+    ) -> None:
+        # Every etcd call is bounded by a third of the TTL, so one slow call never
+        # eats the lease's margin.
+        self.client = EtcdClient(endpoints, timeout_s=max(0.5, lease_ttl_ms / 3000))
+        self.keys = Keyspace(prefix)
+        self.view = view
+        node_id = view.snapshot.node_id
+        self.watcher = AssignmentWatcher(self.client, self.keys, self.view)
+        record = Member(
+            node_id=node_id,
+            client_addr=client_addr,
+            peer_addr=peer_addr,
+            features=features,
+            incarnation=0,  # chosen at each registration
+        )
+        self.membership = Membership(
+            self.client,
+            self.keys,
+            record,
+            ttl_ms=lease_ttl_ms,
+            view=self.view,
+            catch_up=self.watcher.catch_up,
+        )
+
+    @property
+    def node_id(self) -> str:
+        return self.membership.node_id
+
+    async def start(self) -> None:
+        await self.watcher.start()
+        await self.membership.start()
+
+    async def stop(self) -> None:
+        await self.membership.stop()
+        await self.watcher.stop()
+        await self.client.close()

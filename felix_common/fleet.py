@@ -1,0 +1,139 @@
+"""The fleet's etcd keyspace, as the broker and the control plane's placer both read it.
+
+The key layout and the record shapes are the fleet catalogue's
+(`spec/fleet.yaml`, generated `felix_wire.fleet`): this module names shards
+(`ShardId`), spells their keys below one prefix (`Keyspace`), and turns a value
+that is not a record into one typed `RecordError`. Under the prefix ``P``
+(FELIX_ETCD_PREFIX, default ``/felix``):
+
+- ``P/members/{node_id}`` → `Member`, attached to the broker's own lease;
+- ``P/assignments/{kind}/{tenant}/{namespace}/{name}/{shard}`` → `Assignment`;
+  the shard's generation is the key's etcd ``mod_revision`` (never stored);
+- ``P/placer`` → the placement holder's id, attached to the holder's lease.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from felix_wire import fleet as wire
+from felix_wire.fleet import Assignment, AssignmentState, Member
+from felix_wire.wire_errors import MalformedJsonError, MessageFieldError
+
+__all__ = [
+    "Assignment",
+    "AssignmentState",
+    "Keyspace",
+    "Member",
+    "RecordError",
+    "ShardId",
+    "ShardKind",
+    "decode_assignment",
+    "decode_member",
+    "encode_record",
+]
+
+encode_record = wire.encode_record
+
+
+class ShardKind(enum.Enum):
+    STREAM = "stream"
+    CACHE = "cache"
+
+
+@dataclass(frozen=True, slots=True)
+class ShardId:
+    """One shard of one stream or cache."""
+
+    kind: ShardKind
+    tenant: str
+    namespace: str
+    name: str
+    shard: int
+
+    def __lt__(self, other: object) -> bool:  # enums do not order; compare by value
+        if not isinstance(other, ShardId):
+            return NotImplemented
+        return self._key() < other._key()
+
+    def _key(self) -> tuple[str, str, str, str, int]:
+        return (self.kind.value, self.tenant, self.namespace, self.name, self.shard)
+
+
+class RecordError(ValueError):
+    """A stored key or value that is not a fleet record."""
+
+
+def decode_member(value: bytes) -> Member:
+    try:
+        return wire.decode_member(value)
+    except (MalformedJsonError, MessageFieldError) as exc:
+        raise RecordError(f"not a member record: {exc}") from None
+
+
+def decode_assignment(value: bytes) -> Assignment:
+    try:
+        return wire.decode_assignment(value)
+    except (MalformedJsonError, MessageFieldError) as exc:
+        raise RecordError(f"not an assignment record: {exc}") from None
+
+
+@dataclass(frozen=True, slots=True)
+class Keyspace:
+    """The fleet's keys under one prefix."""
+
+    prefix: str = "/felix"
+
+    def __post_init__(self) -> None:
+        if not self.prefix.startswith("/") or self.prefix.endswith("/"):
+            raise ValueError(
+                f"etcd prefix must start with '/' and not end with it: {self.prefix!r}"
+            )
+
+    @property
+    def root(self) -> str:
+        """Every fleet key starts with this."""
+        return self.prefix + "/"
+
+    @property
+    def members(self) -> str:
+        return self.prefix + "/members/"
+
+    @property
+    def assignments(self) -> str:
+        return self.prefix + "/assignments/"
+
+    @property
+    def placer(self) -> str:
+        return wire.placer_key(self.prefix)
+
+    def member(self, node_id: str) -> str:
+        return wire.members_key(self.prefix, node_id=node_id)
+
+    def node_of(self, key: str) -> str:
+        parts = wire.parse_members_key(self.prefix, key)
+        if parts is None:
+            raise RecordError(f"not a member key: {key!r}")
+        return parts[0]
+
+    def assignment(self, shard: ShardId) -> str:
+        return wire.assignments_key(
+            self.prefix,
+            kind=shard.kind.value,
+            tenant=shard.tenant,
+            namespace=shard.namespace,
+            name=shard.name,
+            shard=shard.shard,
+        )
+
+    def shard_of(self, key: str) -> ShardId:
+        parts = wire.parse_assignments_key(self.prefix, key)
+        if parts is None:
+            raise RecordError(f"not an assignment key: {key!r}")
+        kind, tenant, namespace, name, index = parts
+        try:
+            shard_kind = ShardKind(kind)
+        except ValueError:
+            raise RecordError(f"unknown shard kind in {key!r}") from None
+        return ShardId(shard_kind, tenant, namespace, name, index)

@@ -1,0 +1,451 @@
+"""Placement: which live broker leads each shard, written to etcd by one placer at a time.
+
+Election: an instance becomes the placer by creating ``P/placer`` (its id, under
+its own lease) in a transaction that compares ``create_revision == 0``. The key's
+create revision is the holder's *token*. Every assignment write is one
+transaction comparing
+
+- the assignment key's ``mod_revision`` with the one this pass planned from
+  (``create_revision == 0`` for a new key), and
+- ``P/placer``'s ``create_revision`` with the token,
+
+so a placer that lost its lease (or was replaced) can never write, and two
+placers can never both win. The write's revision is the shard's new generation.
+
+The rule (`plan`, a pure function of the catalog, the live members and the
+current assignments):
+
+- every shard of every catalog stream and cache gets an ``active`` leader among
+  the live members, spread by count (at most ceil(shards / members) each,
+  rendezvous hashing choosing among those under the cap);
+- a shard whose leader is gone: an in-memory stream shard is re-placed at once;
+  a durable one (durable streams, and caches, whose logs live on their broker)
+  becomes ``unavailable/owner_unavailable`` with its leader kept, and turns
+  ``active`` again when that broker returns; never served empty elsewhere;
+- no live member at all: a new or re-placed shard is ``unavailable/not_assigned``;
+- shards whose stream or cache left the catalog lose their assignment key;
+- ``draining`` and ``moving`` assignments belong to a move and are left alone.
+
+A pass runs at once when a member comes or goes (a watch on the members), and
+otherwise every `interval_s` (catalog changes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import logging
+import math
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol
+
+from felix_common.etcd import (
+    Compare,
+    Delete,
+    EtcdClient,
+    EtcdRequestError,
+    EtcdUnavailableError,
+    Put,
+    lease_clock,
+)
+from felix_common.feed import cache_spec, stream_spec
+from felix_common.fleet import (
+    Assignment,
+    AssignmentState,
+    Keyspace,
+    RecordError,
+    ShardId,
+    ShardKind,
+    decode_assignment,
+    encode_record,
+)
+from felix_controlplane.store import Snapshot
+from felix_wire.errors import DETAIL_REASONS, ErrorCode
+
+__all__ = [
+    "Held",
+    "Placement",
+    "Placer",
+    "ShardSpec",
+    "Write",
+    "plan",
+    "rendezvous",
+    "shard_specs",
+    "store_catalog",
+]
+
+_log = logging.getLogger(__name__)
+
+OWNER_UNAVAILABLE = "owner_unavailable"
+NOT_ASSIGNED = "not_assigned"
+assert {OWNER_UNAVAILABLE, NOT_ASSIGNED} <= set(DETAIL_REASONS[ErrorCode.SHARD_UNAVAILABLE])
+
+_ACTIVE = AssignmentState.ACTIVE
+_UNAVAILABLE = AssignmentState.UNAVAILABLE
+_IN_A_MOVE = frozenset({AssignmentState.DRAINING, AssignmentState.MOVING})
+
+
+def _record(state: AssignmentState, leader: str | None, reason: str | None = None) -> Assignment:
+    return Assignment(state=state, leader=leader, replicas=[], reason=reason)
+
+
+@dataclass(frozen=True, slots=True)
+class ShardSpec:
+    """One shard the catalog has, and whether its data lives on its leader."""
+
+    shard: ShardId
+    durable: bool
+
+
+@dataclass(frozen=True, slots=True)
+class Held:
+    """An assignment as etcd has it: the record and its key's mod_revision."""
+
+    record: Assignment
+    mod_revision: int
+
+
+@dataclass(frozen=True, slots=True)
+class Write:
+    """One planned change: `record` None deletes the key. `expected` is the key's
+    mod_revision the plan was made from (0: the key must not exist)."""
+
+    shard: ShardId
+    record: Assignment | None
+    expected: int
+
+
+def rendezvous(shard: ShardId, node_id: str) -> int:
+    """The weight of `node_id` for `shard` (highest wins): stable across placers."""
+    text = f"{shard.kind.value}/{shard.tenant}/{shard.namespace}/{shard.name}/{shard.shard}"
+    digest = hashlib.blake2b(f"{text}\0{node_id}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "big")
+
+
+def _pick(shard: ShardId, live: Sequence[str], load: Counter[str], cap: int) -> str:
+    under = [n for n in live if load[n] < cap] or list(live)
+    return max(under, key=lambda n: (rendezvous(shard, n), n))
+
+
+def plan(
+    specs: Iterable[ShardSpec], live: Iterable[str], current: Mapping[ShardId, Held]
+) -> list[Write]:
+    """The writes that bring `current` to the placement rule (module docs)."""
+    members = sorted(set(live))
+    wanted = {spec.shard: spec for spec in specs}
+    load: Counter[str] = Counter(
+        held.record.leader
+        for shard, held in current.items()
+        if shard in wanted and held.record.leader in members
+    )
+    cap = math.ceil(len(wanted) / len(members)) if members else 0
+    writes: list[Write] = []
+
+    def place(shard: ShardId, expected: int) -> None:
+        if not members:
+            record = _record(_UNAVAILABLE, None, NOT_ASSIGNED)
+        else:
+            leader = _pick(shard, members, load, cap)
+            load[leader] += 1
+            record = _record(_ACTIVE, leader)
+        writes.append(Write(shard, record, expected))
+
+    for shard in sorted(wanted):
+        spec = wanted[shard]
+        held = current.get(shard)
+        if held is None:
+            place(shard, 0)
+            continue
+        record = held.record
+        if record.state in _IN_A_MOVE:
+            continue
+        if record.leader is not None and record.leader in members:
+            if record.state == _UNAVAILABLE:  # its broker is back
+                back = _record(_ACTIVE, record.leader)
+                writes.append(Write(shard, back, held.mod_revision))
+            continue
+        if spec.durable and record.leader is not None:
+            if record.state != _UNAVAILABLE or record.reason != OWNER_UNAVAILABLE:
+                kept = _record(_UNAVAILABLE, record.leader, OWNER_UNAVAILABLE)
+                writes.append(Write(shard, kept, held.mod_revision))
+            continue
+        if not members and record.state == _UNAVAILABLE and record.reason == NOT_ASSIGNED:
+            continue
+        place(shard, held.mod_revision)
+    for shard in sorted(set(current) - set(wanted)):
+        writes.append(Write(shard, None, current[shard].mod_revision))
+    return writes
+
+
+CatalogShards = Callable[[], Awaitable[list[ShardSpec]]]
+WriteListener = Callable[[Write, int], None]
+
+
+class Placer:
+    """Campaigns for ``P/placer``; while it holds it, keeps every shard placed."""
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        keys: Keyspace,
+        holder_id: str,
+        catalog: CatalogShards,
+        *,
+        lease_ttl_s: int = 10,
+        interval_s: float = 1.0,
+    ) -> None:
+        if lease_ttl_s < 1:
+            raise ValueError("the placer lease TTL must be at least 1 s")
+        self._client = client
+        self._keys = keys
+        self.holder_id = holder_id
+        self._catalog = catalog
+        self._ttl = lease_ttl_s
+        self._interval = interval_s
+        self._lease = 0
+        self._token = 0  # P/placer's create_revision while we hold it
+        self._wake = asyncio.Event()
+        self._listeners: list[WriteListener] = []
+        self.passes = 0
+        self.writes = 0
+
+    @property
+    def holding(self) -> bool:
+        return self._token != 0
+
+    def add_listener(self, listener: WriteListener) -> None:
+        """Called with (write, revision) after every write etcd accepted."""
+        self._listeners.append(listener)
+
+    def wake(self) -> None:
+        """Run a pass now (a member came or went)."""
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Campaign and place until cancelled; releases the placer key when cancelled."""
+        delay = 0.05
+        try:
+            while True:
+                try:
+                    if await self._campaign():
+                        delay = 0.05
+                        await self._lead()
+                    else:
+                        await asyncio.sleep(self._interval)
+                except EtcdUnavailableError as exc:
+                    _log.debug("placer %s: etcd failed: %s", self.holder_id, exc)
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, 1.0)
+                finally:
+                    self._token = 0
+        finally:
+            await self._release()
+
+    async def _release(self) -> None:
+        lease, self._lease = self._lease, 0
+        if lease:
+            with contextlib.suppress(EtcdUnavailableError, EtcdRequestError):
+                await self._client.revoke(lease)
+
+    async def _campaign(self) -> bool:
+        """One attempt to become the placer."""
+        if not self._lease:
+            self._lease = await self._client.grant(self._ttl)
+        placer = self._keys.placer
+        ok, revision = await self._client.txn(
+            [Compare(placer, "create_revision", "==", 0)],
+            [Put(placer, self.holder_id.encode(), self._lease)],
+        )
+        if not ok:
+            # Someone else holds it; our lease is not needed meanwhile.
+            await self._release()
+            return False
+        self._token = revision
+        _log.info("placer %s holds placement (token %d)", self.holder_id, revision)
+        return True
+
+    async def _lead(self) -> None:
+        """Keep the lease and place, until the lease or the placer key is lost."""
+        keepalive = asyncio.create_task(self._keep_alive(), name="placer-keepalive")
+        members = asyncio.create_task(self._watch_members(), name="placer-members")
+        passes = asyncio.create_task(self._passes(), name="placer-passes")
+        try:
+            done, _ = await asyncio.wait(
+                {keepalive, members, passes}, return_when=asyncio.FIRST_COMPLETED
+            )
+            for task in done:
+                task.result()  # re-raise EtcdUnavailableError
+        finally:
+            for task in (keepalive, members, passes):
+                task.cancel()
+            # Collects the children's ends; a cancellation of this task still propagates.
+            await asyncio.gather(keepalive, members, passes, return_exceptions=True)
+            _log.info("placer %s no longer holds placement", self.holder_id)
+            await self._release()
+
+    async def _keep_alive(self) -> None:
+        interval = self._ttl / 3
+        deadline = lease_clock() + self._ttl * 3 / 4
+        while True:
+            sent = lease_clock()
+            if sent >= deadline:
+                return
+            try:
+                async with asyncio.timeout(max(0.01, deadline - sent)):
+                    left = await self._client.keepalive(self._lease)
+            except (EtcdUnavailableError, TimeoutError):
+                await asyncio.sleep(max(0.0, min(interval / 2, deadline - lease_clock())))
+                continue
+            if left <= 0:
+                return
+            deadline = sent + self._ttl * 3 / 4
+            await asyncio.sleep(max(0.0, sent + interval - lease_clock()))
+
+    async def _watch_members(self) -> None:
+        revision, _ = await self._client.get_prefix(self._keys.members)
+        self.wake()
+        async for _event in self._client.watch_prefix(self._keys.members, revision + 1):
+            self.wake()
+
+    async def _passes(self) -> None:
+        while True:
+            if not await self.reconcile():
+                return
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(self._interval):
+                    await self._wake.wait()
+            self._wake.clear()
+
+    async def reconcile(self) -> bool:
+        """One pass; False when this instance no longer holds placement."""
+        self.passes += 1
+        specs = await self._catalog()
+        keys = self._keys
+        _, kvs = await self._client.get_prefix(keys.root)
+        members: set[str] = set()
+        current: dict[ShardId, Held] = {}
+        holder_ok = False
+        for kv in kvs:
+            if kv.key == keys.placer:
+                holder_ok = kv.create_revision == self._token
+            elif kv.key.startswith(keys.members):
+                members.add(keys.node_of(kv.key))
+            elif kv.key.startswith(keys.assignments):
+                try:
+                    shard = keys.shard_of(kv.key)
+                    current[shard] = Held(decode_assignment(kv.value), kv.mod_revision)
+                except RecordError as exc:
+                    _log.warning("placer: ignoring %s: %s", kv.key, exc)
+        if not holder_ok:
+            return False
+        for write in plan(specs, members, current):
+            if not await self._write(write):
+                # Planned from a stale view (or placement lost): read again.
+                held = await self._client.get(keys.placer)
+                if held is None or held.create_revision != self._token:
+                    return False
+                self.wake()
+                break
+        return True
+
+    async def _write(self, write: Write) -> bool:
+        key = self._keys.assignment(write.shard)
+        guard = (
+            Compare(key, "mod_revision", "==", write.expected)
+            if write.expected
+            else Compare(key, "create_revision", "==", 0)
+        )
+        holder = Compare(self._keys.placer, "create_revision", "==", self._token)
+        op: Put | Delete = (
+            Put(key, encode_record(write.record)) if write.record is not None else Delete(key)
+        )
+        ok, revision = await self._client.txn([guard, holder], [op])
+        if not ok:
+            return False
+        self.writes += 1
+        for listener in self._listeners:
+            try:
+                listener(write, revision)
+            except Exception:
+                _log.exception("placer write listener failed")
+        return True
+
+
+def shard_specs(
+    streams: Iterable[tuple[str, str, str, int, bool]], caches: Iterable[tuple[str, str, str, int]]
+) -> list[ShardSpec]:
+    """Every shard of the given streams (tenant, namespace, name, shards, durable) and
+    caches (tenant, namespace, name, shards). Caches count as durable: their logs
+    live on their leader, so they are never served empty elsewhere."""
+    out: list[ShardSpec] = []
+    for tenant, namespace, name, count, durable in streams:
+        for index in range(count):
+            out.append(
+                ShardSpec(ShardId(ShardKind.STREAM, tenant, namespace, name, index), durable)
+            )
+    for tenant, namespace, name, count in caches:
+        for index in range(count):
+            out.append(ShardSpec(ShardId(ShardKind.CACHE, tenant, namespace, name, index), True))
+    return out
+
+
+class _CatalogStore(Protocol):
+    def snapshot(self) -> Snapshot: ...
+
+
+def store_catalog(store: _CatalogStore) -> CatalogShards:
+    """The catalog's shards, read from the control plane's store on each pass."""
+
+    async def read() -> list[ShardSpec]:
+        snap = await asyncio.to_thread(store.snapshot)
+        streams: list[tuple[str, str, str, int, bool]] = []
+        caches: list[tuple[str, str, str, int]] = []
+        for key, body in snap.resources:
+            if key.kind == "stream":
+                spec = stream_spec(key.tenant, key.namespace, body)
+                streams.append((key.tenant, key.namespace, key.name, spec.shards, spec.durable))
+            elif key.kind == "cache":
+                cache = cache_spec(key.tenant, key.namespace, body)
+                caches.append((key.tenant, key.namespace, key.name, cache.shards))
+        return shard_specs(streams, caches)
+
+    return read
+
+
+class Placement:
+    """The placer as `felix-controlplane --etcd-endpoints` runs it: its own etcd client,
+    the catalog read from the control plane's store on every pass."""
+
+    def __init__(
+        self,
+        endpoints: Sequence[tuple[str, int]],
+        *,
+        prefix: str,
+        holder_id: str,
+        store: _CatalogStore,
+        lease_ttl_s: int = 10,
+        interval_s: float = 1.0,
+    ) -> None:
+        self.client = EtcdClient(endpoints, timeout_s=max(0.5, lease_ttl_s / 3))
+        self.placer = Placer(
+            self.client,
+            Keyspace(prefix),
+            holder_id,
+            store_catalog(store),
+            lease_ttl_s=lease_ttl_s,
+            interval_s=interval_s,
+        )
+        self._task: asyncio.Task[None] | None = None
+
+    def start(self) -> None:
+        self._task = asyncio.create_task(self.placer.run(), name="placer")
+
+    async def stop(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        await self.client.close()

@@ -1,0 +1,605 @@
+# Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
+# spec sha256: 2d375d903e36465b3e4828c87daf7648b005569259cac2cd1dd75dc89c40ff9f
+"""The fleet catalogue: etcd record shapes and broker-to-broker messages.
+
+Broker-to-broker QUIC (TLS 1.3, mutual TLS): each broker's peer certificate is signed by the fleet CA and names its node id as a DNS SAN; both sides check it, and the listener checks it against hello.
+
+Rules of the peer protocol:
+- The dialing broker opens bidirectional streams; each starts with hello and carries one request or an ordered run of them. The listener admits a stream's requests in the order they came and answers each with exactly one terminal answer, in the same order; it finishes the stream after the dialer finished its side.
+- hello is the first frame of every stream; a stream whose hello names another node id than the dialer's certificate is refused (hello_refused) and closed.
+- No chains: a broker never forwards a forwarded request onward. It serves it, or refuses it (forward_refused).
+- An owner re-verifies the client's token of every forwarded request (authorized twice); a credential failure is refused with code forbidden.
+
+Peer frames reuse the client protocol's frame envelope (`felix_wire.frame`) with
+JSON payloads (flags 0), tagged by "type"; `encode_peer_message` and
+`decode_peer_message` are their payload codec. etcd values are the JSON of the
+record structs (`encode_record`, `decode_member`, `decode_assignment`), stored
+under the keys the `*_key` functions spell below the fleet prefix.
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from types import MappingProxyType
+from typing import Any, Mapping, Union
+
+import msgspec
+
+from .messages import (
+    U8,
+    U16,
+    U32,
+    U64,
+    I64,
+    Unknown,
+    _check_u64,
+    CacheConditionResult,
+    CacheDelete,
+    CacheDeleteIf,
+    CacheGet,
+    CacheOk,
+    CachePut,
+    CachePutIf,
+    CacheValue,
+    CounterAdd,
+    CounterGet,
+    CounterValue,
+    Error,
+    ErrorDetail,
+    Unsupported,
+)
+from .wire_errors import MalformedJsonError, MessageFieldError
+
+__all__ = [
+    "PEER_ALPN",
+    "PEER_MAX_FRAME_BYTES",
+    "PEER_HELLO_MAX_FRAME_BYTES",
+    "members_key",
+    "parse_members_key",
+    "assignments_key",
+    "parse_assignments_key",
+    "placer_key",
+    "parse_placer_key",
+    "AssignmentState",
+    "AssignmentKind",
+    "ForwardAck",
+    "Member",
+    "Assignment",
+    "LeaderHint",
+    "StaleRoute",
+    "PeerError",
+    "ForwardRefusal",
+    "CacheOp",
+    "CacheOpAnswer",
+    "Hello",
+    "HelloOk",
+    "HelloRefused",
+    "ForwardPublish",
+    "ForwardPublishOk",
+    "ForwardCacheOp",
+    "ForwardCacheAnswer",
+    "ForwardRefused",
+    "PeerUnsupported",
+    "PeerMessage",
+    "PEER_MESSAGE_CLASSES",
+    "DIALER_TO_LISTENER",
+    "LISTENER_TO_DIALER",
+    "RECORD_CLASSES",
+    "encode_peer_message",
+    "decode_peer_message",
+    "encode_record",
+    "decode_member",
+    "decode_assignment",
+]
+
+PEER_ALPN = "felix-peer/1"
+"""The peer listener's ALPN: a peer connection offering anything else is refused."""
+PEER_MAX_FRAME_BYTES = 67108864
+"""payload cap of one peer frame (a forwarded publish carries the client's batch, base64-encoded: up to a 16 MiB client frame and its encoding overhead)"""
+PEER_HELLO_MAX_FRAME_BYTES = 65536
+"""payload cap until hello_ok: a peer that has not said who it is gets no more"""
+
+_KEY_PART = re.compile(r"[^/]+")
+
+
+def members_key(prefix: str, *, node_id: str) -> str:
+    """`{prefix}/members/{node_id}`: attached to the broker's own lease: lease lost = member gone (value: Member)."""
+    _check_part("node_id", node_id)
+    return f"{prefix.rstrip('/')}/members/{node_id}"
+
+
+def parse_members_key(prefix: str, key: str) -> tuple[str] | None:
+    """The placeholders of a `members/{node_id}` key below `prefix`, or None when `key` is not one."""
+    parts = _split(prefix, key, 2)
+    if parts is None:
+        return None
+    if parts[0] != "members":
+        return None
+    return (parts[1],)
+
+
+def assignments_key(
+    prefix: str, *, kind: str, tenant: str, namespace: str, name: str, shard: int
+) -> str:
+    """`{prefix}/assignments/{kind}/{tenant}/{namespace}/{name}/{shard}`: the generation is the key's mod_revision (store-assigned, strictly increasing, never reused); no generation field is stored (value: Assignment)."""
+    _check_part("kind", kind)
+    _check_part("tenant", tenant)
+    _check_part("namespace", namespace)
+    _check_part("name", name)
+    return f"{prefix.rstrip('/')}/assignments/{kind}/{tenant}/{namespace}/{name}/{shard}"
+
+
+def parse_assignments_key(prefix: str, key: str) -> tuple[str, str, str, str, int] | None:
+    """The placeholders of a `assignments/{kind}/{tenant}/{namespace}/{name}/{shard}` key below `prefix`, or None when `key` is not one."""
+    parts = _split(prefix, key, 6)
+    if parts is None:
+        return None
+    if parts[0] != "assignments":
+        return None
+    if not parts[5].isdigit():
+        return None
+    return (
+        parts[1],
+        parts[2],
+        parts[3],
+        parts[4],
+        int(parts[5]),
+    )
+
+
+def placer_key(prefix: str) -> str:
+    """`{prefix}/placer`: the placement holder's node or instance id (plain text), attached to its lease; created by a transaction comparing create_revision == 0."""
+    return f"{prefix.rstrip('/')}/placer"
+
+
+def parse_placer_key(prefix: str, key: str) -> tuple[()] | None:
+    """The placeholders of a `placer` key below `prefix`, or None when `key` is not one."""
+    parts = _split(prefix, key, 1)
+    if parts is None:
+        return None
+    if parts[0] != "placer":
+        return None
+    return ()
+
+
+def _check_part(name: str, value: str) -> None:
+    if not _KEY_PART.fullmatch(value):
+        raise ValueError(f"{name} {value!r} cannot be a key part (empty, or holds '/')")
+
+
+def _split(prefix: str, key: str, count: int) -> list[str] | None:
+    head = prefix.rstrip("/") + "/"
+    if not key.startswith(head):
+        return None
+    parts = key[len(head) :].split("/")
+    if len(parts) != count or not all(parts):
+        return None
+    return parts
+
+
+class AssignmentState(enum.StrEnum):
+    """active: the leader serves it; unavailable: nobody does (reason says why); draining: the leader hands it over; moving: fenced for a move, writes are held"""
+
+    ACTIVE = "active"
+    UNAVAILABLE = "unavailable"
+    DRAINING = "draining"
+    MOVING = "moving"
+
+
+class AssignmentKind(enum.StrEnum):
+    STREAM = "stream"
+    CACHE = "cache"
+
+
+class ForwardAck(enum.StrEnum):
+    """when the owner answers a forwarded publish: once it is queued on the owner, or after it is written (with its first offset on a durable stream)"""
+
+    ENQUEUED = "enqueued"
+    WRITTEN = "written"
+
+
+class Member(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """A live broker's registration."""
+
+    node_id: str
+    client_addr: str
+    """host:port clients use; empty when the broker has none to give (FELIX_CLIENT_ADVERTISE_ADDR unset)"""
+    peer_addr: str
+    """host:port of its broker-to-broker listener"""
+    features: list[str]
+    """fleet features this broker implements (an open set of words)"""
+    incarnation: U64
+    """a number the broker picks anew at each start, higher than any it used before: tells a restarted broker from its old registration"""
+
+    def __post_init__(self) -> None:
+        _check_u64(self, ("incarnation",), ())
+
+
+class Assignment(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One shard's assignment (its generation is the key's mod_revision)."""
+
+    leader: str | None = None
+    """node id; kept while unavailable/owner_unavailable so the same broker takes the shard back"""
+    replicas: list[str]
+    """node ids (empty until replication exists)"""
+    state: AssignmentState
+    reason: str | None = None
+    """a shard_unavailable reason when not served (owner_unavailable, not_assigned, ...)"""
+    successor: str | None = None
+    """during a move: the node taking over"""
+
+
+class LeaderHint(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """Who leads a shard, as the answering broker holds it."""
+
+    node_id: str
+    addr: str | None = None
+    """the leader's client address; absent when it has none"""
+    generation: U64
+
+    def __post_init__(self) -> None:
+        _check_u64(self, ("generation",), ())
+
+
+class StaleRoute(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """The forwarder's generation is ahead of the owner's: the owner is the one behind and must not write."""
+
+    generation: U64
+    """the generation the owner holds"""
+
+    def __post_init__(self) -> None:
+        _check_u64(self, ("generation",), ())
+
+
+class PeerError(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """A refusal the client sees as an error with this code, class and detail."""
+
+    code: str
+    retry: str
+    message: str
+    detail: ErrorDetail | None = None
+
+
+class ForwardRefusal(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """Why a forwarded request was not served, externally tagged: exactly one key is present. Nothing was applied, except where an error's retry class says outcome_unknown."""
+
+    error: PeerError | None = None
+    not_leader: LeaderHint | None = None
+    """the forwarder is behind: this broker does not lead the shard"""
+    stale_route: StaleRoute | None = None
+
+    def __post_init__(self) -> None:
+        present = [
+            name
+            for name in (
+                "error",
+                "not_leader",
+                "stale_route",
+            )
+            if getattr(self, name) is not None
+        ]
+        if len(present) != 1:
+            raise ValueError(
+                f"exactly one of error, not_leader, stale_route must be present, got {present or 'none'}"
+            )
+
+
+CacheOp = Union[
+    CacheGet,
+    CachePut,
+    CacheDelete,
+    CachePutIf,
+    CacheDeleteIf,
+    CounterAdd,
+    CounterGet,
+]
+"""A client cache or counter request, carried whole."""
+
+
+CacheOpAnswer = Union[
+    CacheValue,
+    CacheOk,
+    CacheConditionResult,
+    CounterValue,
+    Error,
+    Unsupported,
+]
+"""The answer the client gets, already shaped for what the client negotiated."""
+
+
+class Hello(msgspec.Struct, tag_field="type", tag="hello", omit_defaults=True, kw_only=True):
+    """The first frame of every peer stream: who is dialing.
+
+    Direction: dialer_to_listener.
+    Answered by: hello_ok, hello_refused.
+    """
+
+    node_id: str
+    """must equal the DNS SAN of the dialer's certificate"""
+    features: list[str]
+    """fleet features the dialer implements"""
+
+
+class HelloOk(msgspec.Struct, tag_field="type", tag="hello_ok", omit_defaults=True, kw_only=True):
+    """The listener accepts the dialer.
+
+    Direction: listener_to_dialer.
+    """
+
+    node_id: str
+    features: list[str]
+
+
+class HelloRefused(
+    msgspec.Struct, tag_field="type", tag="hello_refused", omit_defaults=True, kw_only=True
+):
+    """The listener refuses the dialer (identity mismatch, unknown member); the stream ends.
+
+    Direction: listener_to_dialer.
+    """
+
+    message: str
+
+
+class ForwardPublish(
+    msgspec.Struct, tag_field="type", tag="forward_publish", omit_defaults=True, kw_only=True
+):
+    """A client's publish batch, forwarded by the broker it reached to the shard's owner.
+
+    Direction: dialer_to_listener.
+    Answered by: forward_publish_ok, forward_refused.
+    """
+
+    request_id: U64
+    """the forwarder's correlation id (not the client's)"""
+    token: str
+    """the client's bearer token, re-verified by the owner (stream.publish)"""
+    tenant_id: str
+    namespace: str
+    stream: str
+    shard: U32
+    """the shard the forwarder resolved the key to; the owner writes there"""
+    generation: U64
+    """the generation of the forwarder's route"""
+    key: bytes | None = None
+    """the routing key; absent for an unkeyed publish"""
+    payloads: list[bytes]
+    """non-empty"""
+    ack: ForwardAck
+
+    def __post_init__(self) -> None:
+        _check_u64(
+            self,
+            (
+                "request_id",
+                "generation",
+            ),
+            (),
+        )
+
+
+class ForwardPublishOk(
+    msgspec.Struct, tag_field="type", tag="forward_publish_ok", omit_defaults=True, kw_only=True
+):
+    """The owner accepted the batch.
+
+    Direction: listener_to_dialer.
+    """
+
+    request_id: U64
+    offset: U64 | None = None
+    """the first record's offset (ack written, durable stream)"""
+
+    def __post_init__(self) -> None:
+        _check_u64(
+            self,
+            (
+                "request_id",
+                "offset",
+            ),
+            (),
+        )
+
+
+class ForwardCacheOp(
+    msgspec.Struct, tag_field="type", tag="forward_cache_op", omit_defaults=True, kw_only=True
+):
+    """A client's cache or counter request, forwarded to the owner of the key's shard.
+
+    Direction: dialer_to_listener.
+    Answered by: forward_cache_answer, forward_refused.
+    """
+
+    request_id: U64
+    token: str
+    """the client's bearer token, re-verified by the owner (cache.read or cache.write)"""
+    client_flags: U16
+    """the frame flags the client offered"""
+    client_features: U64
+    """the features the client offered (both words)"""
+    shard: U32
+    generation: U64
+    op: CacheOp
+
+    def __post_init__(self) -> None:
+        _check_u64(
+            self,
+            (
+                "request_id",
+                "client_features",
+                "generation",
+            ),
+            (),
+        )
+
+
+class ForwardCacheAnswer(
+    msgspec.Struct, tag_field="type", tag="forward_cache_answer", omit_defaults=True, kw_only=True
+):
+    """The owner's answer to the client, shaped for the client's offer; the forwarder writes it as is.
+
+    Direction: listener_to_dialer.
+    """
+
+    request_id: U64
+    answer: CacheOpAnswer
+
+    def __post_init__(self) -> None:
+        _check_u64(self, ("request_id",), ())
+
+
+class ForwardRefused(
+    msgspec.Struct, tag_field="type", tag="forward_refused", omit_defaults=True, kw_only=True
+):
+    """A forwarded request the owner did not serve.
+
+    Direction: listener_to_dialer.
+    """
+
+    request_id: U64
+    refusal: ForwardRefusal
+
+    def __post_init__(self) -> None:
+        _check_u64(self, ("request_id",), ())
+
+
+class PeerUnsupported(
+    msgspec.Struct, tag_field="type", tag="peer_unsupported", omit_defaults=True, kw_only=True
+):
+    """A peer request type this broker does not know.
+
+    Direction: listener_to_dialer.
+    """
+
+    request_type: str
+    request_id: U64 | None = None
+
+    def __post_init__(self) -> None:
+        _check_u64(self, ("request_id",), ())
+
+
+PeerMessage = Union[
+    Hello,
+    HelloOk,
+    HelloRefused,
+    ForwardPublish,
+    ForwardPublishOk,
+    ForwardCacheOp,
+    ForwardCacheAnswer,
+    ForwardRefused,
+    PeerUnsupported,
+]
+"""Any known peer message."""
+
+PEER_MESSAGE_CLASSES: Mapping[str, type[PeerMessage]] = MappingProxyType(
+    {
+        "hello": Hello,
+        "hello_ok": HelloOk,
+        "hello_refused": HelloRefused,
+        "forward_publish": ForwardPublish,
+        "forward_publish_ok": ForwardPublishOk,
+        "forward_cache_op": ForwardCacheOp,
+        "forward_cache_answer": ForwardCacheAnswer,
+        "forward_refused": ForwardRefused,
+        "peer_unsupported": PeerUnsupported,
+    }
+)
+DIALER_TO_LISTENER = frozenset(
+    {
+        "hello",
+        "forward_publish",
+        "forward_cache_op",
+    }
+)
+LISTENER_TO_DIALER = frozenset(
+    {
+        "hello_ok",
+        "hello_refused",
+        "forward_publish_ok",
+        "forward_cache_answer",
+        "forward_refused",
+        "peer_unsupported",
+    }
+)
+RECORD_CLASSES: Mapping[str, type[msgspec.Struct]] = MappingProxyType(
+    {
+        "Member": Member,
+        "Assignment": Assignment,
+    }
+)
+
+_ENCODER = msgspec.json.Encoder()
+_DECODER = msgspec.json.Decoder(PeerMessage)
+_ANY_DECODER = msgspec.json.Decoder(Any)
+_PATH = re.compile(r" - at `\$\.?([^`]*)`$")
+_RECORD_DECODERS = {name: msgspec.json.Decoder(kind) for name, kind in RECORD_CLASSES.items()}
+
+
+def encode_peer_message(message: PeerMessage) -> bytes:
+    """The JSON payload of a peer message: compact, "type" first."""
+    return _ENCODER.encode(message)
+
+
+def decode_peer_message(payload: bytes | bytearray | memoryview) -> PeerMessage | Unknown:
+    """Decode a peer frame's payload; an unknown "type" is `Unknown`, not an error.
+    Raises MalformedJsonError or MessageFieldError."""
+    try:
+        return _DECODER.decode(payload)
+    except msgspec.ValidationError as exc:
+        return _explain(payload, exc)
+    except msgspec.DecodeError as exc:
+        raise MalformedJsonError("json", None, None, str(exc)) from None
+
+
+def _explain(payload: bytes | bytearray | memoryview, exc: msgspec.ValidationError) -> Unknown:
+    try:
+        raw = _ANY_DECODER.decode(payload)
+    except msgspec.DecodeError as decode_exc:
+        raise MalformedJsonError("json", None, None, str(decode_exc)) from None
+    if not isinstance(raw, dict):
+        raise MalformedJsonError("json", None, None, "payload is not a JSON object") from None
+    kind = raw.get("type")
+    if not isinstance(kind, str):
+        raise MalformedJsonError("json", "type", None, 'missing or non-string "type"') from None
+    if kind not in PEER_MESSAGE_CLASSES:
+        request_id = raw.get("request_id")
+        if not (
+            isinstance(request_id, int)
+            and not isinstance(request_id, bool)
+            and 0 <= request_id < 2**64
+        ):
+            request_id = None
+        return Unknown(kind, raw, request_id)
+    text = str(exc)
+    match = _PATH.search(text)
+    field = match.group(1) if match else None
+    raise MessageFieldError(kind, field or None, None, _PATH.sub("", text)) from None
+
+
+def encode_record(record: Member | Assignment) -> bytes:
+    """An etcd value: the record's compact JSON."""
+    return _ENCODER.encode(record)
+
+
+def _decode_record(name: str, value: bytes | bytearray | memoryview) -> Any:
+    try:
+        return _RECORD_DECODERS[name].decode(value)
+    except msgspec.ValidationError as exc:
+        match = _PATH.search(str(exc))
+        field = match.group(1) if match else None
+        raise MessageFieldError(name, field or None, None, _PATH.sub("", str(exc))) from None
+    except msgspec.DecodeError as exc:
+        raise MalformedJsonError("json", None, None, str(exc)) from None
+
+
+def decode_member(value: bytes | bytearray | memoryview) -> Member:
+    """A `Member` etcd value. Raises MalformedJsonError or MessageFieldError."""
+    record: Member = _decode_record("Member", value)
+    return record
+
+
+def decode_assignment(value: bytes | bytearray | memoryview) -> Assignment:
+    """A `Assignment` etcd value. Raises MalformedJsonError or MessageFieldError."""
+    record: Assignment = _decode_record("Assignment", value)
+    return record

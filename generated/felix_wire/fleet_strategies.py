@@ -1,0 +1,182 @@
+# Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
+# spec sha256: 2d375d903e36465b3e4828c87daf7648b005569259cac2cd1dd75dc89c40ff9f
+"""Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
+
+Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
+"""
+
+from __future__ import annotations
+
+from types import MappingProxyType
+from typing import Any, Mapping
+
+from hypothesis import strategies as st
+
+from . import fleet as _f
+from . import messages as _m
+from .strategies import MESSAGE_STRATEGIES as _CLIENT_MESSAGES
+from .strategies import SHAPE_STRATEGIES as _CLIENT_SHAPES
+
+__all__ = ["PEER_MESSAGE_STRATEGIES", "RECORD_STRATEGIES", "FLEET_SHAPE_STRATEGIES"]
+
+_U8 = st.integers(0, 255)
+_U16 = st.integers(0, 65535)
+_U32 = st.integers(0, 4294967295)
+_U64 = st.integers(0, 18446744073709551615)
+_I64 = st.integers(-9223372036854775808, 9223372036854775807)
+_TEXT = st.text(max_size=12)
+_BLOB = st.binary(max_size=24)
+
+FLEET_SHAPE_STRATEGIES: dict[str, st.SearchStrategy[Any]] = {}
+FLEET_SHAPE_STRATEGIES["Member"] = st.builds(
+    _f.Member,
+    node_id=_TEXT,
+    client_addr=_TEXT,
+    peer_addr=_TEXT,
+    features=st.lists(_TEXT, max_size=3),
+    incarnation=_U64,
+)
+FLEET_SHAPE_STRATEGIES["Assignment"] = st.builds(
+    _f.Assignment,
+    leader=(st.none() | _TEXT),
+    replicas=st.lists(_TEXT, max_size=3),
+    state=st.sampled_from(_f.AssignmentState),
+    reason=(st.none() | _TEXT),
+    successor=(st.none() | _TEXT),
+)
+FLEET_SHAPE_STRATEGIES["LeaderHint"] = st.builds(
+    _f.LeaderHint,
+    node_id=_TEXT,
+    addr=(st.none() | _TEXT),
+    generation=_U64,
+)
+FLEET_SHAPE_STRATEGIES["StaleRoute"] = st.builds(
+    _f.StaleRoute,
+    generation=_U64,
+)
+FLEET_SHAPE_STRATEGIES["PeerError"] = st.builds(
+    _f.PeerError,
+    code=(
+        st.sampled_from(
+            (
+                "unauthenticated",
+                "forbidden",
+                "not_found",
+                "invalid_request",
+                "shard_unavailable",
+                "not_leader",
+                "quorum_timeout",
+                "leadership_lost",
+                "unacknowledged",
+                "overloaded",
+                "limit_exceeded",
+                "draining",
+                "internal",
+                "storage",
+                "stale_claim",
+                "revoked",
+                "stale_width",
+            )
+        )
+        | _TEXT
+    ),
+    retry=(
+        st.sampled_from(("retry", "retry_after", "redirect", "outcome_unknown", "fatal")) | _TEXT
+    ),
+    message=_TEXT,
+    detail=(st.none() | st.deferred(lambda: _CLIENT_SHAPES["ErrorDetail"])),
+)
+FLEET_SHAPE_STRATEGIES["ForwardRefusal"] = st.one_of(
+    st.builds(_f.ForwardRefusal, error=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["PeerError"])),
+    st.builds(
+        _f.ForwardRefusal, not_leader=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["LeaderHint"])
+    ),
+    st.builds(
+        _f.ForwardRefusal, stale_route=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["StaleRoute"])
+    ),
+)
+FLEET_SHAPE_STRATEGIES["CacheOp"] = st.one_of(
+    _CLIENT_MESSAGES["cache_get"],
+    _CLIENT_MESSAGES["cache_put"],
+    _CLIENT_MESSAGES["cache_delete"],
+    _CLIENT_MESSAGES["cache_put_if"],
+    _CLIENT_MESSAGES["cache_delete_if"],
+    _CLIENT_MESSAGES["counter_add"],
+    _CLIENT_MESSAGES["counter_get"],
+)
+FLEET_SHAPE_STRATEGIES["CacheOpAnswer"] = st.one_of(
+    _CLIENT_MESSAGES["cache_value"],
+    _CLIENT_MESSAGES["cache_ok"],
+    _CLIENT_MESSAGES["cache_condition_result"],
+    _CLIENT_MESSAGES["counter_value"],
+    _CLIENT_MESSAGES["error"],
+    _CLIENT_MESSAGES["unsupported"],
+)
+
+PEER_MESSAGE_STRATEGIES: Mapping[str, st.SearchStrategy[Any]] = MappingProxyType(
+    {
+        "hello": st.builds(
+            _f.Hello,
+            node_id=_TEXT,
+            features=st.lists(_TEXT, max_size=3),
+        ),
+        "hello_ok": st.builds(
+            _f.HelloOk,
+            node_id=_TEXT,
+            features=st.lists(_TEXT, max_size=3),
+        ),
+        "hello_refused": st.builds(
+            _f.HelloRefused,
+            message=_TEXT,
+        ),
+        "forward_publish": st.builds(
+            _f.ForwardPublish,
+            request_id=_U64,
+            token=_TEXT,
+            tenant_id=_TEXT,
+            namespace=_TEXT,
+            stream=_TEXT,
+            shard=_U32,
+            generation=_U64,
+            key=(st.none() | _BLOB),
+            payloads=st.lists(_BLOB, max_size=3),
+            ack=st.sampled_from(_f.ForwardAck),
+        ),
+        "forward_publish_ok": st.builds(
+            _f.ForwardPublishOk,
+            request_id=_U64,
+            offset=(st.none() | _U64),
+        ),
+        "forward_cache_op": st.builds(
+            _f.ForwardCacheOp,
+            request_id=_U64,
+            token=_TEXT,
+            client_flags=_U16,
+            client_features=_U64,
+            shard=_U32,
+            generation=_U64,
+            op=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["CacheOp"]),
+        ),
+        "forward_cache_answer": st.builds(
+            _f.ForwardCacheAnswer,
+            request_id=_U64,
+            answer=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["CacheOpAnswer"]),
+        ),
+        "forward_refused": st.builds(
+            _f.ForwardRefused,
+            request_id=_U64,
+            refusal=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["ForwardRefusal"]),
+        ),
+        "peer_unsupported": st.builds(
+            _f.PeerUnsupported,
+            request_type=_TEXT,
+            request_id=(st.none() | _U64),
+        ),
+    }
+)
+RECORD_STRATEGIES: Mapping[str, st.SearchStrategy[Any]] = MappingProxyType(
+    {
+        "Member": FLEET_SHAPE_STRATEGIES["Member"],
+        "Assignment": FLEET_SHAPE_STRATEGIES["Assignment"],
+    }
+)

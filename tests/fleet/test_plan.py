@@ -1,0 +1,90 @@
+"""The placement rule as a pure function: spread by count, durable shards kept for their
+broker, in-memory shards re-placed at once, gone streams unassigned."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from felix_broker.fleet.routing import ShardId, ShardKind
+from felix_common.fleet import Assignment
+from felix_controlplane.placement import Held, ShardSpec, plan, shard_specs
+from felix_wire.fleet import AssignmentState as RecordState
+
+
+def specs(count: int, *, durable: bool = False, name: str = "s") -> list[ShardSpec]:
+    return shard_specs([("t", "ns", name, count, durable)], [])
+
+
+def applied(writes: list, current: dict[ShardId, Held] | None = None) -> dict[ShardId, Held]:
+    out = dict(current or {})
+    for i, w in enumerate(writes, start=1000):
+        if w.record is None:
+            out.pop(w.shard, None)
+        else:
+            out[w.shard] = Held(w.record, i)
+    return out
+
+
+@given(shards=st.integers(1, 40), members=st.integers(1, 7))
+def test_new_shards_are_spread_by_count(shards: int, members: int) -> None:
+    live = [f"n{i}" for i in range(members)]
+    writes = plan(specs(shards), live, {})
+    assert all(w.expected == 0 and w.record.state == "active" for w in writes)
+    load = Counter(w.record.leader for w in writes)
+    assert max(load.values()) <= -(-shards // members)
+    assert set(load) <= set(live)
+    assert plan(specs(shards), live, applied(writes)) == []  # a placed fleet is left alone
+
+
+def test_placement_is_the_same_on_any_placer() -> None:
+    live = ["a", "b", "c"]
+    assert plan(specs(12), live, {}) == plan(specs(12), list(reversed(live)), {})
+
+
+def test_a_lost_members_memory_shards_move_and_durable_ones_wait_for_it() -> None:
+    memory, durable = specs(4, name="mem"), specs(4, durable=True, name="dur")
+    caches = shard_specs([], [("t", "ns", "c", 2)])
+    everything = memory + durable + caches
+    current = {
+        s.shard: Held(Assignment(replicas=[], state=RecordState.ACTIVE, leader="a"), 7)
+        for s in everything
+    }
+    writes = {w.shard: w for w in plan(everything, ["b"], current)}
+    for s in memory:
+        w = writes[s.shard]
+        assert (w.record.state, w.record.leader, w.expected) == ("active", "b", 7)
+    for s in durable + caches:  # never served empty elsewhere
+        w = writes[s.shard]
+        assert (w.record.state, w.record.leader, w.record.reason) == (
+            "unavailable",
+            "a",
+            "owner_unavailable",
+        )
+    after = applied(list(writes.values()), current)
+    assert plan(everything, ["b"], after) == []  # nothing to do twice
+    back = {w.shard: w for w in plan(everything, ["a", "b"], after)}
+    assert set(back) == {s.shard for s in durable + caches}
+    assert all((w.record.state, w.record.leader) == ("active", "a") for w in back.values())
+
+
+def test_no_member_means_not_assigned_and_gone_streams_lose_their_keys() -> None:
+    writes = plan(specs(2), [], {})
+    assert [(w.record.state, w.record.reason) for w in writes] == [
+        ("unavailable", "not_assigned")
+    ] * 2
+    assert plan(specs(2), [], applied(writes)) == []
+    placed = applied(plan(specs(2), ["a"], applied(writes)))
+    gone = plan([], ["a"], placed)
+    assert [(w.record, w.expected) for w in gone] == [
+        (None, placed[w.shard].mod_revision) for w in gone
+    ]
+    assert len(gone) == 2
+
+
+def test_moves_in_progress_are_left_alone() -> None:
+    shard = ShardId(ShardKind.STREAM, "t", "ns", "s", 0)
+    current = {shard: Held(Assignment(replicas=[], state=RecordState.MOVING, leader="gone"), 3)}
+    assert plan(specs(1), ["a"], current) == []
