@@ -23,6 +23,7 @@ from felix_client import (
     ConnectionLostError,
     NotSupportedByBrokerError,
 )
+from felix_client.retry import retry
 
 
 def _error(exc: BaseException) -> dict[str, Any]:
@@ -64,9 +65,18 @@ class Adapter:
         assert client is not None, "connect comes first"
         if op == "publish":
             key = base64.b64decode(request["key"]) if "key" in request else None
-            offset = await client.publish(
-                request["stream"], base64.b64decode(request["payload"]), key=key, ack=request["ack"]
-            )
+
+            async def publish() -> int | None:
+                assert client is not None
+                return await client.publish(
+                    request["stream"],
+                    base64.b64decode(request["payload"]),
+                    key=key,
+                    ack=request["ack"],
+                )
+
+            # The client's retry helper acts on the refusal's retry class.
+            offset = await (retry(publish) if request.get("retry") else publish())
             return {"offset": offset}
         if op == "cache_put":
             await client.cache(request["cache"]).put(
@@ -86,11 +96,15 @@ class Adapter:
             return {}
         if op == "subscribe":
             payloads: list[str] = []
+            offsets: list[int | None] = []
+            dropped: list[int] = []
             async with client.subscribe(request["stream"]) as events:
                 while len(payloads) < request["count"]:
                     event = await events.next(timeout=float(request["timeout"]))
                     payloads.append(base64.b64encode(event.payload).decode())
-            return {"payloads": payloads}
+                    offsets.append(event.offset)
+                    dropped.append(event.dropped_before)
+            return {"payloads": payloads, "offsets": offsets, "dropped": dropped}
         raise ValueError(f"unknown op {op!r}")
 
 

@@ -20,6 +20,9 @@ there, counts; what a case merely declares or `requires` does not:
 
 from __future__ import annotations
 
+import itertools
+import json
+import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -36,7 +39,7 @@ from .model import Case, FrameSpec, parse_int
 from .requirements import REQUIREMENT_IDS, covered_requirements
 from .schema import TranscriptError
 
-__all__ = ["Coverage", "Dimension", "compute_coverage", "format_coverage"]
+__all__ = ["NEEDS", "Coverage", "Dimension", "compute_coverage", "format_coverage"]
 
 _ERROR_NAMES = {c.wire for c in ErrorCode}
 _RETRY_NAMES = {r.wire for r in RetryClass}
@@ -72,15 +75,39 @@ def _flag_text(value: int) -> str:
     return f"{value:#06x}"
 
 
-class _Placeholders(Mapping[str, Any]):
-    """Every variable has the same stand-in value: enough to encode a frame and
-    read the flags its fields give it."""
+_VARIABLE = re.compile(r"\$\{(\w+)\}")
+_MAX_STAND_IN_VARIABLES = 6  # 2**6 ways to give a frame's variables text or numbers
 
-    def __init__(self, value: Any) -> None:
-        self._value = value
+
+def _sent_flags(spec: FrameSpec) -> int | None:
+    """The frame flags a sent binary frame will carry. Its variables get stand-in
+    values, text or a number each (a producer id is a number, a stream name text):
+    every way of choosing is tried until one encodes."""
+    names = sorted(set(_VARIABLE.findall(json.dumps(spec.body, default=str))))
+    if len(names) > _MAX_STAND_IN_VARIABLES:
+        names = names[:_MAX_STAND_IN_VARIABLES]
+    for numbers in itertools.chain.from_iterable(
+        itertools.combinations(names, k) for k in range(len(names) + 1)
+    ):
+        values = _StandIns(frozenset(numbers))
+        try:
+            data = build_frame(spec, values)
+            (frame,) = FrameReader().feed(data)
+        except (TranscriptError, MissingVariableError, WireError, ValueError):
+            continue
+        return frame.flags
+    return None
+
+
+class _StandIns(Mapping[str, Any]):
+    """A stand-in value for every variable: the number 1 for the names given,
+    text for the others; enough to encode a frame and read the flags its fields give it."""
+
+    def __init__(self, numbers: frozenset[str]) -> None:
+        self._numbers = numbers
 
     def __getitem__(self, key: str) -> Any:
-        return self._value
+        return 1 if key in self._numbers else "conformance"
 
     def __iter__(self) -> Iterator[str]:
         return iter(())
@@ -90,18 +117,6 @@ class _Placeholders(Mapping[str, Any]):
 
     def __contains__(self, key: object) -> bool:
         return True
-
-
-def _sent_flags(spec: FrameSpec) -> int | None:
-    """The frame flags a sent binary frame will carry."""
-    for stand_in in ("conformance", 1):
-        try:
-            data = build_frame(spec, _Placeholders(stand_in))
-            (frame,) = FrameReader().feed(data)
-        except (TranscriptError, MissingVariableError, WireError, ValueError):
-            continue
-        return frame.flags
-    return None
 
 
 def _fixed(value: Any) -> Any:
@@ -224,16 +239,76 @@ def compute_coverage(cases: Sequence[Case]) -> Coverage:
     )
 
 
-def _needs(name: str) -> str:
-    """What the catalogue says a feature needs, where that explains a missing case."""
-    info = FEATURES.get(name)
-    if info is None:
-        return ""
-    if info.value is None:
-        return " (no bit value is known: never negotiable)"
-    availability = info.availability or ""
-    keep = ("cluster", "needs", "grant")
-    return f" ({availability})" if any(word in availability for word in keep) else ""
+_CLUSTER = "needs a multi-broker target"
+# What a catalogue entry no case exercises needs before a case can provoke it:
+# the kit's own judgement of the standalone reference broker, by dimension.
+# Entries a standalone broker cannot be provoked into over QUIC say why.
+NEEDS: dict[str, dict[str, str]] = {
+    "messages": {
+        "not_leader": _CLUSTER,
+        "shard_moved": _CLUSTER,
+        "event": "a broker that sends the JSON event encoding",
+        "stream_deleted": "a stream deleted while subscribed; no bit value is known",
+        "subscription_lagged": "a subscriber that stops reading until its queue overflows",
+        "cache_watch_lagged": "a watcher that stops reading until its queue overflows",
+    },
+    "flag values": {
+        **{f: _CLUSTER for f in ("0x0090", "0x0290", "0x0690", "0x1090")},
+        "0x0610": "a failed ack with a reason or retry_after_ms: overload",
+        **{
+            f: "a stream whose offsets hold no event: skipped_before"
+            for f in ("0x0822", "0x0824", "0x2822", "0x2824", "0x4822", "0x4824")
+        },
+        **{
+            f: "a durable stream that records publishers"
+            for f in ("0x2022", "0x2024", "0x6002", "0x6004", "0x6022", "0x6024")
+        },
+        **{
+            f: "a durable stream that records publishers, skipping offsets"
+            for f in ("0x6822", "0x6824")
+        },
+    },
+    "error codes": {
+        **{
+            c: _CLUSTER
+            for c in (
+                "shard_unavailable",
+                "not_leader",
+                "quorum_timeout",
+                "leadership_lost",
+                "unacknowledged",
+            )
+        },
+        "overloaded": "a target under load: its publish queue full",
+        "limit_exceeded": "a target configured with a small limit",
+        "draining": "a broker shutting down",
+        "internal": "a broker fault",
+        "storage": "a storage fault",
+        "revoked": "a revoked credential",
+    },
+    "retry classes": {"redirect": _CLUSTER, "outcome_unknown": _CLUSTER},
+    "features": {
+        "FEATURE_SHARD_MOVED": _CLUSTER,
+        "FEATURE_SUBSCRIPTION_LAGGED": "a subscriber whose broker queue overflows",
+        "FEATURE_STREAM_PUBLISH_WINDOW": "a case filling one stream's window as another publishes",
+    },
+}
+
+
+def _needs(dimension: str, name: str) -> str:
+    """What an entry without a case needs, where the catalogue or the kit knows."""
+    if dimension == "features":
+        info = FEATURES.get(name)
+        if info is None:
+            return ""
+        if info.value is None:
+            return " (no bit value is known: never negotiable)"
+        availability = info.availability or ""
+        keep = ("cluster", "needs", "grant")
+        if any(word in availability for word in keep):
+            return f" ({availability})"
+    why = NEEDS.get(dimension, {}).get(name)
+    return f" ({why})" if why else ""
 
 
 def format_coverage(coverage: Coverage, *, show_missing: bool = True) -> str:
@@ -244,6 +319,6 @@ def format_coverage(coverage: Coverage, *, show_missing: bool = True) -> str:
         lines.append(f"{d.name}: {d.count}/{len(d.total)} exercised")
         lines.append("  exercised: " + (", ".join(n for n in d.total if n in d.covered) or "-"))
         if show_missing:
-            missing = [n + (_needs(n) if d.name == "features" else "") for n in d.missing]
+            missing = [n + _needs(d.name, n) for n in d.missing]
             lines.append("  none: " + (", ".join(missing) or "-"))
     return "\n".join(lines) + "\n"

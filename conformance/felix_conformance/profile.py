@@ -26,7 +26,7 @@ from .target import CACHE_VARIABLES, STREAM_VARIABLES, fixture_ca_file
 
 __all__ = ["Profile", "ProfileError", "load_profile", "profile_from_fixture", "render_profile"]
 
-_TOKENS = ("unauthorized_token",)
+_TOKENS = ("unauthorized_token", "inspector_token")
 
 
 class ProfileError(ValueError):

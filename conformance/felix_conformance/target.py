@@ -67,6 +67,7 @@ FIXTURE_VARIABLES = (
     "namespace",
     "token",
     "unauthorized_token",
+    "inspector_token",
     "durable_stream",
     "memory_stream",
     "missing_stream",

@@ -1,5 +1,5 @@
 # Generated from spec/requirements.yaml by codegen - DO NOT EDIT.
-# requirements sha256: 000ac4e75e208f131e15e2b22712d6c57f2e53e40ae7e04f60936e335fe255d7
+# requirements sha256: 98592c693a341800ac7188c5be1dd6005f9b27820ffcd268ab92485cd3395456
 """The protocol's requirements as a read-only table.
 
 Code, tests and conformance transcripts cite a requirement by its id ("(T7)",
@@ -23,7 +23,7 @@ __all__ = [
     "SECTION_CITATION",
 ]
 
-REQUIREMENTS_SHA256 = "000ac4e75e208f131e15e2b22712d6c57f2e53e40ae7e04f60936e335fe255d7"
+REQUIREMENTS_SHA256 = "98592c693a341800ac7188c5be1dd6005f9b27820ffcd268ab92485cd3395456"
 
 
 class Requirement(NamedTuple):
@@ -193,6 +193,13 @@ REQUIREMENTS: Mapping[str, Requirement] = MappingProxyType(
             "T18",
             "1",
             "Brokers talk to each other over a separate internal protocol, outside this one.",
+            None,
+            False,
+        ),
+        "T19": Requirement(
+            "T19",
+            "1",
+            "A client reports a request whose connection ended before its answer as a lost connection, never as a refusal or a hang, opens a new connection for later requests, waits for an answer across a stall shorter than its request timeout, and keeps an idle connection alive within the idle timeout both ends agreed on.",
             None,
             False,
         ),
@@ -997,6 +1004,13 @@ REQUIREMENTS: Mapping[str, Requirement] = MappingProxyType(
             "E3",
             "8",
             "A request naming a tenant other than the token's, or lacking its permission, is refused forbidden; one naming a tenant, namespace, stream or cache the broker does not know is not_found.",
+            None,
+            False,
+        ),
+        "E4": Requirement(
+            "E4",
+            "8",
+            "A client acts on a refusal's retry class: it may resend after retry, resends after retry_after no sooner than the detail's retry_after_ms, follows redirect to the broker named, and never resends on its own after outcome_unknown or fatal.",
             None,
             False,
         ),

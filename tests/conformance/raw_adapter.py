@@ -9,9 +9,15 @@ Modes (each breaks one rule a client must keep):
   never-reads     reports success without reading any answer
   arrival-order   matches answers to requests by arrival order, not request_id
   binary-always   publishes acked binary batches even to a broker that negotiated nothing
-  resend          resends a refused publish once whatever its retry class, outcome_unknown too
+  resend          resends a refused publish once at once whatever its retry class
+                  (outcome_unknown and fatal too, retry_after without waiting)
   strict-types    treats a message type it does not know as a protocol failure
   ignore-not-leader  offers FEATURE_REDIRECT but reports a not_leader as a failure
+  no-reconnect    keeps using a connection the broker closed
+  impatient       gives up on an answer after 1 s (reports a timeout)
+  no-keepalive    sends no QUIC PINGs, so an idle connection idles out
+  resume-latest   subscribes again from latest after subscription_lagged / shard_moved
+  no-gap          reports no events lost whatever the offsets say
 """
 
 from __future__ import annotations
@@ -24,7 +30,14 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from felix_transport import Connection, Stream, TransportConfig, connect
+from felix_transport import (
+    Connection,
+    ConnectionClosedError,
+    Stream,
+    StreamClosedError,
+    TransportConfig,
+    connect,
+)
 from felix_wire.binary import (
     BinaryAckMode,
     EventBatchLegacyFrame,
@@ -52,18 +65,24 @@ from felix_wire.messages import (
     Publish,
     PublishError,
     PublishOk,
+    ShardMoved,
+    StartOffset,
     Subscribe,
+    SubscriptionLagged,
     Unknown,
 )
 
 MODES = (
     "none", "no-flags", "ungated", "never-reads", "arrival-order", "binary-always", "resend",
-    "strict-types", "ignore-not-leader",
+    "strict-types", "ignore-not-leader", "no-reconnect", "impatient", "no-keepalive",
+    "resume-latest", "no-gap",
 )  # fmt: skip
-FLAGS = 0x0004 | 0x0001 | 0x0008 | 0x0010 | 0x0200  # shared events, acked binary publish, codes
+# shared events with offsets, acked binary publish, codes and detail
+FLAGS = 0x0004 | 0x0020 | 0x0001 | 0x0008 | 0x0010 | 0x0200 | 0x0400
 FEATURES = (
     int(Feature.FEATURE_ERROR_CODES) | int(Feature.FEATURE_UNSUPPORTED)
-    | int(Feature.FEATURE_REDIRECT)
+    | int(Feature.FEATURE_REDIRECT) | int(Feature.FEATURE_SUBSCRIPTION_LAGGED)
+    | int(Feature.FEATURE_SHARD_MOVED)
 )  # fmt: skip
 
 
@@ -111,8 +130,11 @@ class RawClient:
     async def connect(self, request: dict[str, Any]) -> dict[str, Any]:
         self.connect_request = request
         host, _, port = request["addr"].rpartition(":")
+        keepalive = None if self.mode == "no-keepalive" else 0.5
         config = TransportConfig.client(
-            Path(request["ca_file"]).read_bytes(), server_name=request["server_name"]
+            Path(request["ca_file"]).read_bytes(),
+            server_name=request["server_name"],
+            keepalive_interval=keepalive,
         )
         self.connection = await connect(config, host, int(port))
         stream = await self.connection.open_bidi_stream()
@@ -154,12 +176,23 @@ class RawClient:
             )  # fmt: skip
         if self.mode == "never-reads":
             return _ok({"offset": None})
-        answer = await self.control.next()
+        answer = await self.control.next(1.0 if self.mode == "impatient" else 8.0)
         refused = isinstance(answer, PublishError) or (
             isinstance(answer, PublishAckFrame) and answer.status != 0
         )
         if refused and self.mode == "resend" and not request.get("resent"):
             return await self.publish({**request, "resent": True})
+        if refused and request.get("retry") and request.get("attempt", 1) < 3:
+            # The retry policy: resend only what the class allows, after what it asks.
+            retry = getattr(answer, "retry", None)
+            wire = retry.wire if isinstance(retry, RetryClass) else retry
+            if wire in ("retry", "retry_after"):
+                if isinstance(answer, PublishAckFrame):
+                    wait_ms = answer.retry_after_ms or 0
+                else:
+                    wait_ms = (answer.detail.retry_after_ms if answer.detail else None) or 0
+                await asyncio.sleep(wait_ms / 1000)
+                return await self.publish({**request, "attempt": request.get("attempt", 1) + 1})
         if isinstance(answer, PublishOk):
             return _ok({"offset": answer.offset})
         if isinstance(answer, PublishError):
@@ -212,9 +245,13 @@ class RawClient:
 
     async def subscribe(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.control is not None and self.connection is not None
+        start = StartOffset(offset=request["from"]) if "from" in request else None
         await self.send(
-            Subscribe(tenant_id=self.tenant, namespace=self.namespace, stream=request["stream"])
-        )
+            Subscribe(
+                tenant_id=self.tenant, namespace=self.namespace, stream=request["stream"],
+                start=start,
+            )
+        )  # fmt: skip
         if self.mode == "never-reads":
             return _ok({"payloads": []})
         answer = await self.control.next()  # subscribed, or not_leader
@@ -230,12 +267,32 @@ class RawClient:
         assert self.connection is not None
         events = Reader(await self.connection.accept_stream())
         await events.next()  # event_stream_hello
-        payloads: list[str] = []
+        payloads: list[str] = list(request.get("payloads", []))
+        offsets: list[int | None] = list(request.get("offsets", []))
+        dropped: list[int] = list(request.get("dropped", []))
         while len(payloads) < request["count"]:
             batch = await events.next(float(request["timeout"]))
+            if isinstance(batch, SubscriptionLagged | ShardMoved):
+                # The stream ended: resume from resume_from (lagged) or past what we have.
+                after = next((o for o in reversed(offsets) if o is not None), None)
+                resume = batch.resume_from
+                if isinstance(batch, ShardMoved) and after is not None:
+                    resume = max(after + 1, resume or 0)
+                again = {**request, "payloads": payloads, "offsets": offsets, "dropped": dropped}
+                again.pop("from", None)
+                if resume is not None and self.mode != "resume-latest":
+                    again["from"] = resume
+                return await self.subscribe(again)
             if isinstance(batch, EventBatchSharedFrame | EventBatchLegacyFrame | EventBatch):
-                payloads += [base64.b64encode(p).decode() for p in batch.payloads]
-        return _ok({"payloads": payloads})
+                base = getattr(batch, "base_offset", None)
+                for i, p in enumerate(batch.payloads):
+                    offset = None if base is None else base + i
+                    last = next((o for o in reversed(offsets) if o is not None), None)
+                    lost = 0 if offset is None or last is None else offset - last - 1
+                    payloads.append(base64.b64encode(p).decode())
+                    offsets.append(offset)
+                    dropped.append(0 if self.mode == "no-gap" else max(lost, 0))
+        return _ok({"payloads": payloads, "offsets": offsets, "dropped": dropped})
 
     async def close(self) -> dict[str, Any]:
         if self.connection is not None:
@@ -269,7 +326,14 @@ async def main(mode: str) -> int:
         request = json.loads(line)
         perform = getattr(client, request["op"])
         try:
+            lost = client.connection is not None and client.connection.closed
+            if lost and request["op"] not in ("connect", "close") and mode != "no-reconnect":
+                await client.connect(client.connect_request)  # a closed link: connect again
             reply = await (perform() if request["op"] == "close" else perform(request))
+        except (StreamClosedError, ConnectionClosedError, ConnectionError) as exc:
+            reply = _fail("connection", f"{type(exc).__name__}: {exc}")
+        except TimeoutError:
+            reply = _fail("timeout", "no answer in time")
         except Exception as exc:  # reported, never fatal to the adapter
             reply = _fail("client", f"{type(exc).__name__}: {exc}")
         sys.stdout.write(json.dumps({"id": request["id"], **reply}) + "\n")

@@ -49,10 +49,12 @@ def test_felix_client_passes_every_client_case(tmp_path: Path) -> None:
 
 @pytest.mark.timeout(400)
 async def test_the_official_client_is_reported_case_by_case() -> None:
-    """The official client (felix-client 0.6.2) is judged like any other: its two
+    """The official client (felix-client 0.6.2) is judged like any other: its three
     gaps are fails naming what it did, not kit errors: acked binary publishes to a
     broker that negotiated nothing (against a plain `ok` a client uses JSON for
-    acked publishes), and failing the publish on an unknown message type."""
+    acked publishes), failing the publish on an unknown message type, and an idle
+    connection lost to a broker idle timeout shorter than its PING interval; what
+    it lacks (a retry policy) is unsupported."""
     report = await run_client_cases(CLIENT_CASES, OFFICIAL_ADAPTER)
     verdicts = {r.case.id: (r.verdict, r.detail) for r in report.results}
     assert set(verdicts) == ALL
@@ -63,6 +65,19 @@ async def test_the_official_client_is_reported_case_by_case() -> None:
     unknown_verdict, unknown_detail = verdicts.pop("client.tolerates-unknown")
     assert unknown_verdict is Verdict.FAIL
     assert "Unknown" in unknown_detail
+    # It has no retry policy: it reports retry and retry_after refusals with their
+    # class and resends nothing, so the resend cases do not apply to it.
+    for case_id in ("client.retry-resent", "client.retry-after-waited"):
+        verdict, detail = verdicts.pop(case_id)
+        assert verdict is Verdict.UNSUPPORTED, (case_id, detail)
+        assert "does not resend on its own" in detail
+    # Its adapter reports no gap counts (the client has none to give).
+    gap_verdict, gap_detail = verdicts.pop("client.gap-detected")
+    assert gap_verdict is Verdict.UNSUPPORTED, gap_detail
+    # It PINGs every 2 s whatever idle timeout the broker asked for (1.5 s here).
+    keepalive_verdict, keepalive_detail = verdicts.pop("client.keepalive-idle")
+    assert keepalive_verdict is Verdict.FAIL
+    assert "connection" in keepalive_detail
     assert {cid: v for cid, (v, _) in verdicts.items()} == dict.fromkeys(verdicts, Verdict.PASS)
 
 
@@ -78,6 +93,9 @@ async def test_the_official_client_is_reported_case_by_case() -> None:
             {
                 "client.publish-refused",
                 "client.outcome-unknown-not-resent",
+                "client.retry-resent",
+                "client.retry-after-waited",
+                "client.fatal-not-resent",
                 "client.not-leader-followed",
                 "client.unknown-error-code",
                 "client.answers-out-of-order",
@@ -86,9 +104,21 @@ async def test_the_official_client_is_reported_case_by_case() -> None:
         ),
         ("arrival-order", {"client.answers-out-of-order"}),
         ("binary-always", {"client.legacy-broker"}),
-        ("resend", {"client.outcome-unknown-not-resent"}),
+        (
+            "resend",
+            {
+                "client.outcome-unknown-not-resent",
+                "client.fatal-not-resent",
+                "client.retry-after-waited",
+            },
+        ),
         ("strict-types", {"client.tolerates-unknown"}),
         ("ignore-not-leader", {"client.not-leader-followed"}),
+        ("no-reconnect", {"client.survives-reset-link"}),
+        ("impatient", {"client.survives-stalled-link"}),
+        ("no-keepalive", {"client.keepalive-idle"}),
+        ("resume-latest", {"client.lagged-resumed", "client.shard-moved-resumed"}),
+        ("no-gap", {"client.gap-detected"}),
     ],
 )
 async def test_each_broken_client_is_caught(mode: str, caught: set[str]) -> None:

@@ -9,7 +9,7 @@ import pytest
 import yaml
 
 from felix_conformance.corpus import load_corpus, load_file, select, shipped_dir
-from felix_conformance.coverage import compute_coverage, format_coverage
+from felix_conformance.coverage import NEEDS, compute_coverage, format_coverage
 from felix_conformance.matching import MissingVariableError, concrete, match, substitute
 from felix_conformance.schema import TranscriptError, validate_document
 from felix_wire.catalogue import BINARY_LAYOUTS
@@ -83,11 +83,11 @@ def test_coverage_of_layouts_and_served_messages() -> None:
 # What the shipped corpus exercises (sends, or provokes the broker into sending).
 # Raise these as cases are added; the test fails if coverage drops below them.
 COVERAGE_FLOOR = {
-    "messages": 66,
+    "messages": 72,
     "binary layouts": 4,
-    "flag values": 17,
-    "features": 24,
-    "error codes": 5,
+    "flag values": 19,
+    "features": 31,
+    "error codes": 6,
     "retry classes": 3,
 }
 
@@ -104,6 +104,31 @@ def test_coverage_says_what_a_missing_feature_needs() -> None:
     missing = next(line for line in text.splitlines() if line.startswith("  none: FEATURE_"))
     assert "FEATURE_REDIRECT (brokers advertise it in a cluster only)" in missing
     assert "FEATURE_STREAM_DELETED (no bit value is known: never negotiable)" in missing
+
+
+def test_coverage_says_what_needs_a_multi_broker_target() -> None:
+    """What no case exercises on a standalone broker is listed with what it needs;
+    the cluster-only entries say they need a multi-broker target."""
+    text = format_coverage(compute_coverage(load_corpus()))
+    none: dict[str, str] = {}
+    dimension = ""
+    for line in text.splitlines():
+        if not line.startswith(" "):
+            dimension = line.split(":")[0]
+        elif line.startswith("  none: "):
+            none[dimension] = line
+    cluster = "(needs a multi-broker target)"
+    assert f"not_leader {cluster}" in none["messages"]
+    assert f"shard_moved {cluster}" in none["messages"]
+    assert f"0x0090 {cluster}" in none["flag values"]
+    assert f"quorum_timeout {cluster}" in none["error codes"]
+    assert f"outcome_unknown {cluster}" in none["retry classes"]
+    assert f"redirect {cluster}" in none["retry classes"]
+    # Every entry the kit explains is a real catalogue entry no shipped case exercises.
+    coverage = compute_coverage(load_corpus())
+    for dimension, entries in NEEDS.items():
+        assert set(entries) <= set(coverage.get(dimension).total), dimension
+        assert not set(entries) & coverage.get(dimension).covered, dimension
 
 
 def test_coverage_counts_only_what_a_case_exercises(tmp_path: Path) -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -95,6 +96,7 @@ class Seen:
     name: str  # message type, BINARY_PUBLISH for the binary layout, "" if undecodable
     value: Any  # the decoded message or frame (None if undecodable)
     flags: int
+    at: float = 0.0  # time.monotonic() when it arrived
 
 
 class Exchange:
@@ -147,6 +149,9 @@ class BrokerScript:
     handlers: Mapping[str, Handler] = field(default_factory=dict)
     legacy: bool = False  # answer auth with a plain `ok`: an old broker that negotiates nothing
     publish_window: int = 64
+    # The broker's QUIC idle timeout (None: the transport's default), e.g. short
+    # enough that only a client sending keepalives keeps an idle connection.
+    idle_timeout: float | None = None
 
 
 def _describe(value: Any) -> str:
@@ -165,7 +170,8 @@ class ScriptedBroker:
         self.ca = ca
         leaf = generate_leaf(ca, dns_names=("localhost",), ip_addresses=("127.0.0.1", "::1"))
         self.ca_pem = ca.cert_pem
-        self._config = TransportConfig.server(leaf.cert_pem + ca.cert_pem, leaf.key_pem)
+        idle = {} if script.idle_timeout is None else {"idle_timeout": script.idle_timeout}
+        self._config = TransportConfig.server(leaf.cert_pem + ca.cert_pem, leaf.key_pem, **idle)
         self._server: Server | None = None
         self._tasks: set[asyncio.Task[None]] = set()
         self._connections = 0
@@ -174,6 +180,7 @@ class ScriptedBroker:
         self.auths: list[Auth] = []
         self.violations: list[str] = []
         self.peers: list[ScriptedBroker] = []  # the case's other brokers (redirect targets)
+        self.connections: dict[int, Connection] = {}  # by number, as Seen.conn names them
         # A legacy broker's client may assume the original v1 layouts, nothing more.
         self.advertised = (
             Capabilities(int(ORIGINAL_V1_FLAGS), 0)
@@ -222,6 +229,7 @@ class ScriptedBroker:
     async def _on_connection(self, connection: Connection) -> None:
         self._connections += 1
         conn = self._connections
+        self.connections[conn] = connection
         self.log.note(f"c{conn}", "client connected")
         with contextlib.suppress(ConnectionClosedError):
             while not connection.closed:
@@ -258,11 +266,15 @@ class ScriptedBroker:
                         value = decode_payload(frame.flags, frame.payload)
                     except WireError as exc:
                         self.violations.append(f"{where}: an undecodable frame: {exc}")
-                        self.seen.append(Seen(conn, stream.stream_id, "", None, frame.flags))
+                        self.seen.append(
+                            Seen(conn, stream.stream_id, "", None, frame.flags, time.monotonic())
+                        )
                         continue
                     name = _name_of(value)
                     self.log.received(where, _describe(value))
-                    self.seen.append(Seen(conn, stream.stream_id, name, value, frame.flags))
+                    self.seen.append(
+                        Seen(conn, stream.stream_id, name, value, frame.flags, time.monotonic())
+                    )
                     if not authed:
                         if not isinstance(value, Auth):
                             self.violations.append(f"{where}: {name} before auth")

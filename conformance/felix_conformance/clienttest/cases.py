@@ -25,12 +25,16 @@ from felix_wire.frame import frame_bytes
 from felix_wire.messages import (
     CacheValue,
     Error,
+    ErrorDetail,
     EventBatch,
     EventStreamHello,
     NotLeader,
     PublishError,
     PublishOk,
+    ShardMoved,
+    StartOffset,
     Subscribed,
+    SubscriptionLagged,
 )
 
 from ..model import Level
@@ -56,7 +60,9 @@ class ClientCase:
     requirement: str
     # A fresh script per run (handlers may keep state), given the peers' addresses.
     script: Callable[[Sequence[str]], BrokerScript]
-    ops: tuple[dict[str, Any], ...]  # what the adapter is asked to do after connecting
+    # What the adapter is asked to do after connecting; {"op": "idle", "seconds": s}
+    # is the kit's own step (nothing is sent to the adapter for s seconds).
+    ops: tuple[dict[str, Any], ...]
     judge: Judge
     level: Level = Level.MUST
     messages: tuple[str, ...] = field(default=())
@@ -131,6 +137,146 @@ def _refuse_publish(code: ErrorCode | str, retry: RetryClass) -> Handler:
         )
 
     return handler
+
+
+_RETRY_AFTER_MS = 400
+
+
+def _refuse_first(
+    code: ErrorCode, retry: RetryClass, *, retry_after_ms: int | None = None
+) -> Handler:
+    """Refuse the first acked publish with `code` / `retry` (and a retry_after_ms
+    detail where the client negotiated one), accept every later one."""
+    refused: list[int] = []
+
+    async def handler(ex: Exchange, request: Any) -> None:
+        request_id = getattr(request, "request_id", None)
+        if request_id is None:
+            return
+        if refused:
+            await _ack_publish(ex, request)
+            return
+        refused.append(request_id)
+        text = f"refused once by the scripted broker ({code.wire}, {retry.wire})"
+        if ex.client.has(int(Flag.BINARY_PUBLISH_ACK)) and hasattr(request, "ack_mode"):
+            with_code = ex.client.has(int(Flag.BINARY_PUBLISH_ACK_CODE))
+            with_detail = with_code and ex.client.has(int(Flag.BINARY_PUBLISH_ACK_DETAIL))
+            await ex.reply(
+                Ack(
+                    status=AckStatus.ERROR,
+                    request_id=request_id,
+                    message=text,
+                    code=int(code) if with_code else None,
+                    retry=retry if with_code else None,
+                    reason=None,
+                    retry_after_ms=retry_after_ms if with_detail else None,
+                )
+            )
+            return
+        codes = ex.client.has_feature(int(Feature.FEATURE_ERROR_CODES))
+        detail = ErrorDetail(retry_after_ms=retry_after_ms) if retry_after_ms else None
+        await ex.reply(
+            PublishError(
+                request_id=request_id,
+                message=text,
+                code=code.wire if codes else None,
+                retry=retry.wire if codes else None,
+                detail=detail if codes else None,
+            )
+        )
+
+    return handler
+
+
+_STALL = 3.0  # seconds an answer is held back: longer than a hasty client waits
+_IDLE_TIMEOUT = 1.5  # the keepalive case's broker idle timeout, in seconds
+
+
+async def _stalled_ack(ex: Exchange, request: Any) -> None:
+    """A link that stalls: the answer comes, but only after _STALL seconds."""
+    ex.broker.log.note(f"c{ex.conn}", f"holding the answer for {_STALL:.0f} s")
+    await asyncio.sleep(_STALL)
+    await _ack_publish(ex, request)
+
+
+def _reset_first() -> Handler:
+    """A link that resets: the connection carrying the first publish is closed
+    without an answer; every later publish (on a new connection) is accepted."""
+    closed: list[int] = []
+
+    async def handler(ex: Exchange, request: Any) -> None:
+        if not closed:
+            closed.append(ex.conn)
+            ex.broker.log.note(f"c{ex.conn}", "closing the connection unanswered")
+            ex.connection.close(0x0, "the scripted broker resets the link")
+            return
+        await _ack_publish(ex, request)
+
+    return handler
+
+
+_BASE = 10  # the offset of a delivery script's first event
+
+
+def _offset_batch(ex: Exchange, subscription_id: int, base: int, payloads: list[bytes]) -> Any:
+    """An event batch with offsets in the binary layout the client offered."""
+    if ex.client.has(int(Flag.BINARY_EVENT_BATCH_SHARED)):
+        return EventBatchSharedFrame(base_offset=base, payloads=payloads)
+    return EventBatchLegacyFrame(
+        subscription_id=subscription_id, base_offset=base, payloads=payloads
+    )
+
+
+def _offers_offsets(ex: Exchange, feature: int | None = None) -> bool:
+    binary = int(Flag.BINARY_EVENT_BATCH_SHARED) | int(Flag.BINARY_EVENT_BATCH)
+    offered = ex.client.has(int(Flag.EVENT_BATCH_OFFSETS)) and ex.client.flags & binary != 0
+    return offered and (feature is None or ex.client.has_feature(feature))
+
+
+def _ending_subscribe(terminal: Callable[[int], Any], feature: int) -> Handler:
+    """The first subscription delivers events 10 and 11, then ends its event stream
+    with `terminal(subscription_id)` (subscription_lagged, shard_moved); a later
+    subscribe is served from the offset it asks for. A client that did not offer
+    offsets and `feature` gets the two events and no ending."""
+    subscribes: list[int] = []
+
+    async def handler(ex: Exchange, request: Any) -> None:
+        subscribes.append(1)
+        number = 6 + len(subscribes)
+        if not _offers_offsets(ex, feature):
+            await _subscribe(ex, request)
+            return
+        if len(subscribes) == 1:
+            await ex.reply(
+                Subscribed(subscription_id=number, start_offset=_BASE, live_offset=_BASE)
+            )
+            batch = _offset_batch(ex, number, _BASE, [b"event-one", b"event-two"])
+            events = await ex.open_events(
+                EventStreamHello(subscription_id=number), batch, terminal(number)
+            )
+            await events.finish()
+            return
+        start = request.start.offset if isinstance(request.start, StartOffset) else None
+        if start is None:
+            start = _BASE + 10  # a resume from latest: served at the tail (the judge fails it)
+        await ex.reply(Subscribed(subscription_id=number, start_offset=start, live_offset=start))
+        batch = _offset_batch(ex, number, start, [b"event-three", b"event-four"])
+        await ex.open_events(EventStreamHello(subscription_id=number), batch)
+
+    return handler
+
+
+async def _gapped_subscribe(ex: Exchange, request: Any) -> None:
+    """Events 10 and 11, then 14 and 15: two events lost between the batches."""
+    if not _offers_offsets(ex):
+        await _subscribe(ex, request)
+        return
+    await ex.reply(Subscribed(subscription_id=7, start_offset=_BASE, live_offset=_BASE))
+    await ex.open_events(
+        EventStreamHello(subscription_id=7),
+        _offset_batch(ex, 7, _BASE, [b"event-one", b"event-two"]),
+        _offset_batch(ex, 7, _BASE + 4, [b"event-three", b"event-four"]),
+    )
 
 
 def _unknown_then_ack() -> Handler:
@@ -304,6 +450,168 @@ def _judge_not_resent(broker: ScriptedBroker, replies: Sequence[dict[str, Any]])
     return _judge_refused("quorum_timeout")(broker, replies)
 
 
+def _sends(broker: ScriptedBroker, payload: bytes) -> list[float]:
+    """When each publish of `payload` (binary or JSON) reached the broker."""
+    return [
+        seen.at
+        for seen in broker.seen
+        if (seen.name == BINARY_PUBLISH and getattr(seen.value, "payloads", None) == [payload])
+        or (seen.name == "publish" and getattr(seen.value, "payload", None) == payload)
+    ]
+
+
+def _told_the_wait(broker: ScriptedBroker) -> bool:
+    """Whether the refusal could carry retry_after_ms: a binary publish from a client
+    that offered BINARY_PUBLISH_ACK_DETAIL, a JSON one from a FEATURE_ERROR_CODES client."""
+    binary = bool(broker.requests(BINARY_PUBLISH))
+    for auth in broker.auths:
+        flags, features = auth.client_flags or 0, auth.client_features or 0
+        if binary and flags & int(Flag.BINARY_PUBLISH_ACK_DETAIL):
+            return True
+        if not binary and features & int(Feature.FEATURE_ERROR_CODES):
+            return True
+    return False
+
+
+def _judge_acted_on(retry: RetryClass, *, resend: bool, wait: float = 0.0) -> Judge:
+    """Judge a publish refused once with `retry`, asked for with the client's retry
+    policy on. A class that allows a resend (`resend`) is passed by a resend made no
+    sooner than `wait` seconds after the first, then reported as the second answer's
+    success; a client that reports the refusal with that class instead has no retry
+    policy: the case does not apply. A class that allows none is passed by one send,
+    reported as a refusal with that class."""
+
+    def judge(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
+        problem = _violations(broker)
+        if problem is not None:
+            return problem
+        sends = _sends(broker, b"hello")
+        last = replies[-1]
+        if not sends:
+            return "the publish never reached the broker"
+        if not resend:
+            if len(sends) > 1:
+                return (
+                    f"the client sent the publish {len(sends)} times after a {retry.wire} refusal"
+                )
+            if last["ok"]:
+                return "the broker refused the publish, the client reported success"
+            reported = last["error"].get("retry")
+            if last["error"]["kind"] != "broker" or reported not in (retry.wire, None):
+                return f"a {retry.wire} refusal reported as {last['error']}"
+            return None
+        if len(sends) == 1:
+            if last["ok"]:
+                return "the broker refused the only publish, the client reported success"
+            if last["error"].get("retry") == retry.wire:
+                raise ClientUnsupportedError(
+                    f"the client reports a {retry.wire} refusal but does not resend on its own"
+                )
+            return f"a {retry.wire} refusal reported as {last['error']}"
+        gap = sends[1] - sends[0]
+        if gap < wait and _told_the_wait(broker):
+            return (
+                f"the client resent {gap * 1000:.0f} ms after a {retry.wire} refusal asking "
+                f"for {wait * 1000:.0f} ms"
+            )
+        return _replies_ok(replies)
+
+    return judge
+
+
+def _judge_stalled(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
+    sends = _sends(broker, b"hello")
+    if len(sends) != 1:
+        return f"the client sent the publish {len(sends)} times while its answer was held back"
+    return _first(_violations(broker), _replies_ok(replies))
+
+
+def _judge_reset(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
+    """The first publish's connection was closed unanswered: its outcome may be
+    reported as a lost connection (or, resent, as a success); the second publish
+    must reach the broker on a new connection and succeed."""
+    problem = _violations(broker)
+    if problem is not None:
+        return problem
+    first, second = replies[-2], replies[-1]
+    if not first["ok"] and first["error"]["kind"] not in ("connection", "timeout"):
+        return f"a publish whose connection was closed reported as {first['error']}"
+    if not second["ok"]:
+        return f"after the link was reset the next publish failed: {second['error']}"
+    connections = {seen.conn for seen in broker.seen}
+    if len(connections) < 2:
+        return "the client never opened a new connection after the reset"
+    return None
+
+
+def _judge_kept_alive(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
+    problem = _first(_violations(broker), _replies_ok(replies))
+    if problem is not None:
+        return problem
+    conns = [seen.conn for seen in broker.seen if seen.name in (BINARY_PUBLISH, "publish")]
+    if not conns:
+        return "no publish reached the broker"
+    first = broker.connections[conns[0]]
+    if first.closed:
+        return (
+            f"the connection of the first publish idled out within the broker's "
+            f"{_IDLE_TIMEOUT:g} s idle timeout: the client sent no keepalive"
+        )
+    return None
+
+
+_FOUR = [_b64(p) for p in (b"event-one", b"event-two", b"event-three", b"event-four")]
+
+
+def _offered_offsets(broker: ScriptedBroker, feature: int | None = None) -> bool:
+    binary = int(Flag.BINARY_EVENT_BATCH_SHARED) | int(Flag.BINARY_EVENT_BATCH)
+    for auth in broker.auths:
+        flags, features = auth.client_flags or 0, auth.client_features or 0
+        offsets = flags & int(Flag.EVENT_BATCH_OFFSETS) and flags & binary
+        if offsets and (feature is None or features & feature):
+            return True
+    return False
+
+
+def _judge_resumed(feature: Feature, expected: int, rule: str) -> Judge:
+    def judge(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
+        if not _offered_offsets(broker, int(feature)):
+            raise ClientUnsupportedError(
+                f"the client did not offer EVENT_BATCH_OFFSETS and {feature.name}"
+            )
+        subscribes = broker.requests("subscribe")
+        if len(subscribes) < 2:
+            return "the client did not subscribe again after its event stream ended"
+        start = subscribes[1].start
+        got = start.offset if isinstance(start, StartOffset) else start
+        if got != expected:
+            return f"the client resumed from {got!r}, not {expected} ({rule})"
+        problem = _first(_violations(broker), _replies_ok(replies))
+        if problem is not None:
+            return problem
+        payloads = replies[-1]["result"].get("payloads")
+        return None if payloads == _FOUR else f"events {payloads}, the broker sent {_FOUR}"
+
+    return judge
+
+
+def _judge_gap(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
+    if not _offered_offsets(broker):
+        raise ClientUnsupportedError("the client did not offer EVENT_BATCH_OFFSETS")
+    problem = _first(_violations(broker), _replies_ok(replies))
+    if problem is not None:
+        return problem
+    result = replies[-1]["result"]
+    if result.get("payloads") != _FOUR:
+        return f"events {result.get('payloads')}, the broker sent {_FOUR}"
+    dropped = result.get("dropped")
+    if dropped is None:
+        raise ClientUnsupportedError("the adapter reports no gap counts (result.dropped)")
+    if dropped != [0, 0, 2, 0]:
+        return f"events 10, 11, 14, 15 reported with dropped {dropped}, not [0, 0, 2, 0]"
+    return None
+
+
 def _judge_values(values: dict[str, bytes]) -> Judge:
     def judge(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
         problem = _first(_violations(broker), _replies_ok(replies))
@@ -362,8 +670,19 @@ def _judge_followed(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -
     return _first(_violations(peer), _judge_subscribe(broker, replies))
 
 
-def _publish_op(ack: str = "per_message") -> dict[str, Any]:
-    return {"op": "publish", "stream": "orders", "payload": _b64(b"hello"), "ack": ack}
+def _publish_op(ack: str = "per_message", *, retry: bool = False) -> dict[str, Any]:
+    op = {"op": "publish", "stream": "orders", "payload": _b64(b"hello"), "ack": ack}
+    return {**op, "retry": True} if retry else op
+
+
+def _publish_script(handler: Callable[[], Handler]) -> Callable[[Sequence[str]], BrokerScript]:
+    """Binary and JSON publishes served by one handler made per run (shared state)."""
+
+    def script(peers: Sequence[str]) -> BrokerScript:
+        serve = handler()
+        return BrokerScript(_FULL.flags, _FULL.features, {BINARY_PUBLISH: serve, "publish": serve})
+
+    return script
 
 
 _VALUES = {"k1": b"value-one", "k2": b"value-two"}
@@ -440,9 +759,137 @@ CLIENT_CASES: tuple[ClientCase, ...] = (
         "A client MUST NOT resend on its own a request refused with retry class "
         "outcome_unknown, since it may have been applied; it reports the refusal (8).",
         _script(lambda: {BINARY_PUBLISH: _outcome_unknown(), "publish": _outcome_unknown()}),
-        (_publish_op(),),
+        (_publish_op(retry=True),),
         _judge_not_resent,
         messages=("publish", "publish_error", "publish_batch", "publish_ack"),
+    ),
+    ClientCase(
+        "client.retry-resent",
+        "a publish refused with retry class retry is sent again by a client with a retry policy",
+        "8 Error codes",
+        "A client acting on retry classes MAY resend a request refused with retry (nothing "
+        "was applied) and reports the answer to the resend; one without a retry policy "
+        "reports the refusal with its class (E4).",
+        _publish_script(lambda: _refuse_first(ErrorCode.SHARD_UNAVAILABLE, RetryClass.RETRY)),
+        (_publish_op(retry=True),),
+        _judge_acted_on(RetryClass.RETRY, resend=True),
+        messages=("publish", "publish_error", "publish_ok", "publish_batch", "publish_ack"),
+    ),
+    ClientCase(
+        "client.retry-after-waited",
+        "a publish refused with retry_after is resent no sooner than retry_after_ms",
+        "8 Error codes",
+        "A client that resends a request refused with retry_after MUST wait at least the "
+        "detail's retry_after_ms first (E4).",
+        _publish_script(
+            lambda: _refuse_first(
+                ErrorCode.OVERLOADED, RetryClass.RETRY_AFTER, retry_after_ms=_RETRY_AFTER_MS
+            )
+        ),
+        (_publish_op(retry=True),),
+        _judge_acted_on(RetryClass.RETRY_AFTER, resend=True, wait=_RETRY_AFTER_MS / 1000),
+        messages=("publish", "publish_error", "publish_ok", "publish_batch", "publish_ack"),
+    ),
+    ClientCase(
+        "client.fatal-not-resent",
+        "a publish refused with retry class fatal is reported, never sent again",
+        "8 Error codes",
+        "A client MUST NOT resend a request refused with retry class fatal, even with its "
+        "retry policy on; it reports the refusal with that class (E4).",
+        _publish_script(lambda: _refuse_first(ErrorCode.FORBIDDEN, RetryClass.FATAL)),
+        (_publish_op(retry=True),),
+        _judge_acted_on(RetryClass.FATAL, resend=False),
+        messages=("publish", "publish_error", "publish_batch", "publish_ack"),
+    ),
+    ClientCase(
+        "client.survives-stalled-link",
+        "an answer held back for 3 s is waited for, not given up on or resent",
+        "7 Ack modes and pipelining",
+        "A client MUST wait for the answer to an acked publish across a stall shorter "
+        "than its request timeout, without resending it (T19, E4).",
+        _publish_script(lambda: _stalled_ack),
+        (_publish_op(),),
+        _judge_stalled,
+        messages=("publish", "publish_ok", "publish_batch", "publish_ack"),
+    ),
+    ClientCase(
+        "client.survives-reset-link",
+        "after the broker closes the connection mid-request, the next publish succeeds",
+        "1 Transport",
+        "A client MUST report a request whose connection was closed unanswered as a lost "
+        "connection (never as a refusal or a hang), and connect again for the next "
+        "request (T19).",
+        _publish_script(_reset_first),
+        (_publish_op(), _publish_op()),
+        _judge_reset,
+        messages=("publish", "publish_ok", "publish_batch", "publish_ack"),
+    ),
+    ClientCase(
+        "client.keepalive-idle",
+        "a connection left idle longer than the broker's idle timeout is kept alive",
+        "1 Transport",
+        "A client MUST keep an idle connection alive (QUIC PINGs within the idle timeout "
+        "both ends agreed on) so that a pooled connection or a quiet subscription does "
+        "not idle out (T19).",
+        lambda peers: BrokerScript(
+            _FULL.flags,
+            _FULL.features,
+            {BINARY_PUBLISH: _ack_publish, "publish": _ack_publish},
+            idle_timeout=_IDLE_TIMEOUT,
+        ),
+        (_publish_op(), {"op": "idle", "seconds": 2.5 * _IDLE_TIMEOUT}, _publish_op()),
+        _judge_kept_alive,
+        messages=("publish", "publish_ok", "publish_batch", "publish_ack"),
+    ),
+    ClientCase(
+        "client.lagged-resumed",
+        "after subscription_lagged the client subscribes again from resume_from",
+        "5.3 Subscribing and delivery",
+        "A client that offered FEATURE_SUBSCRIPTION_LAGGED and EVENT_BATCH_OFFSETS MUST, "
+        "when its event stream ends with subscription_lagged, subscribe again starting at "
+        "exactly resume_from, the first offset dropped (S10).",
+        _script(
+            lambda: {
+                "subscribe": _ending_subscribe(
+                    lambda sid: SubscriptionLagged(subscription_id=sid, resume_from=_BASE + 2),
+                    int(Feature.FEATURE_SUBSCRIPTION_LAGGED),
+                )
+            }
+        ),
+        ({"op": "subscribe", "stream": "orders", "count": 4, "timeout": 10},),
+        _judge_resumed(Feature.FEATURE_SUBSCRIPTION_LAGGED, _BASE + 2, "resume_from"),
+        messages=("subscribe", "subscribed", "event_stream_hello", "subscription_lagged"),
+    ),
+    ClientCase(
+        "client.shard-moved-resumed",
+        "after shard_moved the client resumes past what it already has",
+        "5.3 Subscribing and delivery",
+        "A client that offered FEATURE_SHARD_MOVED and EVENT_BATCH_OFFSETS MUST, when its "
+        "event stream ends with shard_moved, subscribe again from max(last delivered + 1, "
+        "resume_from): events 10 and 11 delivered and resume_from 11 mean 12 (S11).",
+        _script(
+            lambda: {
+                "subscribe": _ending_subscribe(
+                    lambda sid: ShardMoved(subscription_id=sid, resume_from=11, generation=2),
+                    int(Feature.FEATURE_SHARD_MOVED),
+                )
+            }
+        ),
+        ({"op": "subscribe", "stream": "orders", "count": 4, "timeout": 10},),
+        _judge_resumed(Feature.FEATURE_SHARD_MOVED, 12, "max(last delivered + 1, resume_from)"),
+        messages=("subscribe", "subscribed", "event_stream_hello", "shard_moved"),
+    ),
+    ClientCase(
+        "client.gap-detected",
+        "two events missing between batches are reported as a gap",
+        "5.3 Subscribing and delivery",
+        "A client reading offsets MUST detect events missing between batches (base_offset "
+        "past the last offset + 1) and report how many were lost before the next event "
+        "(S8).",
+        _script(lambda: {"subscribe": _gapped_subscribe}),
+        ({"op": "subscribe", "stream": "orders", "count": 4, "timeout": 10},),
+        _judge_gap,
+        messages=("subscribe", "subscribed", "event_stream_hello"),
     ),
     ClientCase(
         "client.tolerates-unknown",

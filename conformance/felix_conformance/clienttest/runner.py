@@ -78,6 +78,10 @@ async def run_client_case(case: ClientCase, command: str, scratch: Path) -> Case
             if not first["ok"]:
                 raise AdapterError(f"the client could not connect: {first['error']['message']}")
             for op in case.ops:
+                if op["op"] == "idle":  # the kit's own step: the client is left alone
+                    broker.log.note("kit", f"idle for {op['seconds']} s")
+                    await asyncio.sleep(float(op["seconds"]))
+                    continue
                 replies.append(await adapter.call(op))
             await asyncio.sleep(0.1)  # let the broker see what the client sent last
             try:
