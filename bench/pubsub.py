@@ -107,6 +107,9 @@ def start_broker(tmp: Path, datagram: int) -> tuple[subprocess.Popen[bytes], dic
         os.environ,
         FELIX_MAX_DATAGRAM_SIZE=str(datagram),
         FELIX_SUB_QUEUE_CAPACITY="4096",
+        # Room for the whole 4 KiB burst (50 x 256 KiB): the per-subscriber byte bound
+        # (8 MiB by default) would otherwise drop part of it and the readers wait forever.
+        FELIX_SUBSCRIBER_QUEUE_MAX_BYTES=str(64 << 20),
         FELIX_PUB_INGRESS_WAIT="true",
     )
     process = subprocess.Popen(
