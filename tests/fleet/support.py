@@ -30,6 +30,11 @@ def node(endpoint: tuple[str, int], node_id: str, *, ttl_ms: int = 1500) -> Etcd
     )
 
 
+# The etcd clients placers were given: a Placer does not own its client, so the tests
+# close them, on the loop that made them, before it closes.
+PLACER_CLIENTS: list[EtcdClient] = []
+
+
 def placer(
     endpoint: tuple[str, int], holder: str, specs: list[ShardSpec], *, ttl_s: int = 2
 ) -> Placer:
@@ -37,6 +42,7 @@ def placer(
         return specs
 
     client = EtcdClient([endpoint], timeout_s=1.0)
+    PLACER_CLIENTS.append(client)  # closed after each test (conftest.py)
     return Placer(client, Keyspace(PREFIX), holder, catalog, lease_ttl_s=ttl_s, interval_s=0.2)
 
 
