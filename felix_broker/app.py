@@ -215,7 +215,13 @@ class Broker:
         self.metrics.failed_logs.set_function(self.failed_logs)
 
         if config.node_id:
-            await self._join_fleet()
+            try:
+                await self._join_fleet()
+            except BaseException:
+                # Refused by the fleet (a finalized feature it lacks, its node id in
+                # use) or etcd unreachable: nothing it bound stays open.
+                await self.stop()
+                raise
         self.health.mark_ready()
 
     def failed_logs(self) -> int:
