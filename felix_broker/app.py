@@ -366,7 +366,10 @@ class Broker:
             atomic_commit=bool(self._features & Feature.FEATURE_ATOMIC_COMMIT),
             override=config.fleet_features_override,
         )
-        features = self.fleet_features = FleetFeatures(self.fleet.view, implemented)
+        gauge = self.metrics.fleet_feature_enabled
+        features = self.fleet_features = FleetFeatures(
+            self.fleet.view, implemented, gauge=lambda name: gauge.labels(feature=name).set(1)
+        )
         if config.record_publishers:
             _log.warning(
                 "record_publishers is ignored on a fleet member: finalize the "

@@ -76,8 +76,15 @@ class FleetFeatures:
     """This broker's enabled set, kept from its routing view; `on_enabled` callbacks run
     once per feature, the first time it is enabled."""
 
-    def __init__(self, view: FleetView, implemented: Iterable[str]) -> None:
+    def __init__(
+        self,
+        view: FleetView,
+        implemented: Iterable[str],
+        *,
+        gauge: Callable[[str], None] | None = None,
+    ) -> None:
         self.implemented = frozenset(implemented)
+        self._gauge = gauge  # called with each feature once it is enabled
         self._view = view
         self._actions: dict[str, list[Callable[[], None]]] = {}
         self._acted: set[str] = set()
@@ -116,6 +123,8 @@ class FleetFeatures:
         for name in sorted(self.enabled - self._acted):
             self._acted.add(name)
             _log.info("fleet feature %s enabled", name)
+            if self._gauge is not None:
+                self._gauge(name)
             for action in self._actions.get(name, []):
                 action()
 
