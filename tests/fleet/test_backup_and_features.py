@@ -191,7 +191,7 @@ async def running(
                     return False
                 for shard in SHARDS:
                     route = snap.routes.get(shard)
-                    if route is None or route.leader is None or not route.state.value == "active":
+                    if route is None or route.leader is None or route.state.value != "active":
                         return False
             return True
 
@@ -235,8 +235,6 @@ async def test_backup_offsets_and_backup_point_on_a_real_fleet(
                 )
             )
             assert answer == PublishOk(request_id=i + 1)
-        for broker in fleet.brokers.values():
-            assert broker.engine is not None
         # Each broker lists what it leads (at the key's mod_revision), nothing else.
         seen: dict[ShardId, str] = {}
         for node, broker in fleet.brokers.items():
