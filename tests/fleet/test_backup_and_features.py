@@ -40,7 +40,16 @@ from felix_common.tokens import DevIssuer, TokenVerifier
 from felix_controlplane import backup_point
 from felix_controlplane.cli import parse_args, run
 from felix_transport import default_impl, generate_ca
-from felix_wire.messages import AckMode, Commit, CommitOk, Error, Publish, PublishOk
+from felix_wire.messages import (
+    AckMode,
+    Commit,
+    CommitOk,
+    Error,
+    Publish,
+    PublishOk,
+    StreamRead,
+    StreamRecords,
+)
 from tests.controlplane.support import call
 
 from ..support.wire import NS, TENANT, WireClient
@@ -342,6 +351,17 @@ async def test_backup_point_without_a_reachable_fleet_is_a_typed_failure(
     assert failure["error"] == "fleet_unreachable"
 
 
+def _publish(request_id: int, payload: bytes) -> Publish:
+    return Publish(
+        tenant_id=TENANT,
+        namespace=NS,
+        stream=LEDGER[0],
+        payload=payload,
+        request_id=request_id,
+        ack=AckMode.PER_MESSAGE,
+    )
+
+
 def _commit(request_id: int) -> Commit:
     return Commit(
         tenant_id=TENANT,
@@ -384,6 +404,8 @@ async def test_fleet_features_finalize_one_way_and_brokers_act_on_the_enabled_se
         refused = await owner.request(_commit(1))
         assert isinstance(refused, Error) and refused.code == "invalid_request"
         assert "atomic_commit" in refused.message
+        # And a durable stream stores no publisher before publisher_principal is.
+        assert await owner.request(_publish(10, b"before")) == PublishOk(request_id=10)
 
         # 409 while a live broker lacks it (dry run says so too); unknown words likewise.
         status, dry = await plane.admin(
@@ -430,9 +452,16 @@ async def test_fleet_features_finalize_one_way_and_brokers_act_on_the_enabled_se
         assert set(listing["supported"]) >= {"atomic_commit", "publisher_principal"}
         answer = await owner.request(_commit(2))
         assert isinstance(answer, CommitOk), answer
-        for broker in fleet.brokers.values():
-            assert broker.engine is not None
-            assert broker.engine._record_publishers is True
+        assert await owner.request(_publish(11, b"after")) == PublishOk(request_id=11)
+        read = await owner.request(
+            StreamRead(
+                tenant_id=TENANT, namespace=NS, stream=LEDGER[0], shard=0, from_=0, request_id=12
+            )
+        )
+        assert isinstance(read, StreamRecords), read
+        assert [r.payload for r in read.records] == [b"before", b"opened", b"after"]
+        assert read.records[0].publisher is None
+        assert read.records[1].publisher and read.records[2].publisher
 
         # One-way: a broker without a finalized feature may not join.
         with pytest.raises(FeatureMissingError, match="atomic_commit"):
