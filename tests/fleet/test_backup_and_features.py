@@ -313,7 +313,33 @@ async def test_backup_offsets_and_backup_point_on_a_real_fleet(
         )
         assert code == backup_point.EXIT_NOT_CONSISTENT
         assert failure["error"] == "not_consistent" and "refused" in failure["message"]
+        # Asked again while the broker is still fenced, it retries; once the broker
+        # serves again, the point is collected (after more than one attempt).
+        listener = fleet.brokers[fenced]._http
+        assert listener is not None
+        provider = listener._backup_offsets
+        asked: list[int] = []
+
+        def counted() -> Any:
+            asked.append(1)
+            return provider()
+
+        listener._backup_offsets = counted
+        collecting = asyncio.create_task(
+            asyncio.to_thread(
+                _backup_point,
+                capsys,
+                *("--etcd-endpoints", fleet.endpoint, "--attempts", "50", "--retry-delay", "0.1"),
+            )
+        )
+        await eventually(lambda: len(asked) >= 1, what="the fenced broker asked once")
         view.view.unfence()
+        code, point = await collecting
+        assert code == 0, point
+        assert point["attempts"] > 1
+        assert {(s["name"], s["shard"]) for s in point["shards"]} == {
+            (s.name, s.shard) for s in seen
+        }
 
         # A broker whose ops listener is gone: broker_unreachable, naming it.
         http = fleet.brokers[NODES[2]]._http
