@@ -77,6 +77,7 @@ bench: setup $(BENCH_STAMP)
 	$(PY) bench/guarded.py --quick
 	$(PY) bench/read_stall.py --quick
 	$(PY) bench/peers.py --quick
+	$(PY) bench/cluster.py --quick
 
 run: setup
 	$(VENV)/bin/felix-broker

@@ -42,10 +42,11 @@ from felix_wire import frame
 from felix_wire.errors import ErrorCode
 from felix_wire.features import Feature
 from felix_wire.flags import KNOWN_FLAGS
-from felix_wire.messages import Auth
+from felix_wire.messages import Auth, Commit
 
 if TYPE_CHECKING:  # the fleet (and so etcd) is imported only by a broker that joins one
     from felix_broker.fleet.etcd_node import EtcdNode
+    from felix_broker.fleet.features import FleetFeatures
     from felix_broker.fleet.node import FleetNode
     from felix_broker.fleet.peer import PeerDialer, PeerListener
 
@@ -117,6 +118,8 @@ class Broker:
         # Membership and assignments in etcd (FELIX_NODE_ID and FELIX_ETCD_ENDPOINTS):
         # they feed the fleet's view (`fleet.view`).
         self.etcd: EtcdNode | None = None
+        # A fleet member's enabled fleet features (fleet/features.py).
+        self.fleet_features: FleetFeatures | None = None
 
     # -- life cycle ----------------------------------------------------------------
 
@@ -163,9 +166,8 @@ class Broker:
                 self.issuer = DevIssuer.load_or_create(config.data_dir)
                 self._verifier = TokenVerifier(self.issuer.jwks())
         # Listen first: /ready answers 503 while the logs recover.
-        self._http = HttpListener(
-            metrics=self.metrics, health=self.health, backup_offsets=self._backup_offsets
-        )
+        backup = self._backup_offsets if self.fleet is None else self._cluster_backup_offsets
+        self._http = HttpListener(metrics=self.metrics, health=self.health, backup_offsets=backup)
         await self._http.start(config.metrics_bind.host, config.metrics_bind.port)
         if config.durable_enabled:
             assert config.durable_storage_dir is not None
@@ -213,7 +215,13 @@ class Broker:
         self.metrics.failed_logs.set_function(self.failed_logs)
 
         if config.node_id:
-            await self._join_fleet()
+            try:
+                await self._join_fleet()
+            except BaseException:
+                # Refused by the fleet (a finalized feature it lacks, its node id in
+                # use) or etcd unreachable: nothing it bound stays open.
+                await self.stop()
+                raise
         self.health.mark_ready()
 
     def failed_logs(self) -> int:
@@ -238,6 +246,10 @@ class Broker:
         peer_addr = config.peer_advertise_addr
         if not peer_addr and self.peer_listener is not None:
             peer_addr = self.peer_addr
+        ops_addr = config.ops_advertise_addr
+        if not ops_addr and config.metrics_bind.host not in ("", "0.0.0.0", "::"):
+            ops_addr = str(type(config.metrics_bind)(config.metrics_bind.host, self.http_port))
+        assert self.fleet_features is not None  # built with the services
         self.etcd = EtcdNode(
             view=self.fleet.view,
             endpoints=[(e.host, e.port) for e in config.etcd_endpoints],
@@ -245,7 +257,8 @@ class Broker:
             lease_ttl_ms=config.node_lease_ttl_ms,
             client_addr=client_addr,
             peer_addr=peer_addr,
-            features=[],
+            ops_addr=ops_addr,
+            features=sorted(self.fleet_features.implemented),
         )
         await self.etcd.start()
 
@@ -291,6 +304,8 @@ class Broker:
             service.register(table)
             self._features |= service.features
         self._features &= ~self._withheld
+        if self.fleet is not None:
+            self._fleet_feature_switches()
         self.session = Session(
             config=config,
             metrics=self.metrics,
@@ -334,6 +349,35 @@ class Broker:
         )
         view = FleetView(RoutingSnapshot(node_id=tls.node_id))
         return FleetNode(tls, view, config.peer_bind.host, config.peer_bind.port)
+
+    def _fleet_feature_switches(self) -> None:
+        """A fleet member acts on atomic_commit and publisher_principal only once the
+        fleet finalized them (fleet/features.py); record_publishers is a single
+        broker's switch."""
+        from felix_broker.fleet.features import (
+            PUBLISHER_PRINCIPAL,
+            FleetFeatures,
+            implemented_features,
+        )
+
+        assert self.fleet is not None and self.engine is not None
+        config, engine = self.config, self.engine
+        implemented = implemented_features(
+            atomic_commit=bool(self._features & Feature.FEATURE_ATOMIC_COMMIT),
+            override=config.fleet_features_override,
+        )
+        gauge = self.metrics.fleet_feature_enabled
+        features = self.fleet_features = FleetFeatures(
+            self.fleet.view, implemented, gauge=lambda name: gauge.labels(feature=name).set(1)
+        )
+        if config.record_publishers:
+            _log.warning(
+                "record_publishers is ignored on a fleet member: finalize the "
+                "publisher_principal fleet feature instead"
+            )
+        engine.set_record_publishers(False)
+        features.on_enabled(PUBLISHER_PRINCIPAL, lambda: engine.set_record_publishers(True))
+        self.table.wrap(Commit, features.gate_commit)
 
     def _fleet_seam(self) -> DiscoveryService:
         """A fleet member's dispatch table (cluster placement) and discovery."""
@@ -509,6 +553,29 @@ class Broker:
         self.streams.end_stream_subscriptions(states, change.tenant, change.namespace, change.name)
 
     # -- backup offsets (GET /backup/offsets) -------------------------------------------
+
+    def _cluster_backup_offsets(self) -> dict[str, object]:
+        """A fleet member's answer: what it leads, by its routing view (fleet/backup.py)."""
+        from felix_broker.fleet.backup import cluster_backup_offsets, scope_key
+        from felix_broker.fleet.routing import ShardKind
+
+        assert self.fleet is not None
+        failed = [
+            scope_key(ShardKind.STREAM, k.tenant, k.namespace, k.stream, k.shard)
+            for k in (self.store.failed_logs() if self.store is not None else [])
+        ]
+        catalogued = {
+            scope_key(ShardKind.STREAM, s.tenant_id, s.namespace, s.name, i)
+            for s in self.catalog.streams()
+            for i in range(s.shards)
+        } | {
+            scope_key(ShardKind.CACHE, c.tenant_id, c.namespace, c.name, i)
+            for c in self.catalog.caches()
+            for i in range(c.shards)
+        }
+        return cluster_backup_offsets(
+            self.fleet.view.snapshot, self._backup_offsets(), failed=failed, catalogued=catalogued
+        )
 
     def _backup_offsets(self) -> dict[str, object]:
         """Every shard's committed log offsets (one past the last record a reader may see).

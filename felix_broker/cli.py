@@ -145,6 +145,9 @@ async def _serve(config: BrokerConfig) -> int:
     except OSError as exc:
         print(f"felix-broker: cannot start: {exc}", file=sys.stderr)
         return 1
+    except RuntimeError as exc:  # the fleet refused it (a finalized feature it lacks, ...)
+        print(f"felix-broker: cannot join: {exc}", file=sys.stderr)
+        return 1
     quic = HostPort(config.quic_bind.host, broker.quic_port)
     print(
         f"felix-broker: QUIC on {quic} ({config.quic_impl.value}), HTTP on "

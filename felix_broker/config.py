@@ -722,6 +722,20 @@ class BrokerConfig:
         doc="host:port other brokers reach this broker's peer listener at, as registered "
         "in the fleet; empty: peer_bind's address (a wildcard peer_bind needs this set).",
     )
+    ops_advertise_addr: str = _text(
+        "",
+        "FELIX_OPS_ADVERTISE_ADDR",
+        doc="host:port the ops listener (metrics_bind: /backup/offsets) is reached at, as "
+        "registered in the fleet for felix-controlplane admin backup-point; empty: "
+        "metrics_bind's address when it is bound to a specific host, else none.",
+    )
+    fleet_features_override: str = _text(
+        "",
+        "FELIX_TEST_FLEET_FEATURES",
+        doc="Test knob: comma-separated fleet features this broker reports in place of "
+        "the ones it implements (to build a mixed fleet); empty: what it implements. "
+        "It changes only what is reported, not what the broker can do.",
+    )
     peer_bind: HostPort = _bind(
         "0.0.0.0:5100",
         "FELIX_PEER_BIND",

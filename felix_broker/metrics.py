@@ -190,6 +190,12 @@ class BrokerMetrics:
             "subscriber_queued_bytes_max).",
             registry=r,
         )
+        self.fleet_feature_enabled = Gauge(
+            "felix_broker_fleet_feature_enabled",
+            "1 for each fleet feature this fleet member acts on (finalized and implemented).",
+            ["feature"],
+            registry=r,
+        )
         self.failed_logs = Gauge(
             "felix_storage_failed_logs",
             "Logs (streams, caches, groups) in the failed state after an I/O error; "

@@ -12,8 +12,12 @@ requires wherever GET is served) are answered, anything else is 405.
 ``/ready``                 200 ``ok``; 503 ``not ready`` before the broker is
                            ready; 503 ``draining`` once shutdown started
 ``/metrics``               Prometheus text from the broker's own registry
-``/backup/offsets``        JSON from a provider; a standalone broker answers
-                           ``{"node_id": "", "shards": [], "skipped": []}``
+``/backup/offsets``        JSON from a provider: the broker's committed log
+                           offsets (felix_broker/app.py); a fleet member's
+                           lists only what it leads, with generations and
+                           ``skipped`` reasons (felix_broker/fleet/backup.py);
+                           with no provider ``{"node_id": "", "shards": [],
+                           "skipped": []}``
 ``/replication/halted``    JSON list; a standalone broker replicates nothing,
                            so ``[]`` (the shape is unspecified, U13)
 =========================  ===================================================

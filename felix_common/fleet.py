@@ -9,7 +9,9 @@ that is not a record into one typed `RecordError`. Under the prefix ``P``
 - ``P/members/{node_id}`` → `Member`, attached to the broker's own lease;
 - ``P/assignments/{kind}/{tenant}/{namespace}/{name}/{shard}`` → `Assignment`;
   the shard's generation is the key's etcd ``mod_revision`` (never stored);
-- ``P/placer`` → the placement holder's id, attached to the holder's lease.
+- ``P/placer`` → the placement holder's id, attached to the holder's lease;
+- ``P/features/{name}`` → `FinalizedFeature`, written once by the control plane
+  when it finalizes a fleet feature, never changed or deleted.
 """
 
 from __future__ import annotations
@@ -18,18 +20,20 @@ import enum
 from dataclasses import dataclass
 
 from felix_wire import fleet as wire
-from felix_wire.fleet import Assignment, AssignmentState, Member
+from felix_wire.fleet import Assignment, AssignmentState, FinalizedFeature, Member
 from felix_wire.wire_errors import MalformedJsonError, MessageFieldError
 
 __all__ = [
     "Assignment",
     "AssignmentState",
+    "FinalizedFeature",
     "Keyspace",
     "Member",
     "RecordError",
     "ShardId",
     "ShardKind",
     "decode_assignment",
+    "decode_finalized_feature",
     "decode_member",
     "encode_record",
 ]
@@ -72,6 +76,13 @@ def decode_member(value: bytes) -> Member:
         raise RecordError(f"not a member record: {exc}") from None
 
 
+def decode_finalized_feature(value: bytes) -> FinalizedFeature:
+    try:
+        return wire.decode_finalizedfeature(value)
+    except (MalformedJsonError, MessageFieldError) as exc:
+        raise RecordError(f"not a finalized-feature record: {exc}") from None
+
+
 def decode_assignment(value: bytes) -> Assignment:
     try:
         return wire.decode_assignment(value)
@@ -103,6 +114,19 @@ class Keyspace:
     @property
     def assignments(self) -> str:
         return self.prefix + "/assignments/"
+
+    @property
+    def features(self) -> str:
+        return self.prefix + "/features/"
+
+    def feature(self, name: str) -> str:
+        return wire.features_key(self.prefix, name=name)
+
+    def feature_of(self, key: str) -> str:
+        parts = wire.parse_features_key(self.prefix, key)
+        if parts is None:
+            raise RecordError(f"not a feature key: {key!r}")
+        return parts[0]
 
     @property
     def placer(self) -> str:

@@ -26,7 +26,9 @@ tenant's JWKS.
 Admin listener (loopback only, bootstrap secret as bearer):
 ``POST /v1/bootstrap`` creates a tenant with its first signing key, an
 ``admin`` policy and assignment (and optionally an identity provider) and
-answers a 15-minute admin token; ``GET /v1/tenants`` lists tenants.
+answers a 15-minute admin token; ``GET /v1/tenants`` lists tenants. The fleet's
+routes (``/v1/fleet/features``, ``/v1/fleet/members``) are added there by the CLI
+(felix_controlplane/fleet_features.py).
 
 Lists are paged: ``?limit=`` (1-1000, default 100) and ``?after=<last name>``;
 answers are ``{"items": [...], "next": <name or null>}``.
@@ -169,6 +171,12 @@ class ControlPlane:
             ("POST", re.compile(r"^/v1/bootstrap$"), self._bootstrap),
             ("GET", re.compile(r"^/v1/tenants$"), self._list_tenants),
         ]
+
+    # -- s2-backup: the fleet's routes (felix_controlplane/fleet_features.py) ------------
+
+    def add_admin_routes(self, routes: list[tuple[str, re.Pattern[str], Route]]) -> None:
+        """More routes on the admin listener (behind its loopback and secret checks)."""
+        self._admin_routes.extend(routes)
 
     def changed_elsewhere(self) -> None:
         """The store says its change log advanced through another instance (a shared

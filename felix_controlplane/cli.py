@@ -61,7 +61,11 @@ neither is given, a random one is created beside the database (<db>.sync-token,
 a first token without an identity provider:
   curl -X POST -H "Authorization: Bearer $(cat felix-controlplane.db.bootstrap-secret)" \\
        -d '{"tenant": "t1", "admin": {"subjects": ["admin"]}}' http://127.0.0.1:8901/v1/bootstrap
-  then POST /v1/tenants/t1/tokens with the admin token (see the README)."""
+  then POST /v1/tenants/t1/tokens with the admin token (see the README).
+
+operator tools:
+  felix-controlplane admin backup-point --etcd-endpoints HOST:PORT   one consistent
+      backup point of a fleet (every leader's committed offsets) as JSON."""
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -272,6 +276,18 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
     else:
         store = SqliteStore(args.db, max_changes=args.max_changes)
     plane = ControlPlane(store, settings)
+    # The fleet's routes (admin listener): over the fleet's etcd, or answering no_fleet.
+    fleet_client = None
+    if args.etcd_endpoints:
+        from felix_common.etcd import EtcdClient
+
+        fleet_client = EtcdClient(args.etcd_endpoints, timeout_s=2.0)
+    from felix_common.fleet import Keyspace
+    from felix_controlplane.fleet_features import FleetRoutes
+
+    plane.add_admin_routes(
+        FleetRoutes(fleet_client, Keyspace(args.etcd_prefix), args.placer_id).routes()
+    )
     if etcd_store is not None:
         loop = asyncio.get_running_loop()
 
@@ -323,10 +339,15 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
         await public.close()
         await admin.close()
         await plane.close()
+        if fleet_client is not None:
+            await fleet_client.close()
         store.close()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["admin"]:
+        return _admin(argv[1:])
     args = parse_args(argv)
     logging.basicConfig(
         level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
@@ -346,6 +367,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         _log.error("cannot start: %s", exc)
         return 1
     return 0
+
+
+def _admin(argv: list[str]) -> int:
+    """``felix-controlplane admin COMMAND``: operator tools that talk to a running fleet."""
+    if argv[:1] == ["backup-point"]:
+        from felix_controlplane.backup_point import main as backup_point
+
+        return backup_point(argv[1:])
+    print("usage: felix-controlplane admin backup-point [options] (see --help)", file=sys.stderr)
+    return 2
 
 
 if __name__ == "__main__":

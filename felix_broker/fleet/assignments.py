@@ -22,6 +22,7 @@ from felix_common.fleet import (
     Keyspace,
     RecordError,
     decode_assignment,
+    decode_finalized_feature,
     decode_member,
 )
 from felix_common.fleet import Member as MemberRecord
@@ -37,6 +38,7 @@ def member_of(record: MemberRecord) -> Member:
         client_addr=record.client_addr,
         peer_addr=record.peer_addr,
         features=frozenset(record.features),
+        ops_addr=record.ops_addr or "",
     )
 
 
@@ -94,6 +96,7 @@ class AssignmentWatcher:
         snap = view.raw
         members: dict[str, Member] = {}
         routes: list[tuple[ShardId, Route]] = []
+        finalized: list[str] = []
         for kv in kvs:
             try:
                 if kv.key.startswith(self._keys.members):
@@ -102,6 +105,8 @@ class AssignmentWatcher:
                 elif kv.key.startswith(self._keys.assignments):
                     shard = self._keys.shard_of(kv.key)
                     routes.append((shard, route_of(decode_assignment(kv.value), kv.mod_revision)))
+                elif kv.key.startswith(self._keys.features):
+                    finalized.append(self._finalized(kv.key, kv.value))
             except RecordError as exc:
                 _log.warning("ignoring %s in etcd: %s", kv.key, exc)
         for node_id in list(snap.members):
@@ -110,7 +115,7 @@ class AssignmentWatcher:
         for member in members.values():
             if snap.members.get(member.node_id) != member:
                 snap = snap.with_member(member)
-        snap = snap.with_routes(routes)
+        snap = snap.with_routes(routes).with_finalized(finalized)
         present = {shard for shard, _ in routes}
         for shard in [s for s in snap.routes if s not in present]:
             snap = snap.without_route(shard, revision)  # deleted since the last read
@@ -137,10 +142,20 @@ class AssignmentWatcher:
                 else:
                     route = route_of(decode_assignment(event.value), event.mod_revision)
                     snap = snap.with_routes([(shard, route)])
+            elif event.key.startswith(keys.features) and event.kind != "delete":
+                # Finalizing is one-way: a deleted key (an operator's hand) changes nothing.
+                snap = snap.with_finalized([self._finalized(event.key, event.value)])
         except RecordError as exc:
             _log.warning("ignoring a change of %s in etcd: %s", event.key, exc)
         view.revision = event.mod_revision
         view.update(snap)
+
+    def _finalized(self, key: str, value: bytes) -> str:
+        name = self._keys.feature_of(key)
+        record = decode_finalized_feature(value)
+        if record.name != name:
+            raise RecordError(f"names feature {record.name!r} under the key of {name!r}")
+        return name
 
     async def _run(self) -> None:
         delay = _RETRY_FIRST_S

@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 
 from felix_broker.fleet.assignments import AssignmentWatcher
+from felix_broker.fleet.features import FeatureMissingError
 from felix_broker.fleet.membership import Membership
 from felix_broker.fleet.view import FleetView
 from felix_common.etcd import EtcdClient
@@ -33,6 +34,7 @@ class EtcdNode:
         client_addr: str,
         peer_addr: str,
         features: list[str],
+        ops_addr: str = "",
     ) -> None:
         # Every etcd call is bounded by a third of the TTL, so one slow call never
         # eats the lease's margin.
@@ -47,7 +49,9 @@ class EtcdNode:
             peer_addr=peer_addr,
             features=features,
             incarnation=0,  # chosen at each registration
+            ops_addr=ops_addr or None,
         )
+        self._features = frozenset(features)
         self.membership = Membership(
             self.client,
             self.keys,
@@ -62,7 +66,13 @@ class EtcdNode:
         return self.membership.node_id
 
     async def start(self) -> None:
+        """Read the fleet, refuse to join when it finalized a feature this broker lacks
+        (FeatureMissingError: finalizing is one-way), then register."""
         await self.watcher.start()
+        missing = self.view.raw.finalized - self._features
+        if missing:
+            await self.watcher.stop()
+            raise FeatureMissingError(self.node_id, missing)
         await self.membership.start()
 
     async def stop(self) -> None:

@@ -53,6 +53,7 @@ class Member:
     client_addr: str  # host:port clients use; "" when the broker has none to give
     peer_addr: str  # host:port of its broker-to-broker listener
     features: frozenset[str] = frozenset()
+    ops_addr: str = ""  # host:port of its ops HTTP listener; "" when it has none to give
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +75,9 @@ class RoutingSnapshot:
     node_id: str
     members: Mapping[str, Member] = field(default_factory=lambda: MappingProxyType({}))
     routes: Mapping[ShardId, Route] = field(default_factory=lambda: MappingProxyType({}))
+    # Fleet features the control plane finalized (P/features/...): one-way, so the set
+    # only grows. A broker acts on the features it implements that are in here.
+    finalized: frozenset[str] = frozenset()
 
     def route(self, shard: ShardId) -> Route | None:
         return self.routes.get(shard)
@@ -108,6 +112,11 @@ class RoutingSnapshot:
             return self
         members = {k: v for k, v in self.members.items() if k != node_id}
         return replace(self, members=MappingProxyType(members))
+
+    def with_finalized(self, names: Iterable[str]) -> RoutingSnapshot:
+        """Add finalized features (never removes one: finalizing is one-way)."""
+        grown = self.finalized | frozenset(names)
+        return self if grown == self.finalized else replace(self, finalized=grown)
 
     def with_routes(self, changes: Iterable[tuple[ShardId, Route]]) -> RoutingSnapshot:
         """Apply assignment changes by generation; a change at or below the generation

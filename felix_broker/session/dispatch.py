@@ -182,6 +182,15 @@ class DispatchTable:
         timer: _Timer = _Untimed() if metrics is None else metrics.request_timer(name)
         self._routes[kind] = _Route(handler, concurrent, name, timer)
 
+    def wrap(self, kind: type[R], wrapper: Callable[[Handler[R]], Handler[R]]) -> None:
+        """Replace `kind`'s handler with `wrapper(handler)` (a gate in front of it: the
+        fleet's feature switches). A type without a handler is left alone."""
+        route = self._routes.get(kind)
+        if route is not None:
+            self._routes[kind] = _Route(
+                wrapper(route.handler), route.concurrent, route.name, route.timer
+            )
+
     def handler_for(self, kind: type[R]) -> Handler[R] | None:
         """The handler registered for `kind` (an owner runs forwarded requests with it)."""
         route = self._routes.get(kind)

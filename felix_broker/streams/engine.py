@@ -407,7 +407,10 @@ class Shard:
         self._pending: list[Chunk] = []
         self._max_events = config.event_batch_max_events
         self._max_bytes = config.event_batch_max_bytes
-        self._record_publishers = config.record_publishers
+        # Whether a durable stream stores each batch's publisher: record_publishers on a
+        # single broker; in a fleet, once publisher_principal is finalized (the engine
+        # sets it on every shard: `Engine.set_record_publishers`).
+        self.record_publishers = config.record_publishers
 
     @property
     def durable(self) -> bool:
@@ -429,7 +432,7 @@ class Shard:
         publisher only when record_publishers is on (and reports what it stored); an
         in-memory stream reports the publishing connection's principal."""
         if self.log is not None:
-            stored = publisher if self._record_publishers else None
+            stored = publisher if self.record_publishers else None
             base = self.log.append(
                 payloads, timestamp_us=timestamp_us, publisher=stored, extension=extension
             )
@@ -661,6 +664,15 @@ class Engine:
         self._pipelines: dict[str, _TenantPipeline] = {}
         self._subscription_ids = itertools.count(1)
         self.queued_bytes = QueuedBytes(config.subscriber_queued_bytes_max, metrics)
+        self._record_publishers = config.record_publishers
+
+    def set_record_publishers(self, on: bool) -> None:
+        """Store publishers in durable logs from the next append on (every shard, and
+        every shard built later): a fleet member turns it on once the fleet finalized
+        publisher_principal."""
+        self._record_publishers = on
+        for shard in self._shards.values():
+            shard.record_publishers = on
 
     # -- lookup ------------------------------------------------------------------
 
@@ -684,7 +696,9 @@ class Engine:
                 continue
             log = self.store.open_log(key, retention=self.retention_for(spec))
             marks = await asyncio.to_thread(ShardMarks.rebuild, log)
-            self._shards[index] = Shard(spec, key.shard, self.config, log, marks)
+            built_shard = Shard(spec, key.shard, self.config, log, marks)
+            built_shard.record_publishers = self._record_publishers
+            self._shards[index] = built_shard
             built += 1
         return built
 
@@ -697,6 +711,7 @@ class Engine:
                 retention = self.retention_for(spec)
                 log = self.store.open_log(ShardKey(*key), retention=retention)
             shard = self._shards[key] = Shard(spec, index, self.config, log)
+            shard.record_publishers = self._record_publishers
         return shard
 
     def retention_for(self, spec: StreamSpec) -> Retention:

@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 54127759cf2d4cce68471d6c96996a9a1e373858025c401bbeb2101d26c2c8b0
+# spec sha256: 21d7610f2437e35ad2e19743dee15fb91b3b7308c1ef655aafe4a9b29cad3a79
 """The fleet catalogue: etcd record shapes and broker-to-broker messages.
 
 Broker-to-broker QUIC (TLS 1.3, mutual TLS): each broker's peer certificate is signed by the fleet CA and names its node id as a DNS SAN; both sides check it, and the listener checks it against hello.
@@ -61,11 +61,14 @@ __all__ = [
     "parse_assignments_key",
     "placer_key",
     "parse_placer_key",
+    "features_key",
+    "parse_features_key",
     "AssignmentState",
     "AssignmentKind",
     "ForwardAck",
     "Member",
     "Assignment",
+    "FinalizedFeature",
     "LeaderHint",
     "StaleRoute",
     "PeerError",
@@ -163,6 +166,22 @@ def parse_placer_key(prefix: str, key: str) -> tuple[()] | None:
     return ()
 
 
+def features_key(prefix: str, *, name: str) -> str:
+    """`{prefix}/features/{name}`: a fleet feature the control plane finalized: created once by a transaction comparing create_revision == 0, never changed or deleted (finalizing is one-way); no lease (value: FinalizedFeature)."""
+    _check_part("name", name)
+    return f"{prefix.rstrip('/')}/features/{name}"
+
+
+def parse_features_key(prefix: str, key: str) -> tuple[str] | None:
+    """The placeholders of a `features/{name}` key below `prefix`, or None when `key` is not one."""
+    parts = _split(prefix, key, 2)
+    if parts is None:
+        return None
+    if parts[0] != "features":
+        return None
+    return (parts[1],)
+
+
 def _check_part(name: str, value: str) -> None:
     if not _KEY_PART.fullmatch(value):
         raise ValueError(f"{name} {value!r} cannot be a key part (empty, or holds '/')")
@@ -211,6 +230,8 @@ class Member(msgspec.Struct, omit_defaults=True, kw_only=True):
     """fleet features this broker implements (an open set of words)"""
     incarnation: U64
     """a number the broker picks anew at each start, higher than any it used before: tells a restarted broker from its old registration"""
+    ops_addr: str | None = None
+    """host:port of its plain-HTTP ops listener (/backup/offsets, /metrics); absent when it binds a wildcard address and FELIX_OPS_ADVERTISE_ADDR is unset"""
 
     def __post_init__(self) -> None:
         _check_u64(self, ("incarnation",), ())
@@ -228,6 +249,22 @@ class Assignment(msgspec.Struct, omit_defaults=True, kw_only=True):
     """a shard_unavailable reason when not served (owner_unavailable, not_assigned, ...)"""
     successor: str | None = None
     """during a move: the node taking over"""
+
+
+class FinalizedFeature(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """A fleet feature every live broker supported when the control plane finalized it; brokers act on it from then on, and a broker without it may not join."""
+
+    name: str
+    """the feature's word, as brokers list it in Member.features"""
+    finalized_at_ms: U64
+    """the control plane's clock when it finalized, milliseconds since the Unix epoch"""
+    by: str
+    """the control-plane instance that finalized it"""
+    members: list[str]
+    """the node ids that were live (and supported it) at that moment"""
+
+    def __post_init__(self) -> None:
+        _check_u64(self, ("finalized_at_ms",), ())
 
 
 class LeaderHint(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -526,6 +563,7 @@ RECORD_CLASSES: Mapping[str, type[msgspec.Struct]] = MappingProxyType(
     {
         "Member": Member,
         "Assignment": Assignment,
+        "FinalizedFeature": FinalizedFeature,
     }
 )
 
@@ -577,7 +615,7 @@ def _explain(payload: bytes | bytearray | memoryview, exc: msgspec.ValidationErr
     raise MessageFieldError(kind, field or None, None, _PATH.sub("", text)) from None
 
 
-def encode_record(record: Member | Assignment) -> bytes:
+def encode_record(record: Member | Assignment | FinalizedFeature) -> bytes:
     """An etcd value: the record's compact JSON."""
     return _ENCODER.encode(record)
 
@@ -602,4 +640,10 @@ def decode_member(value: bytes | bytearray | memoryview) -> Member:
 def decode_assignment(value: bytes | bytearray | memoryview) -> Assignment:
     """A `Assignment` etcd value. Raises MalformedJsonError or MessageFieldError."""
     record: Assignment = _decode_record("Assignment", value)
+    return record
+
+
+def decode_finalizedfeature(value: bytes | bytearray | memoryview) -> FinalizedFeature:
+    """A `FinalizedFeature` etcd value. Raises MalformedJsonError or MessageFieldError."""
+    record: FinalizedFeature = _decode_record("FinalizedFeature", value)
     return record

@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 54127759cf2d4cce68471d6c96996a9a1e373858025c401bbeb2101d26c2c8b0
+# spec sha256: 21d7610f2437e35ad2e19743dee15fb91b3b7308c1ef655aafe4a9b29cad3a79
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
@@ -35,6 +35,7 @@ FLEET_SHAPE_STRATEGIES["Member"] = st.builds(
     peer_addr=_TEXT,
     features=st.lists(_TEXT, max_size=3),
     incarnation=_U64,
+    ops_addr=(st.none() | _TEXT),
 )
 FLEET_SHAPE_STRATEGIES["Assignment"] = st.builds(
     _f.Assignment,
@@ -43,6 +44,13 @@ FLEET_SHAPE_STRATEGIES["Assignment"] = st.builds(
     state=st.sampled_from(_f.AssignmentState),
     reason=(st.none() | _TEXT),
     successor=(st.none() | _TEXT),
+)
+FLEET_SHAPE_STRATEGIES["FinalizedFeature"] = st.builds(
+    _f.FinalizedFeature,
+    name=_TEXT,
+    finalized_at_ms=_U64,
+    by=_TEXT,
+    members=st.lists(_TEXT, max_size=3),
 )
 FLEET_SHAPE_STRATEGIES["LeaderHint"] = st.builds(
     _f.LeaderHint,
@@ -178,5 +186,6 @@ RECORD_STRATEGIES: Mapping[str, st.SearchStrategy[Any]] = MappingProxyType(
     {
         "Member": FLEET_SHAPE_STRATEGIES["Member"],
         "Assignment": FLEET_SHAPE_STRATEGIES["Assignment"],
+        "FinalizedFeature": FLEET_SHAPE_STRATEGIES["FinalizedFeature"],
     }
 )
