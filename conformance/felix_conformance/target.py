@@ -110,20 +110,33 @@ class Target:
     def transport_config(self) -> TransportConfig:
         return TransportConfig.client(self.ca_pem, server_name=self.server_name)
 
-    async def connect(self) -> Connection:
-        """A new connection. A handshake that fails is tried once more: on a loaded
-        machine a lost Initial packet can end one in an idle timeout, and a case
-        must not fail for that; two failures in a row are the target's."""
+    @property
+    def fleet(self) -> list[str]:
+        """HOST:PORT of every broker of the target's fleet (the profile's `brokers`);
+        just the target when none is known."""
+        brokers = self.variables.get("brokers")
+        if isinstance(brokers, list) and brokers:
+            return [str(b) for b in brokers]
+        return [self.address]
+
+    async def connect(self, address: str | None = None) -> Connection:
+        """A new connection to the target, or to `address` (HOST:PORT of another
+        broker of its fleet, trusted with the same CA and server name). A handshake
+        that fails is tried once more: on a loaded machine a lost Initial packet can
+        end one in an idle timeout, and a case must not fail for that; two failures
+        in a row are the broker's."""
+        host, port = (self.host, self.port) if address is None else parse_host_port(address)
+        where = f"{host}:{port}"
         problems: list[str] = []
         for _attempt in range(CONNECT_ATTEMPTS):
             try:
                 return await asyncio.wait_for(
-                    connect(self.transport_config(), self.host, self.port), CONNECT_TIMEOUT
+                    connect(self.transport_config(), host, port), CONNECT_TIMEOUT
                 )
             except (ConnectionClosedError, OSError, TimeoutError) as exc:
                 problems.append(str(exc) or type(exc).__name__)
-                _log.warning("connecting to %s failed: %s", self.address, problems[-1])
-        raise TargetUnreachableError(f"cannot connect to {self.address}: {'; '.join(problems)}")
+                _log.warning("connecting to %s failed: %s", where, problems[-1])
+        raise TargetUnreachableError(f"cannot connect to {where}: {'; '.join(problems)}")
 
 
 def target_from_fixture(path: Path, *, server_name: str | None = None) -> Target:
@@ -135,6 +148,8 @@ def target_from_fixture(path: Path, *, server_name: str | None = None) -> Target
     document: dict[str, Any] = json.loads(path.read_text())
     host, port = parse_host_port(document["addrs"][0])
     variables = {name: document[name] for name in FIXTURE_VARIABLES if name in document}
+    if len(document["addrs"]) > 1:
+        variables["brokers"] = list(document["addrs"])  # a fleet: cluster cases run
     return Target(
         host,
         port,
