@@ -265,10 +265,6 @@ NEEDS: dict[str, dict[str, str]] = {
             for f in ("0x0822", "0x0824", "0x2822", "0x2824", "0x4822", "0x4824")
         },
         **{
-            f: "a durable stream that records publishers"
-            for f in ("0x2022", "0x2024", "0x6002", "0x6004", "0x6022", "0x6024")
-        },
-        **{
             f: "a durable stream that records publishers, skipping offsets"
             for f in ("0x6822", "0x6824")
         },

@@ -70,6 +70,7 @@ FIXTURE_VARIABLES = (
     "inspector_token",
     "durable_stream",
     "memory_stream",
+    "publisher_stream",
     "missing_stream",
     "cache",
     "single_shard_cache",
@@ -250,7 +251,7 @@ async def probe(target: Target, timeout: float = CONNECT_TIMEOUT) -> Advertised:
 
 
 # Profile variables naming streams and caches, and what each must be on the target.
-STREAM_VARIABLES = ("durable_stream", "memory_stream")
+STREAM_VARIABLES = ("durable_stream", "memory_stream", "publisher_stream")
 CACHE_VARIABLES = ("cache", "single_shard_cache")
 
 
