@@ -241,6 +241,7 @@ def compute_coverage(cases: Sequence[Case]) -> Coverage:
 
 _CLUSTER = "needs a multi-broker target"
 _MOVE = f"{_CLUSTER} with a planned move: the fixture's /fence, not on main yet"
+_FENCE = f"{_CLUSTER} with a fenced shard: the fixture's /fence, not on main yet"
 _QUORUM = f"{_CLUSTER} with replication: the fixture's /partition, not on main yet"
 _OWNER_REFUSED = (
     f"{_CLUSTER} whose forward is refused with the owner named: the reference broker "
@@ -270,7 +271,7 @@ NEEDS: dict[str, dict[str, str]] = {
         },
     },
     "error codes": {
-        "shard_unavailable": f"{_CLUSTER} with a fenced shard: the fixture's /fence, not on main yet",
+        "shard_unavailable": _FENCE,
         "quorum_timeout": _QUORUM,
         "leadership_lost": _QUORUM,
         "unacknowledged": f"{_CLUSTER} whose owner takes a forward and never answers",
