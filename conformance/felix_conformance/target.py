@@ -36,6 +36,8 @@ from felix_wire.messages import (
     Ok,
     StreamShards,
     StreamShardsView,
+    Topology,
+    TopologyView,
 )
 from felix_wire.wire_errors import WireError
 
@@ -267,7 +269,8 @@ async def discover(
     target: Target, advertised: Advertised, timeout: float = CONNECT_TIMEOUT
 ) -> Discovery:
     """Check the profile's streams and caches against the target (shard counts),
-    where it advertised the discovery requests.
+    where it advertised the discovery requests, and learn the fleet from
+    topology_view when the profile names no `brokers` (a view of two or more).
 
     A stream or cache the target reports as unknown (0 shards) is removed from
     the variables and noted in `unavailable`, so cases needing it get "setup"
@@ -311,7 +314,11 @@ async def discover(
                         ),
                     )
                 )
-    if not asks:
+    # No fleet named: a target that serves topology can tell it (two brokers or more).
+    ask_fleet = "brokers" not in variables and bool(
+        advertised.features & int(Feature.FEATURE_TOPOLOGY)
+    )
+    if not asks and not ask_fleet:
         return Discovery(target, ("discovery: the target advertised no shard discovery",))
     shards: dict[str, int] = {}
     try:
@@ -327,6 +334,13 @@ async def discover(
                     shards[name] = reply.shards
                 else:
                     notes.append(f"discovery: {name}: unexpected answer {type(reply).__name__}")
+            if ask_fleet:
+                await control.send(Topology())
+                view = await control.next_answer()
+                fleet = [b.addr for b in view.brokers] if isinstance(view, TopologyView) else []
+                if len(fleet) > 1:
+                    variables["brokers"] = fleet
+                    notes.append(f"brokers: {len(fleet)} from topology_view ({', '.join(fleet)})")
     except (StreamClosedError, ConnectionClosedError, TimeoutError, WireError) as exc:
         notes.append(f"discovery stopped: {exc!r}")
     except TargetRefusedError as exc:

@@ -86,6 +86,21 @@ def test_the_profile_written_from_a_fleet_fixture_runs_the_cluster_cases(
     assert code == EXIT_OK
 
 
+@pytest.mark.timeout(240)
+def test_without_brokers_in_the_profile_the_fleet_is_discovered(
+    fleet_file: Path, tmp_path: Path
+) -> None:
+    """A profile naming no `brokers`: discovery learns the fleet from topology_view."""
+    document = profile_from_fixture(fleet_file)
+    del document["brokers"]
+    profile_path = tmp_path / "profile.yaml"
+    profile_path.write_text(yaml.safe_dump(document))
+    code, report = _run(tmp_path, "--profile", str(profile_path))
+    assert set(_verdicts(report).values()) == {"pass"}, report["cases"]
+    assert any(note.startswith("brokers: 3 from topology_view") for note in report["notes"])
+    assert code == EXIT_OK
+
+
 @pytest.mark.timeout(120)
 def test_cluster_cases_are_setup_against_a_single_broker(
     fixture_file: Path, tmp_path: Path
