@@ -154,3 +154,32 @@ def test_a_fleet_fixture_document_gives_the_target_its_fleet(tmp_path: Path) -> 
     assert target.fleet == ["127.0.0.1:1", "127.0.0.1:2"]
     assert target.address == "127.0.0.1:1"
     assert profile_from_fixture(path)["brokers"] == ["127.0.0.1:1", "127.0.0.1:2"]
+
+
+_MOVED_CONNECTION = {
+    "id": "kit.connection-moved",
+    "title": "names another broker for a connection already made",
+    "section": "kit",
+    "requirement": "none: checks the kit's own verdict",
+    "exercises": {},
+    "steps": [
+        {"open": {"stream": "s1"}},
+        {"open": {"stream": "s2", "broker": "${elsewhere}"}},
+    ],
+}
+
+
+async def test_a_connection_cannot_move_to_another_broker(fixture_file: Path) -> None:
+    """Naming a broker for a connection already made elsewhere is the transcript's
+    mistake, reported as such, never a silent second connection."""
+    target = target_from_fixture(fixture_file)
+    target = Target(
+        target.host,
+        target.port,
+        target.ca_pem,
+        target.server_name,
+        {**target.variables, "elsewhere": "127.0.0.1:9"},
+    )
+    result = await run_case(parse_case(_MOVED_CONNECTION, "inline"), target, await probe(target))
+    assert result.verdict is Verdict.FAIL
+    assert "transcript problem" in result.detail and "already goes to the target" in result.detail
