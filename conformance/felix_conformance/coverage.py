@@ -240,28 +240,30 @@ def compute_coverage(cases: Sequence[Case]) -> Coverage:
 
 
 _CLUSTER = "needs a multi-broker target"
+_MOVE = f"{_CLUSTER} with a planned move: the fixture's /fence, not on main yet"
+_FENCE = f"{_CLUSTER} with a fenced shard: the fixture's /fence, not on main yet"
+_QUORUM = f"{_CLUSTER} with replication: the fixture's /partition, not on main yet"
+_OWNER_REFUSED = (
+    f"{_CLUSTER} whose forward is refused with the owner named: the reference broker "
+    "names the owner on successful forwards only"
+)
 # What a catalogue entry no case exercises needs before a case can provoke it:
 # the kit's own judgement of the standalone reference broker, by dimension.
 # Entries a standalone broker cannot be provoked into over QUIC say why.
 NEEDS: dict[str, dict[str, str]] = {
     "messages": {
-        "not_leader": _CLUSTER,
-        "shard_moved": _CLUSTER,
+        "shard_moved": _MOVE,
         "event": "a broker that sends the JSON event encoding",
         "stream_deleted": "a stream deleted while subscribed; no bit value is known",
         "subscription_lagged": "a subscriber that stops reading until its queue overflows",
         "cache_watch_lagged": "a watcher that stops reading until its queue overflows",
     },
     "flag values": {
-        **{f: _CLUSTER for f in ("0x0090", "0x0290", "0x0690", "0x1090")},
+        **{f: _OWNER_REFUSED for f in ("0x0290", "0x0690")},
         "0x0610": "a failed ack with a reason or retry_after_ms: overload",
         **{
             f: "a stream whose offsets hold no event: skipped_before"
             for f in ("0x0822", "0x0824", "0x2822", "0x2824", "0x4822", "0x4824")
-        },
-        **{
-            f: "a durable stream that records publishers"
-            for f in ("0x2022", "0x2024", "0x6002", "0x6004", "0x6022", "0x6024")
         },
         **{
             f: "a durable stream that records publishers, skipping offsets"
@@ -269,16 +271,10 @@ NEEDS: dict[str, dict[str, str]] = {
         },
     },
     "error codes": {
-        **{
-            c: _CLUSTER
-            for c in (
-                "shard_unavailable",
-                "not_leader",
-                "quorum_timeout",
-                "leadership_lost",
-                "unacknowledged",
-            )
-        },
+        "shard_unavailable": _FENCE,
+        "quorum_timeout": _QUORUM,
+        "leadership_lost": _QUORUM,
+        "unacknowledged": f"{_CLUSTER} whose owner takes a forward and never answers",
         "overloaded": "a target under load: its publish queue full",
         "limit_exceeded": "a target configured with a small limit",
         "draining": "a broker shutting down",
@@ -286,9 +282,11 @@ NEEDS: dict[str, dict[str, str]] = {
         "storage": "a storage fault",
         "revoked": "a revoked credential",
     },
-    "retry classes": {"redirect": _CLUSTER, "outcome_unknown": _CLUSTER},
+    "retry classes": {
+        "outcome_unknown": f"{_CLUSTER}: quorum_timeout, leadership_lost or unacknowledged"
+    },
     "features": {
-        "FEATURE_SHARD_MOVED": _CLUSTER,
+        "FEATURE_SHARD_MOVED": _MOVE,
         "FEATURE_SUBSCRIPTION_LAGGED": "a subscriber whose broker queue overflows",
         "FEATURE_STREAM_PUBLISH_WINDOW": "a case filling one stream's window as another publishes",
     },

@@ -73,6 +73,9 @@ class Step:
     code: int | None = None
     seconds: float = 0.0
     fin: bool = False
+    # open: which fleet broker the connection goes to (HOST:PORT text, or
+    # {"other_than": HOST:PORT}); None is the target.
+    broker: str | dict[str, str] | None = None
 
     def describe(self) -> str:
         where = self.stream or self.conn
@@ -100,6 +103,7 @@ class Case:
     timeout: float
     steps: tuple[Step, ...]
     source: str = ""
+    min_brokers: int = 1  # setup.brokers: the fleet the case needs
     recorded: str | None = None
     # Every `${name}` the steps use that no step of the case captures: target variables.
     variables: tuple[str, ...] = ()
@@ -131,6 +135,7 @@ def _step(index: int, raw: dict[str, Any]) -> Step:
         "timeout": float(body.get("timeout", DEFAULT_STEP_TIMEOUT)),
         "code": body.get("code"),
         "fin": bool(body.get("fin", False)),
+        "broker": body.get("broker"),
     }
     if action == "expect_silence":
         args["seconds"] = float(body["for"])
@@ -209,6 +214,7 @@ def parse_case(document: dict[str, Any], source: str) -> Case:
         timeout=float(document.get("timeout", DEFAULT_CASE_TIMEOUT)),
         steps=steps,
         source=source,
+        min_brokers=int(setup.get("brokers", 1)),
         recorded=document.get("recorded"),
         variables=target_variables(document["steps"]),
         document=document,

@@ -72,6 +72,8 @@ def load_profile(path: Path) -> Profile:
         variables["token"] = (folder / document["token_file"]).read_text().strip()
     for section in ("streams", "caches", "tokens"):
         variables.update(document.get(section, {}))
+    if "brokers" in document:
+        variables["brokers"] = list(document["brokers"])
     ca_file = folder / document["ca_file"] if "ca_file" in document else None
     return Profile(document.get("target"), ca_file, document.get("server_name"), variables)
 
@@ -84,6 +86,8 @@ def profile_from_fixture(fixture: Path) -> dict[str, Any]:
         "ca_file": str(fixture_ca_file(fixture, document).resolve()),
         "server_name": "localhost",
     }
+    if len(document["addrs"]) > 1:  # a fleet: the cluster cases connect to every broker
+        out["brokers"] = list(document["addrs"])
     for name in ("tenant_id", "token", "namespace"):
         if name in document:
             out[name] = document[name]

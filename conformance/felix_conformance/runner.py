@@ -26,7 +26,7 @@ from felix_wire.frame import FrameReader
 from felix_wire.wire_errors import FrameError
 
 from .frames import build_frame, decode_received, match_frame
-from .matching import MissingVariableError
+from .matching import MissingVariableError, substitute
 from .model import Case, Level, Step
 from .schema import TranscriptError
 from .session import Session
@@ -47,6 +47,10 @@ class StepFailedError(Exception):
         self.actual = actual
 
 
+class FleetSetupError(Exception):
+    """The case needs a broker of the fleet the profile does not name."""
+
+
 class TargetUnsupportedError(Exception):
     """The target answered `unsupported` to a request the case needs."""
 
@@ -62,10 +66,21 @@ class Unmet:
 def missing_needs(case: Case, target: Target, advertised: Advertised) -> Unmet | None:
     """Why the case cannot run against this target, or None.
 
-    Not advertising a feature or flag the case needs is "unsupported"; a target
+    A fleet smaller than the case needs (`setup.brokers`) is "setup", before
+    anything else: a single broker advertises no cluster features, and saying
+    "unsupported" would blame it for a fleet it is not. Not advertising a
+    feature or flag the case needs is "unsupported"; a target
     variable the case uses (declared under `setup` or named as `${name}` in a
     step) that the profile does not define is "setup".
     """
+    fleet = target.fleet
+    if case.min_brokers > len(fleet):
+        return Unmet(
+            Verdict.SETUP,
+            f"the case needs a fleet of {case.min_brokers} brokers; the target's has "
+            f"{len(fleet)} (name every broker under `brokers` in --profile, or use the "
+            "--fixture of a `felix-broker fixture --brokers N`)",
+        )
     missing = [
         name
         for name in case.required_features
@@ -97,6 +112,7 @@ class _CaseRun:
         self.case = case
         self.variables: dict[str, Any] = dict(target.variables)
         self.session = Session(target.connect, log)
+        self.fleet = target.fleet
         self.log = log
 
     async def run(self) -> None:
@@ -106,7 +122,8 @@ class _CaseRun:
     async def step(self, step: Step) -> None:
         action = step.action
         if action == "open":
-            await self.session.open(step.conn, self._name(step), step.direction)
+            address = self._broker(step)
+            await self.session.open(step.conn, self._name(step), step.direction, address)
         elif action == "accept":
             try:
                 await self.session.accept(step.conn, self._name(step), step.timeout)
@@ -141,6 +158,25 @@ class _CaseRun:
             connection = await self.session.connection(step.conn)
             connection.close(step.code or 0)
             self.log.sent(step.conn, f"[CONNECTION_CLOSE {step.code or 0}]")
+
+    def _broker(self, step: Step) -> str | None:
+        """The fleet broker an `open` names (HOST:PORT), None for the target.
+
+        `{other_than: A}` is the first broker of the fleet whose address is not A
+        (text equality: the profile's `brokers` must spell addresses the way the
+        brokers report them). A fleet with no other broker is the target's setup."""
+        if step.broker is None:
+            return None
+        if isinstance(step.broker, str):
+            chosen = substitute(step.broker, self.variables)
+            if not isinstance(chosen, str):
+                raise StepFailedError(step, f"broker {chosen!r} is not HOST:PORT text")
+            return chosen
+        avoid = substitute(step.broker["other_than"], self.variables)
+        for address in self.fleet:
+            if address != avoid:
+                return address
+        raise FleetSetupError(f"{step.describe()}: no broker of the fleet other than {avoid}")
 
     @staticmethod
     def _name(step: Step) -> str:
@@ -242,6 +278,8 @@ async def run_case(case: Case, target: Target, advertised: Advertised) -> CaseRe
         result = CaseResult(case, Verdict.UNSUPPORTED, str(exc))
     except TimeoutError:
         result = CaseResult(case, Verdict.FAIL, f"case did not finish within {case.timeout:g}s")
+    except FleetSetupError as exc:
+        result = CaseResult(case, Verdict.SETUP, str(exc))
     except MissingVariableError as exc:
         # A capture an earlier step should have made, or a variable only known at
         # run time: the case could not be played, which says nothing of the target.

@@ -20,6 +20,7 @@ from felix_wire.frame import FrameReader
 from felix_wire.wire_errors import FrameError
 
 from .frames import Received, decode_received
+from .schema import TranscriptError
 from .wirelog import WireLog
 
 __all__ = ["Session", "StreamEvent", "StreamIO"]
@@ -107,22 +108,37 @@ class StreamIO:
 class Session:
     """The connections and streams of one case, by the names the transcript gives."""
 
-    def __init__(self, connect: Callable[[], Awaitable[Connection]], log: WireLog) -> None:
-        self._connect = connect
+    def __init__(
+        self, connect: Callable[[str | None], Awaitable[Connection]], log: WireLog
+    ) -> None:
+        self._connect = connect  # HOST:PORT of a fleet broker, or None: the target
         self.log = log
         self.connections: dict[str, Connection] = {}
+        self.addresses: dict[str, str | None] = {}  # where each connection went
         self.streams: dict[str, StreamIO] = {}
 
-    async def connection(self, name: str) -> Connection:
+    async def connection(self, name: str, address: str | None = None) -> Connection:
+        """The named connection, made on first use: to `address` if given, else to
+        the target. A connection cannot move: naming another address for one
+        already made is the transcript's mistake (TranscriptError)."""
         connection = self.connections.get(name)
         if connection is None:
-            connection = await self._connect()
+            connection = await self._connect(address)
             self.connections[name] = connection
-            self.log.note(name, "connected")
+            self.addresses[name] = address
+            self.log.note(name, f"connected to {address}" if address else "connected")
+        elif address is not None and address != self.addresses[name]:
+            raise TranscriptError(
+                name,
+                f"connection {name} already goes to {self.addresses[name] or 'the target'}, "
+                f"not {address}",
+            )
         return connection
 
-    async def open(self, conn: str, name: str, direction: str) -> StreamIO:
-        connection = await self.connection(conn)
+    async def open(
+        self, conn: str, name: str, direction: str, address: str | None = None
+    ) -> StreamIO:
+        connection = await self.connection(conn, address)
         if direction == "uni":
             stream = await connection.open_uni_stream()
         else:

@@ -36,6 +36,8 @@ from felix_wire.messages import (
     Ok,
     StreamShards,
     StreamShardsView,
+    Topology,
+    TopologyView,
 )
 from felix_wire.wire_errors import WireError
 
@@ -70,6 +72,7 @@ FIXTURE_VARIABLES = (
     "inspector_token",
     "durable_stream",
     "memory_stream",
+    "publisher_stream",
     "missing_stream",
     "cache",
     "single_shard_cache",
@@ -110,20 +113,33 @@ class Target:
     def transport_config(self) -> TransportConfig:
         return TransportConfig.client(self.ca_pem, server_name=self.server_name)
 
-    async def connect(self) -> Connection:
-        """A new connection. A handshake that fails is tried once more: on a loaded
-        machine a lost Initial packet can end one in an idle timeout, and a case
-        must not fail for that; two failures in a row are the target's."""
+    @property
+    def fleet(self) -> list[str]:
+        """HOST:PORT of every broker of the target's fleet (the profile's `brokers`);
+        just the target when none is known."""
+        brokers = self.variables.get("brokers")
+        if isinstance(brokers, list) and brokers:
+            return [str(b) for b in brokers]
+        return [self.address]
+
+    async def connect(self, address: str | None = None) -> Connection:
+        """A new connection to the target, or to `address` (HOST:PORT of another
+        broker of its fleet, trusted with the same CA and server name). A handshake
+        that fails is tried once more: on a loaded machine a lost Initial packet can
+        end one in an idle timeout, and a case must not fail for that; two failures
+        in a row are the broker's."""
+        host, port = (self.host, self.port) if address is None else parse_host_port(address)
+        where = f"{host}:{port}"
         problems: list[str] = []
         for _attempt in range(CONNECT_ATTEMPTS):
             try:
                 return await asyncio.wait_for(
-                    connect(self.transport_config(), self.host, self.port), CONNECT_TIMEOUT
+                    connect(self.transport_config(), host, port), CONNECT_TIMEOUT
                 )
             except (ConnectionClosedError, OSError, TimeoutError) as exc:
                 problems.append(str(exc) or type(exc).__name__)
-                _log.warning("connecting to %s failed: %s", self.address, problems[-1])
-        raise TargetUnreachableError(f"cannot connect to {self.address}: {'; '.join(problems)}")
+                _log.warning("connecting to %s failed: %s", where, problems[-1])
+        raise TargetUnreachableError(f"cannot connect to {where}: {'; '.join(problems)}")
 
 
 def target_from_fixture(path: Path, *, server_name: str | None = None) -> Target:
@@ -135,6 +151,8 @@ def target_from_fixture(path: Path, *, server_name: str | None = None) -> Target
     document: dict[str, Any] = json.loads(path.read_text())
     host, port = parse_host_port(document["addrs"][0])
     variables = {name: document[name] for name in FIXTURE_VARIABLES if name in document}
+    if len(document["addrs"]) > 1:
+        variables["brokers"] = list(document["addrs"])  # a fleet: cluster cases run
     return Target(
         host,
         port,
@@ -235,7 +253,7 @@ async def probe(target: Target, timeout: float = CONNECT_TIMEOUT) -> Advertised:
 
 
 # Profile variables naming streams and caches, and what each must be on the target.
-STREAM_VARIABLES = ("durable_stream", "memory_stream")
+STREAM_VARIABLES = ("durable_stream", "memory_stream", "publisher_stream")
 CACHE_VARIABLES = ("cache", "single_shard_cache")
 
 
@@ -251,7 +269,8 @@ async def discover(
     target: Target, advertised: Advertised, timeout: float = CONNECT_TIMEOUT
 ) -> Discovery:
     """Check the profile's streams and caches against the target (shard counts),
-    where it advertised the discovery requests.
+    where it advertised the discovery requests, and learn the fleet from
+    topology_view when the profile names no `brokers` (a view of two or more).
 
     A stream or cache the target reports as unknown (0 shards) is removed from
     the variables and noted in `unavailable`, so cases needing it get "setup"
@@ -295,7 +314,11 @@ async def discover(
                         ),
                     )
                 )
-    if not asks:
+    # No fleet named: a target that serves topology can tell it (two brokers or more).
+    ask_fleet = "brokers" not in variables and bool(
+        advertised.features & int(Feature.FEATURE_TOPOLOGY)
+    )
+    if not asks and not ask_fleet:
         return Discovery(target, ("discovery: the target advertised no shard discovery",))
     shards: dict[str, int] = {}
     try:
@@ -311,6 +334,13 @@ async def discover(
                     shards[name] = reply.shards
                 else:
                     notes.append(f"discovery: {name}: unexpected answer {type(reply).__name__}")
+            if ask_fleet:
+                await control.send(Topology())
+                view = await control.next_answer()
+                fleet = [b.addr for b in view.brokers] if isinstance(view, TopologyView) else []
+                if len(fleet) > 1:
+                    variables["brokers"] = fleet
+                    notes.append(f"brokers: {len(fleet)} from topology_view ({', '.join(fleet)})")
     except (StreamClosedError, ConnectionClosedError, TimeoutError, WireError) as exc:
         notes.append(f"discovery stopped: {exc!r}")
     except TargetRefusedError as exc:

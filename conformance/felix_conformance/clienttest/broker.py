@@ -65,6 +65,7 @@ from felix_wire.messages import (
 from felix_wire.wire_errors import NotNegotiatedError, WireError
 
 from ..wirelog import WireLog
+from .link import SilentLink
 
 __all__ = [
     "BINARY_PUBLISH",
@@ -180,6 +181,7 @@ class ScriptedBroker:
         self.auths: list[Auth] = []
         self.violations: list[str] = []
         self.peers: list[ScriptedBroker] = []  # the case's other brokers (redirect targets)
+        self.link: SilentLink | None = None  # the link the client reaches us through, if any
         self.connections: dict[int, Connection] = {}  # by number, as Seen.conn names them
         # A legacy broker's client may assume the original v1 layouts, nothing more.
         self.advertised = (

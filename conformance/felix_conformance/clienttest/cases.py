@@ -61,13 +61,17 @@ class ClientCase:
     # A fresh script per run (handlers may keep state), given the peers' addresses.
     script: Callable[[Sequence[str]], BrokerScript]
     # What the adapter is asked to do after connecting; {"op": "idle", "seconds": s}
-    # is the kit's own step (nothing is sent to the adapter for s seconds).
+    # is the kit's own step (nothing is sent to the adapter for s seconds), and so is
+    # {"op": "await_link", "seconds": s}: wait until the case's link is no longer
+    # silent (at most s seconds).
     ops: tuple[dict[str, Any], ...]
     judge: Judge
     level: Level = Level.MUST
     messages: tuple[str, ...] = field(default=())
     # Scripts of further brokers started first (same CA), e.g. a redirect's target.
     peers: tuple[Callable[[Sequence[str]], BrokerScript], ...] = ()
+    # The client reaches the broker through a SilentLink (the broker's `link`).
+    link: bool = False
 
 
 def _b64(data: bytes) -> str:
@@ -213,6 +217,41 @@ def _reset_first() -> Handler:
         await _ack_publish(ex, request)
 
     return handler
+
+
+_SILENCE = 2 * 1.5  # seconds the link is silent: twice the broker's 1.5 s idle timeout
+
+
+def _silence_first() -> Handler:
+    """A link that goes silent: at the first publish every datagram, both ways, is
+    discarded for _SILENCE seconds (nobody is told; both ends' idle timeouts end the
+    connection); every later publish (after the silence, on a new connection) is
+    accepted."""
+    silenced: list[int] = []
+
+    async def handler(ex: Exchange, request: Any) -> None:
+        link = ex.broker.link
+        if link is None:
+            raise RuntimeError("the silent-link case runs behind a link")
+        if not silenced:
+            silenced.append(ex.conn)
+            ex.broker.log.note(f"c{ex.conn}", f"the link goes silent for {_SILENCE:g} s")
+            link.silence(_SILENCE)
+            return  # an answer now would be lost with everything else
+        await _ack_publish(ex, request)
+
+    return handler
+
+
+def _silent_link_script(peers: Sequence[str]) -> BrokerScript:
+    """Publishes served by one _silence_first handler, behind a short idle timeout."""
+    serve = _silence_first()
+    return BrokerScript(
+        _FULL.flags,
+        _FULL.features,
+        {BINARY_PUBLISH: serve, "publish": serve},
+        idle_timeout=_IDLE_TIMEOUT,
+    )
 
 
 _BASE = 10  # the offset of a delivery script's first event
@@ -526,22 +565,29 @@ def _judge_stalled(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) ->
     return _first(_violations(broker), _replies_ok(replies))
 
 
-def _judge_reset(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
-    """The first publish's connection was closed unanswered: its outcome may be
-    reported as a lost connection (or, resent, as a success); the second publish
-    must reach the broker on a new connection and succeed."""
-    problem = _violations(broker)
-    if problem is not None:
-        return problem
-    first, second = replies[-2], replies[-1]
-    if not first["ok"] and first["error"]["kind"] not in ("connection", "timeout"):
-        return f"a publish whose connection was closed reported as {first['error']}"
-    if not second["ok"]:
-        return f"after the link was reset the next publish failed: {second['error']}"
-    connections = {seen.conn for seen in broker.seen}
-    if len(connections) < 2:
-        return "the client never opened a new connection after the reset"
-    return None
+def _judge_reconnected(what: str) -> Judge:
+    """The first publish's connection was lost unanswered (`what` befell the link):
+    its outcome may be reported as a lost connection or a timeout (or, resent, as a
+    success); the next publish must reach the broker on a new connection and succeed."""
+
+    def judge(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
+        problem = _violations(broker)
+        if problem is not None:
+            return problem
+        first, second = replies[-2], replies[-1]
+        if not first["ok"] and first["error"]["kind"] not in ("connection", "timeout"):
+            return f"a publish whose connection was lost ({what}) reported as {first['error']}"
+        if not second["ok"]:
+            return f"after the link was {what} the next publish failed: {second['error']}"
+        connections = {seen.conn for seen in broker.seen}
+        if len(connections) < 2:
+            return f"the client never opened a new connection after the link was {what}"
+        return None
+
+    return judge
+
+
+_judge_reset = _judge_reconnected("reset")
 
 
 def _judge_kept_alive(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
@@ -823,6 +869,23 @@ CLIENT_CASES: tuple[ClientCase, ...] = (
         (_publish_op(), _publish_op()),
         _judge_reset,
         messages=("publish", "publish_ok", "publish_batch", "publish_ack"),
+    ),
+    ClientCase(
+        "client.survives-silent-link",
+        "after the link goes silent past the idle timeout, the client connects again",
+        "1 Transport",
+        "A client MUST notice a connection whose link went silent (no datagram either "
+        "way, nothing closed) by its QUIC idle timeout, report the request it carried as "
+        "a lost connection or a timeout (never a hang or a refusal), and connect again "
+        "for the next request once the link is back (T19).",
+        _silent_link_script,
+        # Before the next publish the kit waits until the link is back (and no longer):
+        # the case is about noticing a dead connection, not about connecting during
+        # the outage, nor about keeping a new connection alive (client.keepalive-idle).
+        (_publish_op(), {"op": "await_link", "seconds": _SILENCE}, _publish_op()),
+        _judge_reconnected("silent"),
+        messages=("publish", "publish_ok", "publish_batch", "publish_ack"),
+        link=True,
     ),
     ClientCase(
         "client.keepalive-idle",

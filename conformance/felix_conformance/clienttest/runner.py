@@ -19,6 +19,7 @@ from ..verdicts import CaseResult, RunReport, Verdict
 from .adapter import Adapter, AdapterError
 from .broker import ScriptedBroker
 from .cases import CLIENT_CASES, NAMESPACE, TENANT, TOKEN, ClientCase, ClientUnsupportedError
+from .link import SilentLink
 
 __all__ = ["as_case", "run_client_case", "run_client_cases", "select_client_cases"]
 
@@ -62,6 +63,9 @@ async def run_client_case(case: ClientCase, command: str, scratch: Path) -> Case
     ca_file = scratch / f"{case.id}-ca.pem"
     ca_file.write_bytes(broker.ca_pem)
     host, port = await broker.start()
+    if case.link:  # the client reaches the broker through a link that can go silent
+        broker.link = SilentLink((host, port))
+        host, port = await broker.link.start()
     adapter = Adapter(command)
     replies: list[dict[str, Any]] = []
     verdict, detail = Verdict.FAIL, ""
@@ -81,6 +85,9 @@ async def run_client_case(case: ClientCase, command: str, scratch: Path) -> Case
                 if op["op"] == "idle":  # the kit's own step: the client is left alone
                     broker.log.note("kit", f"idle for {op['seconds']} s")
                     await asyncio.sleep(float(op["seconds"]))
+                    continue
+                if op["op"] == "await_link":  # the kit's own step: until the link is back
+                    await _link_back(broker, float(op["seconds"]))
                     continue
                 replies.append(await adapter.call(op))
             await asyncio.sleep(0.1)  # let the broker see what the client sent last
@@ -103,6 +110,13 @@ async def run_client_case(case: ClientCase, command: str, scratch: Path) -> Case
     finally:
         stderr = await adapter.stop()
         await broker.close()
+        if broker.link is not None:
+            broker.link.close()
+            stats = broker.link.stats
+            broker.log.note(
+                "link",
+                f"relayed {stats.relayed}, silenced {stats.silenced}, refused {stats.refused}",
+            )
         for peer in peers:
             await peer.close()
     log = broker.log.text()
@@ -116,6 +130,15 @@ async def run_client_case(case: ClientCase, command: str, scratch: Path) -> Case
     return CaseResult(
         as_case(case), verdict, detail, duration=time.monotonic() - started, wire_log=log
     )
+
+
+async def _link_back(broker: ScriptedBroker, at_most: float) -> None:
+    """Wait (polling, at most `at_most` seconds) until the broker's link is not silent."""
+    link = broker.link
+    deadline = time.monotonic() + at_most
+    while link is not None and link.silent and time.monotonic() < deadline:
+        await asyncio.sleep(0.05)
+    broker.log.note("kit", "the link is back")
 
 
 async def run_client_cases(

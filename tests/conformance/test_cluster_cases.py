@@ -1,0 +1,185 @@
+"""The kit's cluster cases (transcripts/cluster): they pass against
+`felix-broker fixture --brokers 3` reached through the fixture or through the profile
+written from it, and come out "setup" (never "fail", never "unsupported") against a
+single broker."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import yaml
+
+from felix_conformance.cli import EXIT_OK, main
+from felix_conformance.corpus import load_corpus, select
+from felix_conformance.model import parse_case
+from felix_conformance.profile import load_profile, profile_from_fixture
+from felix_conformance.runner import run_case
+from felix_conformance.target import Target, probe, target_from_fixture
+from felix_conformance.verdicts import Verdict
+
+from ..conftest import start_fixture_broker, stop_fixture_broker
+
+CLUSTER = ["cluster.*"]
+
+
+def _cluster_ids() -> set[str]:
+    return {case.id for case in select(load_corpus(), CLUSTER, strict=True)}
+
+
+@pytest.fixture(scope="module")
+def fleet_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A three-broker fixture (etcd, a control plane, three broker processes)."""
+    folder = tmp_path_factory.mktemp("kit-fleet")
+    process, _document = start_fixture_broker(folder, args=("--brokers", "3"), timeout=90)
+    try:
+        yield folder / "fixture.json"
+    finally:
+        if process.poll() is None:
+            stop_fixture_broker(process)
+        else:
+            process.wait(timeout=10)
+
+
+def _run(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any]]:
+    report = tmp_path / "report.json"
+    code = main([*args, "-t", *CLUSTER, "--json", str(report)])
+    return code, json.loads(report.read_text())
+
+
+def _verdicts(report: dict[str, Any]) -> dict[str, str]:
+    return {c["id"]: c["verdict"] for c in report["cases"]}
+
+
+@pytest.mark.timeout(240)
+def test_cluster_cases_pass_against_a_three_broker_fleet(fleet_file: Path, tmp_path: Path) -> None:
+    code, report = _run(tmp_path, "--fixture", str(fleet_file))
+    problems = [
+        (c["id"], c["verdict"], c["detail"], c["wire_log"])
+        for c in report["cases"]
+        if c["verdict"] != "pass"
+    ]
+    assert problems == []
+    assert code == EXIT_OK
+    assert set(_verdicts(report)) == _cluster_ids()
+    assert len(_cluster_ids()) >= 6
+
+
+@pytest.mark.timeout(240)
+def test_the_profile_written_from_a_fleet_fixture_runs_the_cluster_cases(
+    fleet_file: Path, tmp_path: Path
+) -> None:
+    """The documented way to point the kit at a fleet: `profile --fixture`, then
+    `--profile`; the profile carries every broker's address."""
+    profile_path = tmp_path / "profile.yaml"
+    assert main(["profile", "--fixture", str(fleet_file), "--out", str(profile_path)]) == EXIT_OK
+    document = yaml.safe_load(profile_path.read_text())
+    addrs = json.loads(fleet_file.read_text())["addrs"]
+    assert document["brokers"] == addrs and len(addrs) == 3
+    assert document["target"] == addrs[0]
+    assert load_profile(profile_path).variables["brokers"] == addrs
+    code, report = _run(tmp_path, "--profile", str(profile_path))
+    assert set(_verdicts(report).values()) == {"pass"}, report["cases"]
+    assert code == EXIT_OK
+
+
+@pytest.mark.timeout(240)
+def test_without_brokers_in_the_profile_the_fleet_is_discovered(
+    fleet_file: Path, tmp_path: Path
+) -> None:
+    """A profile naming no `brokers`: discovery learns the fleet from topology_view."""
+    document = profile_from_fixture(fleet_file)
+    del document["brokers"]
+    profile_path = tmp_path / "profile.yaml"
+    profile_path.write_text(yaml.safe_dump(document))
+    code, report = _run(tmp_path, "--profile", str(profile_path))
+    assert set(_verdicts(report).values()) == {"pass"}, report["cases"]
+    assert any(note.startswith("brokers: 3 from topology_view") for note in report["notes"])
+    assert code == EXIT_OK
+
+
+@pytest.mark.timeout(120)
+def test_cluster_cases_are_setup_against_a_single_broker(
+    fixture_file: Path, tmp_path: Path
+) -> None:
+    code, report = _run(tmp_path, "--fixture", str(fixture_file))
+    verdicts = _verdicts(report)
+    assert set(verdicts) == _cluster_ids()
+    assert set(verdicts.values()) == {"setup"}, report["cases"]
+    assert all("fleet of 2 brokers" in c["detail"] for c in report["cases"])
+    assert code == EXIT_OK
+    # A single-broker fixture names no fleet, so its profile names none either.
+    assert "brokers" not in profile_from_fixture(fixture_file)
+
+
+_OTHER_THAN_SELF = {
+    "id": "kit.other-than-the-only-broker",
+    "title": "asks for a broker other than the only one",
+    "section": "kit",
+    "requirement": "none: checks the kit's own verdict",
+    "exercises": {},
+    "steps": [
+        {"open": {"stream": "s1", "broker": {"other_than": "${self}"}}},
+        {"send": {"stream": "s1", "message": {"type": "topology"}}},
+    ],
+}
+
+
+async def test_asking_for_a_broker_the_fleet_lacks_is_setup(fixture_file: Path) -> None:
+    """A fleet with no broker other than the one named: the target's setup, not a fail."""
+    target = target_from_fixture(fixture_file)
+    target = Target(
+        target.host,
+        target.port,
+        target.ca_pem,
+        target.server_name,
+        {**target.variables, "self": target.address, "brokers": [target.address]},
+    )
+    case = parse_case(_OTHER_THAN_SELF, "inline")
+    result = await run_case(case, target, await probe(target))
+    assert result.verdict is Verdict.SETUP
+    assert "no broker of the fleet other than" in result.detail
+
+
+def test_a_fleet_fixture_document_gives_the_target_its_fleet(tmp_path: Path) -> None:
+    ca = tmp_path / "ca.pem"
+    ca.write_text("not read for this")
+    document = {"addrs": ["127.0.0.1:1", "127.0.0.1:2"], "ca_file": "ca.pem", "token": "t"}
+    path = tmp_path / "fx.json"
+    path.write_text(json.dumps(document))
+    target = target_from_fixture(path)
+    assert target.fleet == ["127.0.0.1:1", "127.0.0.1:2"]
+    assert target.address == "127.0.0.1:1"
+    assert profile_from_fixture(path)["brokers"] == ["127.0.0.1:1", "127.0.0.1:2"]
+
+
+_MOVED_CONNECTION = {
+    "id": "kit.connection-moved",
+    "title": "names another broker for a connection already made",
+    "section": "kit",
+    "requirement": "none: checks the kit's own verdict",
+    "exercises": {},
+    "steps": [
+        {"open": {"stream": "s1"}},
+        {"open": {"stream": "s2", "broker": "${elsewhere}"}},
+    ],
+}
+
+
+async def test_a_connection_cannot_move_to_another_broker(fixture_file: Path) -> None:
+    """Naming a broker for a connection already made elsewhere is the transcript's
+    mistake, reported as such, never a silent second connection."""
+    target = target_from_fixture(fixture_file)
+    target = Target(
+        target.host,
+        target.port,
+        target.ca_pem,
+        target.server_name,
+        {**target.variables, "elsewhere": "127.0.0.1:9"},
+    )
+    result = await run_case(parse_case(_MOVED_CONNECTION, "inline"), target, await probe(target))
+    assert result.verdict is Verdict.FAIL
+    assert "transcript problem" in result.detail and "already goes to the target" in result.detail
