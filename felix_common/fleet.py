@@ -9,7 +9,10 @@ that is not a record into one typed `RecordError`. Under the prefix ``P``
 - ``P/members/{node_id}`` → `Member`, attached to the broker's own lease;
 - ``P/assignments/{kind}/{tenant}/{namespace}/{name}/{shard}`` → `Assignment`;
   the shard's generation is the key's etcd ``mod_revision`` (never stored);
-- ``P/placer`` → the placement holder's id, attached to the holder's lease.
+- ``P/placer`` → the placement holder's id, attached to the holder's lease;
+- ``P/progress/{node_id}/moves/{kind}/{tenant}/{namespace}/{name}/{shard}`` →
+  `MoveCopied`, a move's successor's report, attached to the successor's lease;
+- ``P/drains/{node_id}`` → `Drain`, written by the control plane while a broker drains.
 """
 
 from __future__ import annotations
@@ -18,19 +21,23 @@ import enum
 from dataclasses import dataclass
 
 from felix_wire import fleet as wire
-from felix_wire.fleet import Assignment, AssignmentState, Member
+from felix_wire.fleet import Assignment, AssignmentState, Drain, Member, MoveCopied
 from felix_wire.wire_errors import MalformedJsonError, MessageFieldError
 
 __all__ = [
     "Assignment",
     "AssignmentState",
+    "Drain",
     "Keyspace",
     "Member",
+    "MoveCopied",
     "RecordError",
     "ShardId",
     "ShardKind",
     "decode_assignment",
+    "decode_drain",
     "decode_member",
+    "decode_move_copied",
     "encode_record",
 ]
 
@@ -77,6 +84,20 @@ def decode_assignment(value: bytes) -> Assignment:
         return wire.decode_assignment(value)
     except (MalformedJsonError, MessageFieldError) as exc:
         raise RecordError(f"not an assignment record: {exc}") from None
+
+
+def decode_move_copied(value: bytes) -> MoveCopied:
+    try:
+        return wire.decode_movecopied(value)
+    except (MalformedJsonError, MessageFieldError) as exc:
+        raise RecordError(f"not a move progress record: {exc}") from None
+
+
+def decode_drain(value: bytes) -> Drain:
+    try:
+        return wire.decode_drain(value)
+    except (MalformedJsonError, MessageFieldError) as exc:
+        raise RecordError(f"not a drain record: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -137,3 +158,44 @@ class Keyspace:
         except ValueError:
             raise RecordError(f"unknown shard kind in {key!r}") from None
         return ShardId(shard_kind, tenant, namespace, name, index)
+
+    @property
+    def progress(self) -> str:
+        return self.prefix + "/progress/"
+
+    @property
+    def drains(self) -> str:
+        return self.prefix + "/drains/"
+
+    def move_progress(self, node_id: str, shard: ShardId) -> str:
+        """Where `node_id` reports it holds the copy of `shard` for a move."""
+        return wire.move_progress_key(
+            self.prefix,
+            node_id=node_id,
+            kind=shard.kind.value,
+            tenant=shard.tenant,
+            namespace=shard.namespace,
+            name=shard.name,
+            shard=shard.shard,
+        )
+
+    def drain(self, node_id: str) -> str:
+        return wire.drains_key(self.prefix, node_id=node_id)
+
+    def drained_node_of(self, key: str) -> str:
+        parts = wire.parse_drains_key(self.prefix, key)
+        if parts is None:
+            raise RecordError(f"not a drain key: {key!r}")
+        return parts[0]
+
+    def progress_of(self, key: str) -> tuple[str, ShardId]:
+        """(successor node id, shard) of a move progress key."""
+        parts = wire.parse_move_progress_key(self.prefix, key)
+        if parts is None:
+            raise RecordError(f"not a move progress key: {key!r}")
+        node, kind, tenant, namespace, name, index = parts
+        try:
+            shard_kind = ShardKind(kind)
+        except ValueError:
+            raise RecordError(f"unknown shard kind in {key!r}") from None
+        return node, ShardId(shard_kind, tenant, namespace, name, index)

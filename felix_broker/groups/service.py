@@ -296,6 +296,22 @@ class GroupService:
                 _log.error("closing a group log failed: %s", exc)
         self._shards.clear()
 
+    async def release_shard(self, tenant_id: str, namespace: str, stream: str, index: int) -> None:
+        """Forget one stream shard's groups and close its group log (the shard moved,
+        or a move's copy is about to replace its files); the next group request opens
+        it from disk again. Waiting polls of that shard answer empty (as at close)."""
+        groups = self._shards.pop((tenant_id, namespace, stream, index), None)
+        if groups is None:
+            return
+        self._commit(groups)
+        groups.signal.fire()
+        with contextlib.suppress(ValueError):
+            groups.stream.listeners.remove(groups.signal.fire)
+        try:
+            await groups.log.aclose()
+        except StorageError as exc:
+            _log.error("closing a moved group log failed: %s", exc)
+
     def failed_logs(self) -> int:
         """Open group logs in the failed state (they take no writes until restart)."""
         return sum(1 for groups in self._shards.values() if groups.log.failed)

@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 54127759cf2d4cce68471d6c96996a9a1e373858025c401bbeb2101d26c2c8b0
+# spec sha256: 8a0c92269f25997885bc7f702d0d6bc568af80e514128723c607606b1e844ae6
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
@@ -43,6 +43,16 @@ FLEET_SHAPE_STRATEGIES["Assignment"] = st.builds(
     state=st.sampled_from(_f.AssignmentState),
     reason=(st.none() | _TEXT),
     successor=(st.none() | _TEXT),
+)
+FLEET_SHAPE_STRATEGIES["MoveCopied"] = st.builds(
+    _f.MoveCopied,
+    generation=_U64,
+    files=_U32,
+    bytes=_U64,
+)
+FLEET_SHAPE_STRATEGIES["Drain"] = st.builds(
+    _f.Drain,
+    requested_by=_TEXT,
 )
 FLEET_SHAPE_STRATEGIES["LeaderHint"] = st.builds(
     _f.LeaderHint,
@@ -172,11 +182,47 @@ PEER_MESSAGE_STRATEGIES: Mapping[str, st.SearchStrategy[Any]] = MappingProxyType
             request_type=_TEXT,
             request_id=(st.none() | _U64),
         ),
+        "move_chunk": st.builds(
+            _f.MoveChunk,
+            request_id=_U64,
+            kind=st.sampled_from(_f.AssignmentKind),
+            tenant_id=_TEXT,
+            namespace=_TEXT,
+            name=_TEXT,
+            shard=_U32,
+            generation=_U64,
+            area=_TEXT,
+            path=_TEXT,
+            position=_U64,
+            data=_BLOB,
+        ),
+        "move_chunk_ok": st.builds(
+            _f.MoveChunkOk,
+            request_id=_U64,
+        ),
+        "move_done": st.builds(
+            _f.MoveDone,
+            request_id=_U64,
+            kind=st.sampled_from(_f.AssignmentKind),
+            tenant_id=_TEXT,
+            namespace=_TEXT,
+            name=_TEXT,
+            shard=_U32,
+            generation=_U64,
+            files=_U32,
+            bytes=_U64,
+        ),
+        "move_done_ok": st.builds(
+            _f.MoveDoneOk,
+            request_id=_U64,
+        ),
     }
 )
 RECORD_STRATEGIES: Mapping[str, st.SearchStrategy[Any]] = MappingProxyType(
     {
         "Member": FLEET_SHAPE_STRATEGIES["Member"],
         "Assignment": FLEET_SHAPE_STRATEGIES["Assignment"],
+        "MoveCopied": FLEET_SHAPE_STRATEGIES["MoveCopied"],
+        "Drain": FLEET_SHAPE_STRATEGIES["Drain"],
     }
 )
