@@ -12,6 +12,8 @@ that is not a record into one typed `RecordError`. Under the prefix ``P``
 - ``P/placer`` → the placement holder's id, attached to the holder's lease;
 - ``P/progress/{node_id}/moves/{kind}/{tenant}/{namespace}/{name}/{shard}`` →
   `MoveCopied`, a move's successor's report, attached to the successor's lease;
+- ``P/progress/{node_id}/drain`` → `Drain`, a broker's request for its own drain
+  (at shutdown), attached to its own lease;
 - ``P/drains/{node_id}`` → `Drain`, written by the control plane while a broker drains.
 """
 
@@ -199,3 +201,12 @@ class Keyspace:
         except ValueError:
             raise RecordError(f"unknown shard kind in {key!r}") from None
         return node, ShardId(shard_kind, tenant, namespace, name, index)
+
+    def drain_request(self, node_id: str) -> str:
+        """Where a broker told to stop asks for its own drain (under its own lease)."""
+        return wire.drain_request_key(self.prefix, node_id=node_id)
+
+    def drain_requester_of(self, key: str) -> str | None:
+        """The node id of a drain request key; None for any other key."""
+        parts = wire.parse_drain_request_key(self.prefix, key)
+        return None if parts is None else parts[0]

@@ -74,6 +74,7 @@ from felix_common.fleet import (
     decode_move_copied,
     encode_record,
 )
+from felix_controlplane.fleet_api import MoveError
 from felix_controlplane.store import Snapshot
 from felix_wire.errors import DETAIL_REASONS, ErrorCode
 
@@ -236,17 +237,6 @@ def _move_step(
     if copied.get((successor, shard)) == held.mod_revision:
         return Write(shard, _record(_ACTIVE, successor), held.mod_revision)
     return None
-
-
-class MoveError(Exception):
-    """A move, drain, fence or cancel that cannot be done: `status` is the HTTP
-    status the control plane answers (404 no such shard or broker, 409 conflict,
-    503 this instance does not hold placement)."""
-
-    def __init__(self, status: int, code: str, message: str) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
 
 
 CatalogShards = Callable[[], Awaitable[list[ShardSpec]]]
@@ -413,6 +403,8 @@ class Placer:
                     draining[keys.drained_node_of(kv.key)] = kv.mod_revision
                 except RecordError as exc:
                     _log.warning("placer: ignoring %s: %s", kv.key, exc)
+            elif (asker := keys.drain_requester_of(kv.key)) is not None:
+                draining.setdefault(asker, 0)  # goes with the broker's lease
             elif kv.key.startswith(keys.progress):
                 try:
                     node, shard = keys.progress_of(kv.key)
@@ -431,7 +423,7 @@ class Placer:
             shard: held for shard, held in current.items() if held.record.state in _IN_A_MOVE
         }
         for node, revision in draining.items():
-            if node not in members:  # a drained broker left: its next start is welcome
+            if revision and node not in members:  # a drained broker left: its next start is welcome
                 await self._delete_if(keys.drain(node), revision)
         writes = plan(specs, members, current, draining=draining, copied=copied)
         for write in writes:

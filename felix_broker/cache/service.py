@@ -326,6 +326,11 @@ class CacheService:
         except StorageError as exc:
             _log.error("closing a moved cache shard failed: %s", exc)
 
+    def shard_watches(self, key: tuple[str, str, str, int]) -> int:
+        """How many watches of one shard are still open."""
+        found = self._shards.get(key)
+        return 0 if found is None else sum(1 for w in found.watchers() if not w.closed)
+
     def end_shard_watches(
         self, key: tuple[str, str, str, int], moved_to: tuple[str | None, str | None, int]
     ) -> int:

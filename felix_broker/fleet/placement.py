@@ -40,6 +40,7 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from felix_broker.catalog import Catalog
+from felix_broker.fleet.moves import MoveHold, in_a_move, moving_refusal
 from felix_broker.fleet.peer import (
     PeerDialer,
     PeerPipe,
@@ -258,6 +259,8 @@ RULES: dict[type[Any], Rule] = {
     },
 }
 _PUBLISHES = (Form.PUBLISH, Form.PUBLISH_FRAME)
+# Reads are never held for a move: refused shard_unavailable/moving at once (A.11).
+_NEVER_HELD: frozenset[type[Any]] = frozenset({Subscribe, CacheWatch, StreamRead, OffsetForTime})
 
 
 def unavailable_reason(route: Route | None, leader: Member | None) -> str:
@@ -289,8 +292,13 @@ class ClusterPlacement:
         dialer: PeerDialer,
         ack_on_commit: bool,
         hold_bytes: HoldBytes,
+        hold: MoveHold | None = None,
     ) -> None:
         self._view = view
+        # Writes for a shard in a move wait for its cut-over (fleet/moves.py), then are
+        # dispatched anew through `redispatch` (the dispatch table, set once built).
+        self._hold = hold
+        self.redispatch: Callable[[Request, RequestContext], Awaitable[None]] | None = None
         self._catalog = catalog
         self._dialer = dialer
         self._ack_on_commit = ack_on_commit
@@ -338,7 +346,11 @@ class ClusterPlacement:
         if form is Form.PUBLISH_FRAME and getattr(request, "producer_id", None) is not None:
             form = Form.REFUSE_IDEMPOTENT  # a binary idempotent publish (0x0100)
         if decision is PlacementDecision.UNAVAILABLE:
-            reason = unavailable_reason(snapshot.route(shard), snapshot.leader_of(shard))
+            route = snapshot.route(shard)
+            if in_a_move(route) and type(request) not in _NEVER_HELD:
+                await self._held(request, ctx, form, shard)
+                return
+            reason = unavailable_reason(route, snapshot.leader_of(shard))
             await self._unavailable(request, ctx, form, reason)
         elif form in (Form.REDIRECT, Form.REFUSE_IDEMPOTENT):
             await self._redirect(request, ctx, form, snapshot, shard)
@@ -349,13 +361,31 @@ class ClusterPlacement:
                 self._forward_cache(request, ctx, shard), "forward_cache_op"
             )
 
+    async def _held(self, request: Any, ctx: RequestContext, form: Form, shard: ShardId) -> None:
+        """A write for a shard in a move: held until the cut-over, then dispatched anew
+        (served here, forwarded or redirected to the new owner); refused
+        shard_unavailable/moving with retry_after_ms at the hold's bounds."""
+        hold, redispatch = self._hold, self.redispatch
+        can_hold = hold is not None and redispatch is not None and not hold.redispatched
+        if can_hold and hold is not None and redispatch is not None and await hold.wait(shard):
+            await hold.again(lambda: redispatch(request, ctx))
+            return
+        text, detail = moving_refusal("the hold for its cut-over ran out")
+        await self._unavailable(request, ctx, form, "moving", detail, text)
+
     # -- shard_unavailable and not_leader ----------------------------------------------
 
     async def _unavailable(
-        self, request: Any, ctx: RequestContext, form: Form, reason: str
+        self,
+        request: Any,
+        ctx: RequestContext,
+        form: Form,
+        reason: str,
+        detail: ErrorDetail | None = None,
+        text: str | None = None,
     ) -> None:
-        text = f"shard unavailable: {reason}"
-        detail = ErrorDetail(reason=reason)
+        text = text or f"shard unavailable: {reason}"
+        detail = detail or ErrorDetail(reason=reason)
         if form in _PUBLISHES:
             rid = self._publish_rid(request, ctx, form)
             if rid is not None:

@@ -736,6 +736,11 @@ class Engine:
                 sub.close()
             shard.subscribers.clear()
 
+    def shard_subscribers(self, tenant_id: str, namespace: str, stream: str, index: int) -> int:
+        """How many subscribers of one shard are still open."""
+        shard = self._shards.get((tenant_id, namespace, stream, index))
+        return 0 if shard is None else sum(1 for s in shard.subscribers if not s.closed)
+
     def release_shard(self, tenant_id: str, namespace: str, stream: str, index: int) -> None:
         """Forget one shard and close its log (it moved to another broker, or its storage
         is about to be replaced by a move's copy); the next use opens it from disk again.

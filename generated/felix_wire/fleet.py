@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 8a0c92269f25997885bc7f702d0d6bc568af80e514128723c607606b1e844ae6
+# spec sha256: 830f7d64f5d309ad981c31416b60b52743c846e2ef04d515ab0d83ab875e2ddd
 """The fleet catalogue: etcd record shapes and broker-to-broker messages.
 
 Broker-to-broker QUIC (TLS 1.3, mutual TLS): each broker's peer certificate is signed by the fleet CA and names its node id as a DNS SAN; both sides check it, and the listener checks it against hello.
@@ -63,6 +63,8 @@ __all__ = [
     "parse_placer_key",
     "move_progress_key",
     "parse_move_progress_key",
+    "drain_request_key",
+    "parse_drain_request_key",
     "drains_key",
     "parse_drains_key",
     "AssignmentState",
@@ -206,6 +208,24 @@ def parse_move_progress_key(prefix: str, key: str) -> tuple[str, str, str, str, 
         parts[6],
         int(parts[7]),
     )
+
+
+def drain_request_key(prefix: str, *, node_id: str) -> str:
+    """`{prefix}/progress/{node_id}/drain`: written by a broker told to stop (SIGTERM), attached to its own lease: it asks the placer to drain it (as drains/{node_id} does) and goes with its lease (value: Drain)."""
+    _check_part("node_id", node_id)
+    return f"{prefix.rstrip('/')}/progress/{node_id}/drain"
+
+
+def parse_drain_request_key(prefix: str, key: str) -> tuple[str] | None:
+    """The placeholders of a `progress/{node_id}/drain` key below `prefix`, or None when `key` is not one."""
+    parts = _split(prefix, key, 3)
+    if parts is None:
+        return None
+    if parts[0] != "progress":
+        return None
+    if parts[2] != "drain":
+        return None
+    return (parts[1],)
 
 
 def drains_key(prefix: str, *, node_id: str) -> str:

@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 8a0c92269f25997885bc7f702d0d6bc568af80e514128723c607606b1e844ae6
+# spec sha256: 830f7d64f5d309ad981c31416b60b52743c846e2ef04d515ab0d83ab875e2ddd
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
