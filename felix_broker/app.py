@@ -49,6 +49,7 @@ if TYPE_CHECKING:  # the fleet (and so etcd) is imported only by a broker that j
     from felix_broker.fleet.moves import MoveHold, MoveService
     from felix_broker.fleet.node import FleetNode
     from felix_broker.fleet.peer import PeerDialer, PeerListener
+    from felix_broker.fleet.placement import ClusterPlacement
 
 __all__ = ["SERVER_FEATURES", "SERVER_FLAGS", "Broker", "Verifier"]
 
@@ -94,6 +95,7 @@ class Broker:
         self.peer_dialer: PeerDialer | None = None
         self.move_hold: MoveHold | None = None  # writes held for a move's cut-over
         self.moves: MoveService | None = None  # this broker's part in planned moves
+        self.cluster_placement: ClusterPlacement | None = None
         self._cache_limits = cache_limits
         self.metrics = BrokerMetrics(quic_impl=config.quic_impl.value)
         self.health = Health()
@@ -369,6 +371,7 @@ class Broker:
         )
         self.table = DispatchTable(placement)
         placement.redispatch = self.table.dispatch
+        self.cluster_placement = placement
         return ClusterDiscovery(self.catalog, fleet.view)
 
     async def _start_peer_listener(self) -> None:
@@ -399,6 +402,8 @@ class Broker:
             report=self._report_move,
         )
         fleet.view.add_listener(self.moves.on_change)
+        if self.cluster_placement is not None:
+            self.cluster_placement.local_owner = owner.handle
         table = PeerTable()
         table.register(ForwardPublish, owner.handle)
         table.register(ForwardCacheOp, owner.handle)

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import inspect
 import logging
 import weakref
 from collections.abc import Awaitable, Callable
@@ -43,6 +44,7 @@ from felix_broker.catalog import Catalog
 from felix_broker.fleet.moves import MoveHold, in_a_move, moving_refusal
 from felix_broker.fleet.peer import (
     PeerDialer,
+    PeerOrigin,
     PeerPipe,
     PeerProtocolError,
     PeerUnavailableError,
@@ -277,6 +279,9 @@ def unavailable_reason(route: Route | None, leader: Member | None) -> str:
     }.get(route.state, "not_ready")
 
 
+LocalOwner = Callable[[PeerMessage, PeerOrigin], Awaitable[PeerMessage | Awaitable[PeerMessage]]]
+"""The owner side's handler (OwnerService.handle), for forwards to this very broker."""
+
 HoldBytes = Callable[[RequestContext, int], Awaitable[Callable[[], None]]]
 """Takes publish bytes from the stream service's budgets; returns their release."""
 
@@ -299,6 +304,10 @@ class ClusterPlacement:
         # dispatched anew through `redispatch` (the dispatch table, set once built).
         self._hold = hold
         self.redispatch: Callable[[Request, RequestContext], Awaitable[None]] | None = None
+        # This broker's owner side (fleet/owner.py), set once built: a forward whose shard
+        # turned out to be led here (a move cut over to this broker while the forward
+        # was held at the old owner) is served by it, without the network.
+        self.local_owner: LocalOwner | None = None
         self._catalog = catalog
         self._dialer = dialer
         self._ack_on_commit = ack_on_commit
@@ -553,8 +562,10 @@ class ClusterPlacement:
         """Write a forward on this client stream's pipe to the shard's owner."""
         snapshot = self._view.snapshot
         route, leader = snapshot.route(shard), snapshot.leader_of(shard)
-        if route is None or leader is None or leader.node_id == snapshot.node_id:
+        if route is None or leader is None:
             return _OWNER_UNAVAILABLE
+        if leader.node_id == snapshot.node_id:
+            return _LED_HERE  # the shard came here meanwhile: `_settle` serves it here
         pipes = self._pipes.get(ctx.io)
         if pipes is None:
             pipes = self._pipes[ctx.io] = {}
@@ -583,6 +594,8 @@ class ClusterPlacement:
     ) -> _Owned | _Failed:
         """The owner's answer to a pipelined forward; a refusal naming another owner or
         generation is retried one forward at a time (bounded)."""
+        if sent is _LED_HERE:
+            return await self._forward(ctx, shard, build)
         if isinstance(sent, _Failed):
             return sent
         try:
@@ -650,9 +663,18 @@ class ClusterPlacement:
             if target is None:
                 return failed
             member, generation = target
-            if (member.node_id, generation) in tried or member.node_id == snapshot.node_id:
-                return failed  # never the same owner twice, never ourselves (no chains)
+            if (member.node_id, generation) in tried:
+                return failed  # never the same owner twice
             tried.add((member.node_id, generation))
+            if member.node_id == snapshot.node_id:
+                # Led here now: served by this broker's owner side (never forwarded on).
+                if self.local_owner is None:
+                    return failed
+                origin = PeerOrigin(member.node_id, ctx.connection.connection, ctx.io.stream)
+                served = await self.local_owner(build(generation, attempt + 1), origin)
+                answer = await served if inspect.isawaitable(served) else served
+                outcome = _interpret(answer, member, generation)
+                return outcome if not isinstance(outcome, LeaderHint) else failed
             try:
                 answer = await self._dialer.request(
                     member.node_id, member.peer_addr, build(generation, attempt + 1)
@@ -764,4 +786,8 @@ _OWNER_UNAVAILABLE = _Failed(
     "shard unavailable: owner_unavailable",
     None,
     ErrorDetail(reason="owner_unavailable"),
+)
+# The shard is led by this very broker now (a move cut over to it).
+_LED_HERE = _Failed(
+    ErrorCode.SHARD_UNAVAILABLE, "shard unavailable: led here", None, ErrorDetail(reason="moving")
 )

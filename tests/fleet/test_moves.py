@@ -1,0 +1,411 @@
+"""Planned moves and drains, end to end: a real etcd, the control plane's placer, and
+three brokers that joined through etcd (each its own data folder). Nothing sets a
+route by hand: the placer's writes drive the move, the brokers copy the shard's
+storage over the mutual-TLS peer channel, the successor reports the copy in etcd.
+
+- a drain of the owner under load (two publishers through different brokers, a
+  subscriber on the owner, a consumer group with a committed cursor): no publish is
+  refused, the subscriber gets shard_moved and resumes at max(last + 1,
+  resume_from) on the new owner with no gap, every acknowledged record is in the
+  new owner's log once and in each publisher's order, the group's cursor continues;
+- a publish held past FELIX_SHARD_MOVE_HOLD_MS is refused shard_unavailable/moving
+  with retry_after_ms, and nothing of it is written;
+- a move cancelled before its cut-over leaves the old owner serving at a newer
+  generation; a cancel after the cut-over is 409.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from felix_broker.app import Broker
+from felix_broker.catalog import StaticCatalog, StreamSpec
+from felix_broker.config import load_config
+from felix_broker.fleet.node import FleetNode
+from felix_broker.fleet.peer import PeerTls
+from felix_broker.fleet.routing import AssignmentState, RoutingSnapshot, ShardId, ShardKind
+from felix_broker.fleet.view import FleetView
+from felix_common.etcd_process import EtcdProcess
+from felix_common.tokens import DevIssuer, TokenVerifier
+from felix_controlplane.fleet_api import MoveError
+from felix_controlplane.placement import Placer, ShardSpec
+from felix_transport import default_impl, generate_ca
+from felix_wire.binary import EventBatchSharedFrame
+from felix_wire.errors import ErrorCode
+from felix_wire.messages import (
+    AckMode,
+    EventBatch,
+    GroupAck,
+    GroupPoll,
+    GroupRecords,
+    Publish,
+    PublishOk,
+    ShardMoved,
+    StartOffset,
+    Subscribe,
+    Subscribed,
+)
+
+from ..support.wire import NS, TENANT, WireClient
+from .harness import NODES, Entry
+from .support import PREFIX, eventually, placer
+
+pytestmark = pytest.mark.timeout(180)
+
+STREAM = "moving"
+SHARD = ShardId(ShardKind.STREAM, TENANT, NS, STREAM, 0)
+GROUP = "workers"
+BATCHES = (EventBatch, EventBatchSharedFrame)
+
+
+@dataclass
+class MovingFleet:
+    brokers: dict[str, Broker]
+    issuer: DevIssuer
+    placer: Placer
+
+    def entry(self, node: str) -> Entry:
+        return Entry(self.brokers[node], self.issuer)
+
+    def route(self, node: str) -> Any:
+        fleet = self.brokers[node].fleet
+        assert fleet is not None
+        return fleet.view.snapshot.route(SHARD)
+
+    def leader(self) -> str:
+        route = self.route(NODES[0])
+        assert route is not None and route.leader is not None
+        return str(route.leader)
+
+    def settled_on(self, node: str) -> bool:
+        """Every broker sees `node` leading the shard, active."""
+        for name in self.brokers:
+            route = self.route(name)
+            if route is None or route.leader != node or route.state is not AssignmentState.ACTIVE:
+                return False
+        return True
+
+
+@asynccontextmanager
+async def moving_fleet(
+    tmp: Path, etcd: EtcdProcess, **overrides: Any
+) -> AsyncIterator[MovingFleet]:
+    endpoint = etcd.endpoint
+    fleet_ca = generate_ca("test fleet")
+    issuer = DevIssuer.load_or_create(tmp / "issuer")
+    catalog = StaticCatalog(
+        streams=[StreamSpec(TENANT, NS, STREAM, shards=1, durable=True)], caches=[]
+    )
+    specs = [ShardSpec(SHARD, durable=True)]
+    place = placer(("127.0.0.1", etcd.client_port), "cp-test", specs)
+    async with AsyncExitStack() as stack:
+        task = asyncio.get_running_loop().create_task(place.run())
+
+        async def stop_placer() -> None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+        stack.push_async_callback(stop_placer)
+        brokers: dict[str, Broker] = {}
+        for node in NODES:
+            settings: dict[str, Any] = {
+                "quic_bind": "127.0.0.1:0",
+                "metrics_bind": "127.0.0.1:0",
+                "peer_bind": "127.0.0.1:0",
+                "data_dir": str(tmp / node),
+                "durable_storage_dir": str(tmp / node / "durable"),
+                "quic_impl": default_impl(),
+                "node_id": node,
+                "etcd_endpoints": endpoint,
+                "node_lease_ttl_ms": 3000,
+                "etcd_prefix": PREFIX,
+                **overrides,
+            }
+            config = dataclasses.replace(
+                load_config(environ={}, overrides=settings), catalog=catalog
+            )
+            view = FleetView(RoutingSnapshot(node_id=node))
+            fleet = FleetNode(tls=PeerTls.issue(fleet_ca, node), view=view)
+            broker = Broker(config, verifier=TokenVerifier(issuer.jwks()), fleet=fleet)
+            await broker.start()
+            stack.push_async_callback(broker.stop)
+            brokers[node] = broker
+        moving = MovingFleet(brokers, issuer, place)
+
+        def placed() -> bool:
+            route = moving.route(NODES[0])
+            return (
+                place.holding
+                and route is not None
+                and route.leader is not None
+                and moving.settled_on(route.leader)
+                and all(
+                    len(b.fleet.view.snapshot.members) == 3 for b in brokers.values() if b.fleet
+                )
+            )
+
+        await eventually(placed, within=30, what="three members and a placed shard")
+        yield moving
+
+
+def publish(payload: bytes, request_id: int) -> Publish:
+    return Publish(
+        tenant_id=TENANT,
+        namespace=NS,
+        stream=STREAM,
+        payload=payload,
+        request_id=request_id,
+        ack=AckMode.PER_MESSAGE,
+    )
+
+
+async def read_all(entry: Entry, start: int, until: int) -> list[tuple[int, bytes]]:
+    """The shard's records [start, until) through a subscription at `entry`."""
+    client = await WireClient.connect(entry)
+    try:
+        control = await client.session()
+        await control.send(
+            Subscribe(
+                tenant_id=TENANT,
+                namespace=NS,
+                stream=STREAM,
+                shard=0,
+                start=StartOffset(offset=start),
+            )
+        )
+        subscribed = await control.recv()
+        assert isinstance(subscribed, Subscribed), subscribed
+        events = await client.event_stream(subscribed.subscription_id)
+        out: list[tuple[int, bytes]] = []
+        while start + len(out) < until:
+            batch = await events.recv(timeout=10)
+            assert isinstance(batch, BATCHES), batch
+            assert batch.base_offset == start + len(out), (batch.base_offset, len(out))
+            out.extend((batch.base_offset + i, p) for i, p in enumerate(batch.payloads))
+        return out
+    finally:
+        client.close()
+
+
+async def test_a_drain_under_load_loses_nothing_and_refuses_nothing(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    async with moving_fleet(tmp_path, etcd_server) as fleet:
+        owner = fleet.leader()
+        others = [n for n in NODES if n != owner]
+
+        # Before the move: records 0..9 and a group that acked 0..4.
+        seed = await WireClient.connect(fleet.entry(owner))
+        control = await seed.session()
+        for i in range(10):
+            await control.send(publish(f"seed-{i}".encode(), i + 1))
+            assert await control.recv() == PublishOk(request_id=i + 1)
+        poll = GroupPoll(
+            tenant_id=TENANT, namespace=NS, stream=STREAM, shard=0, group=GROUP,
+            max_records=5, request_id=100,
+        )  # fmt: skip
+        await control.send(poll)
+        polled = await control.recv()
+        assert isinstance(polled, GroupRecords), polled
+        assert [r.offset for r in polled.records] == [0, 1, 2, 3, 4]
+        for record in polled.records:
+            ack = GroupAck(
+                tenant_id=TENANT, namespace=NS, stream=STREAM, shard=0, group=GROUP,
+                offset=record.offset, request_id=200 + record.offset,
+            )  # fmt: skip
+            await control.send(ack)
+            await control.recv()
+        seed.close()
+
+        # A subscriber on the owner, from the start.
+        sub = await WireClient.connect(fleet.entry(owner))
+        sub_control = await sub.session()
+        await sub_control.send(
+            Subscribe(
+                tenant_id=TENANT, namespace=NS, stream=STREAM, shard=0, start=StartOffset(offset=0)
+            )
+        )
+        subscribed = await sub_control.recv()
+        assert isinstance(subscribed, Subscribed), subscribed
+        events = await sub.event_stream(subscribed.subscription_id)
+
+        # Two publishers: one on the owner, one through a non-owner (forwarded).
+        acked: dict[str, list[bytes]] = {"p1": [], "p2": []}
+        refused: list[Any] = []
+        stop = asyncio.Event()
+
+        async def publisher(name: str, node: str) -> None:
+            client = await WireClient.connect(fleet.entry(node))
+            try:
+                stream = await client.session()
+                n = 0
+                while not stop.is_set() and n < 2000:
+                    n += 1
+                    payload = f"{name}-{n}".encode()
+                    await stream.send(publish(payload, n))
+                    answer = await stream.recv(timeout=15)
+                    if answer == PublishOk(request_id=n):
+                        acked[name].append(payload)
+                    else:
+                        refused.append(answer)
+                    await asyncio.sleep(0.005)
+            finally:
+                client.close()
+
+        tasks = [
+            asyncio.get_running_loop().create_task(publisher("p1", owner)),
+            asyncio.get_running_loop().create_task(publisher("p2", others[0])),
+        ]
+        await eventually(lambda: len(acked["p1"]) >= 20 and len(acked["p2"]) >= 20)
+
+        # Drain the owner: the placer moves its shard to another broker.
+        await fleet.placer.drain(owner, "test")
+        await eventually(
+            lambda: fleet.leader() != owner and fleet.settled_on(fleet.leader()),
+            within=30,
+            what="the shard cut over",
+        )
+        successor = fleet.leader()
+        assert successor in others
+        before = {name: len(done) for name, done in acked.items()}
+        await eventually(lambda: all(len(acked[n]) >= before[n] + 20 for n in acked), within=30)
+        stop.set()
+        await asyncio.gather(*tasks)
+        assert refused == []
+
+        # The subscriber: batches without a gap, then shard_moved naming the successor.
+        delivered: list[tuple[int, bytes]] = []
+        moved: ShardMoved | None = None
+        while moved is None:
+            frame = await events.recv(timeout=10)
+            if isinstance(frame, ShardMoved):
+                moved = frame
+                break
+            assert isinstance(frame, BATCHES), frame
+            assert frame.base_offset == len(delivered), (frame.base_offset, len(delivered))
+            delivered.extend((frame.base_offset + i, p) for i, p in enumerate(frame.payloads))
+        await events.expect_end()
+        assert moved.node_id == successor
+        assert moved.addr == f"127.0.0.1:{fleet.brokers[successor].quic_port}"
+        assert moved.resume_from is not None
+        resume = max(len(delivered), moved.resume_from)
+        assert resume == len(delivered)  # it was offered nothing it did not get
+        sub.close()
+
+        # At the new owner: the rest from the resume point, no gap; altogether every
+        # acknowledged record once, in each publisher's order.
+        total = 10 + sum(len(done) for done in acked.values())
+        rest = await read_all(fleet.entry(successor), resume, total)
+        log = [payload for _, payload in delivered + rest]
+        assert len(log) == total
+        assert log[:10] == [f"seed-{i}".encode() for i in range(10)]
+        for name, done in acked.items():
+            assert [p for p in log if p.startswith(f"{name}-".encode())] == done
+        # Nothing past the acknowledged records (nothing stored twice).
+        await read_more_is_nothing(fleet.entry(successor), total)
+
+        # The group's cursor moved with the shard: the next poll starts at 5.
+        client = await WireClient.connect(fleet.entry(successor))
+        try:
+            stream = await client.session()
+            await stream.send(msgspec.structs.replace(poll, request_id=300))
+            polled = await stream.recv()
+            assert isinstance(polled, GroupRecords), polled
+            assert [r.offset for r in polled.records] == [5, 6, 7, 8, 9]
+        finally:
+            client.close()
+
+
+async def read_more_is_nothing(entry: Entry, end: int) -> None:
+    client = await WireClient.connect(entry)
+    try:
+        control = await client.session()
+        await control.send(
+            Subscribe(
+                tenant_id=TENANT,
+                namespace=NS,
+                stream=STREAM,
+                shard=0,
+                start=StartOffset(offset=end),
+            )
+        )
+        subscribed = await control.recv()
+        assert isinstance(subscribed, Subscribed), subscribed
+        assert subscribed.live_offset == end, subscribed
+    finally:
+        client.close()
+
+
+async def test_a_publish_held_past_the_bound_is_refused_moving_and_not_written(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    async with moving_fleet(tmp_path, etcd_server, shard_move_hold_ms=300) as fleet:
+        owner = fleet.leader()
+        client = await WireClient.connect(fleet.entry(owner))
+        try:
+            stream = await client.session()
+            await stream.send(publish(b"before", 1))
+            assert await stream.recv() == PublishOk(request_id=1)
+            # A fence never cuts over: the hold runs out.
+            leader, generation = await fleet.placer.fence(SHARD)
+            assert leader == owner
+            await eventually(
+                lambda: all(
+                    (r := fleet.route(n)) is not None and r.generation == generation for n in NODES
+                )
+            )
+            for node in NODES:  # through the owner and through non-owners
+                other = await WireClient.connect(fleet.entry(node))
+                try:
+                    answer = await other.request(publish(b"refused", 7))
+                finally:
+                    other.close()
+                assert answer.error is not None, answer
+                assert answer.error.code == ErrorCode.SHARD_UNAVAILABLE.wire, answer
+                assert answer.error.detail.reason == "moving", answer
+                assert answer.error.detail.retry_after_ms > 0, answer
+            # Healed (cancelled): the owner serves again at a newer generation, and the
+            # refused publishes were never written.
+            retaken = await fleet.placer.cancel(SHARD)
+            assert retaken > generation
+            await eventually(lambda: fleet.settled_on(owner))
+            await stream.send(publish(b"after", 2))
+            assert await stream.recv() == PublishOk(request_id=2)
+            log = await read_all(fleet.entry(owner), 0, 2)
+            assert [p for _, p in log] == [b"before", b"after"]
+            await read_more_is_nothing(fleet.entry(owner), 2)
+        finally:
+            client.close()
+
+
+async def test_a_move_cancelled_before_its_cut_over_stays_and_a_late_cancel_is_409(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    async with moving_fleet(tmp_path, etcd_server) as fleet:
+        owner = fleet.leader()
+        target = next(n for n in NODES if n != owner)
+        # No move in progress: nothing to cancel.
+        with pytest.raises(MoveError) as nothing:
+            await fleet.placer.cancel(SHARD)
+        assert nothing.value.status == 409
+        # Fenced, then cancelled before the successor's copy can be reported: the
+        # successor is stopped from answering by fencing at a broker that is not it.
+        generation = await fleet.placer.move(SHARD, target)
+        retaken = await fleet.placer.cancel(SHARD)
+        assert retaken > generation
+        await eventually(lambda: fleet.settled_on(owner), what="the old owner serves again")
+        # A whole move, then a cancel after its cut-over: 409.
+        await fleet.placer.move(SHARD, target)
+        await eventually(lambda: fleet.settled_on(target), within=30, what="cut over")
+        with pytest.raises(MoveError) as late:
+            await fleet.placer.cancel(SHARD)
+        assert late.value.status == 409
