@@ -346,10 +346,15 @@ async def read_more_is_nothing(entry: Entry, end: int) -> None:
         client.close()
 
 
+@pytest.mark.parametrize(
+    "bound",
+    [{"shard_move_hold_ms": 300}, {"shard_move_hold_max": 0}],
+    ids=["past FELIX_SHARD_MOVE_HOLD_MS", "past FELIX_SHARD_MOVE_HOLD_MAX"],
+)
 async def test_a_publish_held_past_the_bound_is_refused_moving_and_not_written(
-    etcd_server: EtcdProcess, tmp_path: Path
+    etcd_server: EtcdProcess, tmp_path: Path, bound: dict[str, int]
 ) -> None:
-    async with moving_fleet(tmp_path, etcd_server, shard_move_hold_ms=300) as fleet:
+    async with moving_fleet(tmp_path, etcd_server, **bound) as fleet:
         owner = fleet.leader()
         client = await WireClient.connect(fleet.entry(owner))
         try:
@@ -411,3 +416,88 @@ async def test_a_move_cancelled_before_its_cut_over_stays_and_a_late_cancel_is_4
         with pytest.raises(MoveError) as late:
             await fleet.placer.cancel(SHARD)
         assert late.value.status == 409
+
+
+async def open_subscriber(entry: Entry) -> tuple[WireClient, Any]:
+    client = await WireClient.connect(entry)
+    control = await client.session()
+    await control.send(
+        Subscribe(
+            tenant_id=TENANT, namespace=NS, stream=STREAM, shard=0, start=StartOffset(offset=0)
+        )
+    )
+    subscribed = await control.recv()
+    assert isinstance(subscribed, Subscribed), subscribed
+    return client, await client.event_stream(subscribed.subscription_id)
+
+
+async def until_moved(events: Any) -> tuple[int, ShardMoved]:
+    """Records delivered (checked gap-free from 0), then the shard_moved that ends them."""
+    delivered = 0
+    while True:
+        frame = await events.recv(timeout=10)
+        if isinstance(frame, ShardMoved):
+            await events.expect_end()
+            return delivered, frame
+        assert isinstance(frame, BATCHES), frame
+        assert frame.base_offset == delivered, (frame.base_offset, delivered)
+        delivered += len(frame.payloads)
+
+
+async def test_a_member_told_to_stop_hands_its_shards_off_first(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    async with moving_fleet(tmp_path, etcd_server) as fleet:
+        owner = fleet.leader()
+        other = next(n for n in NODES if n != owner)
+        client = await WireClient.connect(fleet.entry(other))
+        sub, events = await open_subscriber(fleet.entry(owner))
+        try:
+            stream = await client.session()
+            for i in range(5):
+                await stream.send(publish(f"r{i}".encode(), i + 1))
+                assert await stream.recv() == PublishOk(request_id=i + 1)
+            # What SIGTERM runs first (felix_broker/cli.py): readiness off, its own
+            # drain asked for, serving on until it leads nothing.
+            handing = asyncio.get_running_loop().create_task(fleet.brokers[owner].hand_off())
+            n = 5
+            while not handing.done():  # publishes through the hand-off: none refused
+                n += 1
+                await stream.send(publish(f"r{n - 1}".encode(), n))
+                assert await stream.recv(timeout=15) == PublishOk(request_id=n)
+            await handing
+            assert fleet.leader() != owner
+            assert fleet.brokers[owner].health.state.value == "draining"
+            delivered, moved = await until_moved(events)
+            assert moved.node_id == fleet.leader()
+            assert moved.resume_from == delivered
+            log = await read_all(fleet.entry(fleet.leader()), 0, n)
+            assert [p for _, p in log] == [f"r{i}".encode() for i in range(n)]
+        finally:
+            client.close()
+            sub.close()
+
+
+async def test_a_lapsed_lease_ends_the_readers_of_every_shard_it_led(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    async with moving_fleet(tmp_path, etcd_server) as fleet:
+        owner = fleet.leader()
+        seed = await WireClient.connect(fleet.entry(owner))
+        sub, events = await open_subscriber(fleet.entry(owner))
+        try:
+            stream = await seed.session()
+            await stream.send(publish(b"one", 1))
+            assert await stream.recv() == PublishOk(request_id=1)
+            # What the membership does when the lease is judged lost (membership.py).
+            broker_fleet = fleet.brokers[owner].fleet
+            assert broker_fleet is not None
+            broker_fleet.view.fence()
+            delivered, moved = await until_moved(events)
+            assert delivered == 1 and moved.resume_from == 1
+            # No owner named: the client finds the shard again.
+            assert moved.node_id is None and moved.addr is None
+            broker_fleet.view.unfence()
+        finally:
+            seed.close()
+            sub.close()
