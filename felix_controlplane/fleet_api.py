@@ -7,7 +7,7 @@ Loopback only and behind the bootstrap secret, like the rest of the admin listen
 - ``POST /v1/fleet/moves`` ``{"kind": "stream"|"cache", "tenant", "namespace",
   "name", "shard", "to"}``: move one shard to the broker ``to``. 202
   ``{"generation"}`` (the fence's); the cut-over follows once ``to`` holds the copy.
-- ``GET /v1/fleet/moves``: the moves in progress (as the placer's last pass saw them).
+- ``GET /v1/fleet/moves``: the moves and fences in progress, as etcd has them.
 - ``DELETE /v1/fleet/moves/{kind}/{tenant}/{namespace}/{name}/{shard}``: cancel a
   move before its cut-over (the old leader serves again, at a new generation);
   409 when the shard is not moving (cut over already, or never moved).
@@ -111,7 +111,7 @@ class FleetApi:
         return Response(202, {"generation": generation})
 
     async def moves(self, request: Request, g: dict[str, str]) -> Response:
-        placer = self._holder()
+        moving = await self._call(self._holder().moves())
         items = [
             {
                 "kind": shard.kind.value,
@@ -124,7 +124,7 @@ class FleetApi:
                 "successor": held.record.successor,
                 "generation": held.mod_revision,
             }
-            for shard, held in sorted(placer.moving.items())
+            for shard, held in sorted(moving.items())
         ]
         return Response(200, {"items": items})
 

@@ -270,7 +270,6 @@ class Placer:
         self._listeners: list[WriteListener] = []
         self.passes = 0
         self.writes = 0
-        self.moving: dict[ShardId, Held] = {}  # moves in progress as the last pass saw them
 
     @property
     def holding(self) -> bool:
@@ -419,9 +418,6 @@ class Placer:
                     _log.warning("placer: ignoring %s: %s", kv.key, exc)
         if not holder_ok:
             return False
-        self.moving = {
-            shard: held for shard, held in current.items() if held.record.state in _IN_A_MOVE
-        }
         for node, revision in draining.items():
             if revision and node not in members:  # a drained broker left: its next start is welcome
                 await self._delete_if(keys.drain(node), revision)
@@ -462,6 +458,19 @@ class Placer:
             raise MoveError(409, "conflict", "the assignment changed meanwhile: try again")
         self.wake()
         return revision
+
+    async def moves(self) -> dict[ShardId, Held]:
+        """The moves (and fences) in progress, as etcd has them now."""
+        _, kvs = await self._client.get_prefix(self._keys.assignments)
+        out: dict[ShardId, Held] = {}
+        for kv in kvs:
+            try:
+                record = decode_assignment(kv.value)
+                if record.state in _IN_A_MOVE:
+                    out[self._keys.shard_of(kv.key)] = Held(record, kv.mod_revision)
+            except RecordError as exc:
+                _log.warning("placer: ignoring %s: %s", kv.key, exc)
+        return out
 
     async def move(self, shard: ShardId, to: str) -> int:
         """Start moving `shard` to the broker `to`: the fence (``moving``). Returns the
