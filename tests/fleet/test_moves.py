@@ -28,7 +28,7 @@ import msgspec
 import pytest
 
 from felix_broker.app import Broker
-from felix_broker.catalog import StaticCatalog, StreamSpec
+from felix_broker.catalog import CacheSpec, StaticCatalog, StreamSpec
 from felix_broker.config import load_config
 from felix_broker.fleet.node import FleetNode
 from felix_broker.fleet.peer import PeerTls
@@ -43,6 +43,11 @@ from felix_wire.binary import EventBatchSharedFrame
 from felix_wire.errors import ErrorCode
 from felix_wire.messages import (
     AckMode,
+    CacheGet,
+    CacheOk,
+    CachePut,
+    CacheValue,
+    CounterAdd,
     EventBatch,
     GroupAck,
     GroupPoll,
@@ -64,6 +69,8 @@ pytestmark = pytest.mark.timeout(180)
 
 STREAM = "moving"
 SHARD = ShardId(ShardKind.STREAM, TENANT, NS, STREAM, 0)
+MEMORY = ShardId(ShardKind.STREAM, TENANT, NS, "in-memory", 0)
+CACHE = ShardId(ShardKind.CACHE, TENANT, NS, "kv", 0)
 GROUP = "workers"
 BATCHES = (EventBatch, EventBatchSharedFrame)
 
@@ -77,20 +84,20 @@ class MovingFleet:
     def entry(self, node: str) -> Entry:
         return Entry(self.brokers[node], self.issuer)
 
-    def route(self, node: str) -> Any:
+    def route(self, node: str, shard: ShardId = SHARD) -> Any:
         fleet = self.brokers[node].fleet
         assert fleet is not None
-        return fleet.view.snapshot.route(SHARD)
+        return fleet.view.snapshot.route(shard)
 
-    def leader(self) -> str:
-        route = self.route(NODES[0])
+    def leader(self, shard: ShardId = SHARD) -> str:
+        route = self.route(NODES[0], shard)
         assert route is not None and route.leader is not None
         return str(route.leader)
 
-    def settled_on(self, node: str) -> bool:
+    def settled_on(self, node: str, shard: ShardId = SHARD) -> bool:
         """Every broker sees `node` leading the shard, active."""
         for name in self.brokers:
-            route = self.route(name)
+            route = self.route(name, shard)
             if route is None or route.leader != node or route.state is not AssignmentState.ACTIVE:
                 return False
         return True
@@ -104,9 +111,17 @@ async def moving_fleet(
     fleet_ca = generate_ca("test fleet")
     issuer = DevIssuer.load_or_create(tmp / "issuer")
     catalog = StaticCatalog(
-        streams=[StreamSpec(TENANT, NS, STREAM, shards=1, durable=True)], caches=[]
+        streams=[
+            StreamSpec(TENANT, NS, STREAM, shards=1, durable=True),
+            StreamSpec(TENANT, NS, MEMORY.name, shards=1, durable=False),
+        ],
+        caches=[CacheSpec(TENANT, NS, CACHE.name, shards=1)],
     )
-    specs = [ShardSpec(SHARD, durable=True)]
+    specs = [
+        ShardSpec(SHARD, durable=True),
+        ShardSpec(MEMORY, durable=False),
+        ShardSpec(CACHE, durable=True),
+    ]
     place = placer(("127.0.0.1", etcd.client_port), "cp-test", specs)
     async with AsyncExitStack() as stack:
         task = asyncio.get_running_loop().create_task(place.run())
@@ -143,12 +158,13 @@ async def moving_fleet(
         moving = MovingFleet(brokers, issuer, place)
 
         def placed() -> bool:
-            route = moving.route(NODES[0])
+            routes = [moving.route(NODES[0], s.shard) for s in specs]
             return (
                 place.holding
-                and route is not None
-                and route.leader is not None
-                and moving.settled_on(route.leader)
+                and all(r is not None and r.leader is not None for r in routes)
+                and all(
+                    moving.settled_on(r.leader, s.shard) for r, s in zip(routes, specs, strict=True)
+                )
                 and all(
                     len(b.fleet.view.snapshot.members) == 3 for b in brokers.values() if b.fleet
                 )
@@ -501,3 +517,45 @@ async def test_a_lapsed_lease_ends_the_readers_of_every_shard_it_led(
         finally:
             seed.close()
             sub.close()
+
+
+async def test_a_cache_shard_moves_with_its_values_and_counters_and_a_memory_shard_moves_empty(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    async with moving_fleet(tmp_path, etcd_server) as fleet:
+        owner = fleet.leader(CACHE)
+        target = next(n for n in NODES if n != owner)
+        kv = {"tenant_id": TENANT, "namespace": NS, "cache": CACHE.name}
+        client = await WireClient.connect(fleet.entry(owner))
+        try:
+            stream = await client.session()
+            await stream.send(CachePut(**kv, key="k", value=b"v1", request_id=1))
+            assert isinstance(await stream.recv(), CacheOk)
+            await stream.send(CounterAdd(**kv, key="hits", delta=5, request_id=2))
+            assert (await stream.recv()).value == 5
+        finally:
+            client.close()
+        await fleet.placer.move(CACHE, target)
+        await eventually(lambda: fleet.settled_on(target, CACHE), within=30, what="cut over")
+        client = await WireClient.connect(fleet.entry(target))
+        try:
+            stream = await client.session()
+            await stream.send(CacheGet(**kv, key="k", request_id=3))
+            got = await stream.recv()
+            assert isinstance(got, CacheValue) and got.value == b"v1", got
+            await stream.send(CounterAdd(**kv, key="hits", delta=1, request_id=4))
+            assert (await stream.recv()).value == 6  # the counter continued
+        finally:
+            client.close()
+
+        # An in-memory shard: nothing to copy; it cuts over and serves at once.
+        mem_owner = fleet.leader(MEMORY)
+        mem_target = next(n for n in NODES if n != mem_owner)
+        await fleet.placer.move(MEMORY, mem_target)
+        await eventually(lambda: fleet.settled_on(mem_target, MEMORY), within=30)
+        client = await WireClient.connect(fleet.entry(mem_target))
+        try:
+            message = msgspec.structs.replace(publish(b"m", 1), stream=MEMORY.name)
+            assert await client.request(message) == PublishOk(request_id=1)
+        finally:
+            client.close()
