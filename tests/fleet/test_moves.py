@@ -47,6 +47,8 @@ from felix_wire.messages import (
     CacheOk,
     CachePut,
     CacheValue,
+    CacheWatch,
+    CacheWatchStarted,
     CounterAdd,
     EventBatch,
     GroupAck,
@@ -535,7 +537,22 @@ async def test_a_cache_shard_moves_with_its_values_and_counters_and_a_memory_sha
             assert (await stream.recv()).value == 5
         finally:
             client.close()
-        await fleet.placer.move(CACHE, target)
+        # A watch at the old owner: ended with shard_moved naming the successor.
+        watcher = await WireClient.connect(fleet.entry(owner))
+        try:
+            control = await watcher.session()
+            await control.send(CacheWatch(**kv, key="k"))
+            started = await control.recv()
+            assert isinstance(started, CacheWatchStarted), started
+            events = await watcher.event_stream(started.subscription_id)
+            await fleet.placer.move(CACHE, target)
+            moved = await events.recv(timeout=10)
+            assert isinstance(moved, ShardMoved), moved
+            assert moved.node_id == target and moved.subscription_id == started.subscription_id
+            assert moved.resume_from is not None and moved.resume_from >= started.resume_offset
+            await events.expect_end()
+        finally:
+            watcher.close()
         await eventually(lambda: fleet.settled_on(target, CACHE), within=30, what="cut over")
         client = await WireClient.connect(fleet.entry(target))
         try:
