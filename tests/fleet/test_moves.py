@@ -56,7 +56,10 @@ from felix_wire.messages import (
     GroupRecords,
     Publish,
     PublishError,
+    PublishIdempotent,
     PublishOk,
+    PublishRefusal,
+    SequenceGap,
     ShardMoved,
     StartOffset,
     Subscribe,
@@ -576,3 +579,50 @@ async def test_a_cache_shard_moves_with_its_values_and_counters_and_a_memory_sha
             assert await client.request(message) == PublishOk(request_id=1)
         finally:
             client.close()
+
+
+async def test_producer_sequences_move_with_the_shard(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    async with moving_fleet(tmp_path, etcd_server) as fleet:
+        owner = fleet.leader()
+        target = next(n for n in NODES if n != owner)
+
+        def idem(sequence: int, *payloads: bytes, rid: int) -> PublishIdempotent:
+            return PublishIdempotent(
+                tenant_id=TENANT,
+                namespace=NS,
+                stream=STREAM,
+                payloads=list(payloads),
+                request_id=rid,
+                producer_id=0x1234_5678,
+                sequence=sequence,
+            )
+
+        client = await WireClient.connect(fleet.entry(owner))
+        try:
+            stream = await client.session()
+            await stream.send(idem(0, b"a", b"b", rid=1))
+            assert await stream.recv() == PublishOk(request_id=1, offset=0)
+            await stream.send(idem(1, b"c", rid=2))
+            assert await stream.recv() == PublishOk(request_id=2, offset=2)
+        finally:
+            client.close()
+        await fleet.placer.move(SHARD, target)
+        await eventually(lambda: fleet.settled_on(target), within=30, what="cut over")
+        client = await WireClient.connect(fleet.entry(target))
+        try:
+            stream = await client.session()
+            # A resend of the last batch is remembered at the new owner: nothing appended.
+            await stream.send(idem(1, b"c", rid=3))
+            assert await stream.recv() == PublishOk(request_id=3, offset=2)
+            await stream.send(idem(2, b"d", rid=4))
+            assert await stream.recv() == PublishOk(request_id=4, offset=3)
+            await stream.send(idem(4, b"f", rid=5))
+            refused = await stream.recv()
+            assert refused.reason == PublishRefusal(sequence_gap=SequenceGap(expected=3))
+        finally:
+            client.close()
+        log = await read_all(fleet.entry(target), 0, 4)
+        assert [p for _, p in log] == [b"a", b"b", b"c", b"d"]
+        await read_more_is_nothing(fleet.entry(target), 4)
