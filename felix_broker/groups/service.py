@@ -191,6 +191,8 @@ class _ShardGroups:
     signal: _Signal = field(default_factory=_Signal)
     last_stamp_us: int = 0
     compacting: bool = False
+    # The shard moved away (release_shard): a poll waiting on it answers empty.
+    released: bool = False
     # Changes made this loop pass, appended together by one commit (group commit),
     # and their writers' futures: each gets the last offset, or the append's error.
     pending: list[GroupChange] = field(default_factory=list)
@@ -304,6 +306,7 @@ class GroupService:
         if groups is None:
             return
         self._commit(groups)
+        groups.released = True
         groups.signal.fire()
         with contextlib.suppress(ValueError):
             groups.stream.listeners.remove(groups.signal.fire)
@@ -753,6 +756,8 @@ class GroupService:
             if next_deadline is not None:
                 remaining = min(remaining, max(0.0, (next_deadline - now) / 1000) + 0.001)
             await groups.signal.wait(remaining)
+            if groups.released:
+                break  # its shard moved away: what was taken so far (none), no more
         records = [
             GroupRecord(
                 offset=record.offset,

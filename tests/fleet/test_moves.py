@@ -626,3 +626,27 @@ async def test_producer_sequences_move_with_the_shard(
         log = await read_all(fleet.entry(target), 0, 4)
         assert [p for _, p in log] == [b"a", b"b", b"c", b"d"]
         await read_more_is_nothing(fleet.entry(target), 4)
+
+
+async def test_a_group_poll_waiting_when_its_shard_leaves_answers_empty(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    async with moving_fleet(tmp_path, etcd_server) as fleet:
+        owner = fleet.leader()
+        target = next(n for n in NODES if n != owner)
+        client = await WireClient.connect(fleet.entry(owner))
+        try:
+            stream = await client.session()
+            poll = GroupPoll(
+                tenant_id=TENANT, namespace=NS, stream=STREAM, shard=0, group=GROUP,
+                max_records=5, wait_ms=20_000, request_id=1,
+            )  # fmt: skip
+            await stream.send(poll)
+            await stream.nothing(wait=0.3)  # waiting: nothing to take
+            started = asyncio.get_running_loop().time()
+            await fleet.placer.move(SHARD, target)
+            answer = await stream.recv(timeout=10)
+            assert answer == GroupRecords(records=[], request_id=1), answer
+            assert asyncio.get_running_loop().time() - started < 10
+        finally:
+            client.close()
