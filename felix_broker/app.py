@@ -47,8 +47,10 @@ from felix_wire.messages import Auth, Commit
 if TYPE_CHECKING:  # the fleet (and so etcd) is imported only by a broker that joins one
     from felix_broker.fleet.etcd_node import EtcdNode
     from felix_broker.fleet.features import FleetFeatures
+    from felix_broker.fleet.moves import MoveHold, MoveService
     from felix_broker.fleet.node import FleetNode
     from felix_broker.fleet.peer import PeerDialer, PeerListener
+    from felix_broker.fleet.placement import ClusterPlacement
 
 __all__ = ["SERVER_FEATURES", "SERVER_FLAGS", "Broker", "Verifier"]
 
@@ -92,6 +94,9 @@ class Broker:
         self.fleet = fleet
         self.peer_listener: PeerListener | None = None
         self.peer_dialer: PeerDialer | None = None
+        self.move_hold: MoveHold | None = None  # writes held for a move's cut-over
+        self.moves: MoveService | None = None  # this broker's part in planned moves
+        self.cluster_placement: ClusterPlacement | None = None
         self._cache_limits = cache_limits
         self.metrics = BrokerMetrics(quic_impl=config.quic_impl.value)
         self.health = Health()
@@ -393,19 +398,31 @@ class Broker:
             assert self.streams is not None  # built before any request is dispatched
             return await self.streams.hold_publish_bytes(ctx, size)
 
+        from felix_broker.fleet.moves import MoveHold
+
+        self.move_hold = MoveHold(
+            fleet.view,
+            hold_ms=self.config.shard_move_hold_ms,
+            hold_max=self.config.shard_move_hold_max,
+        )
         placement = ClusterPlacement(
             view=fleet.view,
             catalog=lambda: self.catalog,
             dialer=self.peer_dialer,
             ack_on_commit=self.config.ack_on_commit,
             hold_bytes=hold_bytes,
+            hold=self.move_hold,
         )
         self.table = DispatchTable(placement)
+        placement.redispatch = self.table.dispatch
+        self.cluster_placement = placement
         return ClusterDiscovery(self.catalog, fleet.view)
 
     async def _start_peer_listener(self) -> None:
+        from felix_broker.fleet.moves import MoveService
         from felix_broker.fleet.owner import OwnerService
-        from felix_broker.fleet.peer import PeerListener
+        from felix_broker.fleet.peer import PeerListener, PeerTable
+        from felix_wire.fleet import ForwardCacheOp, ForwardPublish, MoveChunk, MoveDone
 
         fleet, config = self.fleet, self.config
         assert fleet is not None and self._verifier is not None
@@ -419,9 +436,90 @@ class Broker:
             features=lambda: self._features,
             max_frame_bytes=config.max_frame_bytes,
             metrics=self.metrics,
+            hold=self.move_hold,
         )
-        self.peer_listener = PeerListener(fleet.tls, owner.handle, fleet.limits)
+        assert self.peer_dialer is not None
+        self.moves = MoveService(
+            view=fleet.view,
+            dialer=self.peer_dialer,
+            storage=self._move_storage(),
+            report=self._report_move,
+        )
+        fleet.view.add_listener(self.moves.on_change)
+        if self.cluster_placement is not None:
+            self.cluster_placement.local_owner = owner.handle
+        table = PeerTable()
+        table.register(ForwardPublish, owner.handle)
+        table.register(ForwardCacheOp, owner.handle)
+        table.register(MoveChunk, self.moves.handle)
+        table.register(MoveDone, self.moves.handle)
+        self.peer_listener = PeerListener(fleet.tls, table.handle, fleet.limits)
         await self.peer_listener.start(fleet.peer_host, fleet.peer_port)
+
+    def _move_storage(self) -> Any:
+        from felix_broker.fleet.moves import ServiceStorage
+        from felix_broker.fleet.routing import ShardId
+
+        def stream_durable(shard: ShardId) -> bool:
+            spec = self.catalog.stream(shard.tenant, shard.namespace, shard.name)
+            return spec is not None and spec.durable
+
+        def states() -> list[Any]:
+            return list(self.session.connections.values()) if self.session else []
+
+        return ServiceStorage(
+            root=self.config.durable_storage_dir if self.config.durable_enabled else None,
+            stream_durable=stream_durable,
+            cache_durable=self.cache is not None and self.cache.durable,
+            streams=lambda: self.streams,
+            engine=lambda: self.engine,
+            groups=lambda: self.groups,
+            cache=lambda: self.cache,
+            states=states,
+        )
+
+    async def _report_move(self, shard: Any, record: Any) -> None:
+        if self.etcd is None:
+            raise RuntimeError("not registered in etcd: a move's copy cannot be reported")
+        await self.etcd.report_move(shard, record)
+
+    async def hand_off(self) -> None:
+        """A fleet member told to stop: readiness off, ask the placer to drain it, keep
+        serving until it leads nothing (bounded by shutdown_handoff_timeout_ms). A
+        standalone broker, or a timeout of 0, hands nothing off."""
+        timeout = self.config.shutdown_handoff_timeout_ms / 1000
+        if self.etcd is None or self.fleet is None or timeout <= 0:
+            return
+        from felix_broker.fleet.routing import AssignmentState
+
+        self.health.mark_draining()
+        view = self.fleet.view
+        node = view.snapshot.node_id
+
+        def leading() -> int:
+            return sum(
+                1
+                for route in view.raw.routes.values()
+                if route.leader == node and route.state is not AssignmentState.UNAVAILABLE
+            )
+
+        others = [n for n in view.raw.members if n != node]
+        if not others or not leading():
+            return
+        try:
+            if not await self.etcd.request_drain():
+                return
+        except Exception as exc:  # etcd away: nothing to hand off to
+            _log.warning("could not ask for this broker's drain: %s", exc)
+            return
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + timeout
+        while leading() and (left := deadline - loop.time()) > 0:
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await view.wait_changed()
+        if leading():
+            _log.warning("hand-off timed out: %d shard(s) still led here fail over", leading())
 
     def _engine(self) -> Engine:
         assert self.engine is not None, "not started"
@@ -477,6 +575,8 @@ class Broker:
 
     async def stop(self) -> None:
         await self.drain()
+        if self.moves is not None:
+            await self.moves.close()
         if self.etcd is not None:
             await self.etcd.stop()  # revokes the lease: the placer re-places at once
         if self.peer_listener is not None:

@@ -6,7 +6,8 @@
 
 The broker prints, on start, where it listens, where its CA certificate is and
 how to get a token; otherwise it logs warnings only unless `--log-level` says so.
-SIGTERM or SIGINT drains it (see Broker.drain) and exits 0.
+SIGTERM or SIGINT drains it (see Broker.drain) and exits 0; a fleet member first
+hands its shards off (Broker.hand_off, bounded by FELIX_SHUTDOWN_HANDOFF_TIMEOUT_MS).
 """
 
 from __future__ import annotations
@@ -157,6 +158,7 @@ async def _serve(config: BrokerConfig) -> int:
     print(f"felix-broker: CA certificate {broker.ca_path}", flush=True)
     print(f"felix-broker: {token_hint(config)}", flush=True)
     await stop.wait()
+    await broker.hand_off()  # a fleet member drains itself first (bounded)
     await broker.stop()
     return 0
 

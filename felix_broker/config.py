@@ -710,6 +710,32 @@ class BrokerConfig:
         doc="TTL of this broker's etcd lease; keepalive every third of it. The broker "
         "stops serving what it leads once no keepalive succeeded for three quarters of it.",
     )
+    shard_move_hold_ms: int = _int(
+        2000,
+        "FELIX_SHARD_MOVE_HOLD_MS",
+        minimum=0,
+        maximum=600_000,
+        doc="How long a write (publish, cache or counter op) for a shard in a move waits "
+        "for the move's cut-over before it is refused shard_unavailable/moving with "
+        "retry_after_ms (nothing written).",
+    )
+    shard_move_hold_max: int = _int(
+        1024,
+        "FELIX_SHARD_MOVE_HOLD_MAX",
+        minimum=0,
+        maximum=1_000_000,
+        doc="How many writes this broker holds at once for shards in a move; one more is "
+        "refused shard_unavailable/moving at once.",
+    )
+    shutdown_handoff_timeout_ms: int = _int(
+        30000,
+        "FELIX_SHUTDOWN_HANDOFF_TIMEOUT_MS",
+        minimum=0,
+        maximum=3_600_000,
+        doc="A fleet member told to stop (SIGTERM) first asks the control plane to drain it "
+        "and keeps serving until it leads nothing, for at most this long; whatever it still "
+        "leads then fails over. 0 stops at once.",
+    )
     client_advertise_addr: str = _text(
         "",
         "FELIX_CLIENT_ADVERTISE_ADDR",

@@ -12,6 +12,11 @@ that is not a record into one typed `RecordError`. Under the prefix ``P``
 - ``P/placer`` → the placement holder's id, attached to the holder's lease;
 - ``P/features/{name}`` → `FinalizedFeature`, written once by the control plane
   when it finalizes a fleet feature, never changed or deleted.
+- ``P/progress/{node_id}/moves/{kind}/{tenant}/{namespace}/{name}/{shard}`` →
+  `MoveCopied`, a move's successor's report, attached to the successor's lease;
+- ``P/progress/{node_id}/drain`` → `Drain`, a broker's request for its own drain
+  (at shutdown), attached to its own lease;
+- ``P/drains/{node_id}`` → `Drain`, written by the control plane while a broker drains.
 """
 
 from __future__ import annotations
@@ -20,21 +25,32 @@ import enum
 from dataclasses import dataclass
 
 from felix_wire import fleet as wire
-from felix_wire.fleet import Assignment, AssignmentState, FinalizedFeature, Member
+from felix_wire.fleet import (
+    Assignment,
+    AssignmentState,
+    Drain,
+    FinalizedFeature,
+    Member,
+    MoveCopied,
+)
 from felix_wire.wire_errors import MalformedJsonError, MessageFieldError
 
 __all__ = [
     "Assignment",
     "AssignmentState",
+    "Drain",
     "FinalizedFeature",
     "Keyspace",
     "Member",
+    "MoveCopied",
     "RecordError",
     "ShardId",
     "ShardKind",
     "decode_assignment",
+    "decode_drain",
     "decode_finalized_feature",
     "decode_member",
+    "decode_move_copied",
     "encode_record",
 ]
 
@@ -88,6 +104,20 @@ def decode_assignment(value: bytes) -> Assignment:
         return wire.decode_assignment(value)
     except (MalformedJsonError, MessageFieldError) as exc:
         raise RecordError(f"not an assignment record: {exc}") from None
+
+
+def decode_move_copied(value: bytes) -> MoveCopied:
+    try:
+        return wire.decode_movecopied(value)
+    except (MalformedJsonError, MessageFieldError) as exc:
+        raise RecordError(f"not a move progress record: {exc}") from None
+
+
+def decode_drain(value: bytes) -> Drain:
+    try:
+        return wire.decode_drain(value)
+    except (MalformedJsonError, MessageFieldError) as exc:
+        raise RecordError(f"not a drain record: {exc}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -161,3 +191,53 @@ class Keyspace:
         except ValueError:
             raise RecordError(f"unknown shard kind in {key!r}") from None
         return ShardId(shard_kind, tenant, namespace, name, index)
+
+    @property
+    def progress(self) -> str:
+        return self.prefix + "/progress/"
+
+    @property
+    def drains(self) -> str:
+        return self.prefix + "/drains/"
+
+    def move_progress(self, node_id: str, shard: ShardId) -> str:
+        """Where `node_id` reports it holds the copy of `shard` for a move."""
+        return wire.move_progress_key(
+            self.prefix,
+            node_id=node_id,
+            kind=shard.kind.value,
+            tenant=shard.tenant,
+            namespace=shard.namespace,
+            name=shard.name,
+            shard=shard.shard,
+        )
+
+    def drain(self, node_id: str) -> str:
+        return wire.drains_key(self.prefix, node_id=node_id)
+
+    def drained_node_of(self, key: str) -> str:
+        parts = wire.parse_drains_key(self.prefix, key)
+        if parts is None:
+            raise RecordError(f"not a drain key: {key!r}")
+        return parts[0]
+
+    def progress_of(self, key: str) -> tuple[str, ShardId]:
+        """(successor node id, shard) of a move progress key."""
+        parts = wire.parse_move_progress_key(self.prefix, key)
+        if parts is None:
+            raise RecordError(f"not a move progress key: {key!r}")
+        node, kind, tenant, namespace, name, index = parts
+        try:
+            shard_kind = ShardKind(kind)
+        except ValueError:
+            raise RecordError(f"unknown shard kind in {key!r}") from None
+        return node, ShardId(shard_kind, tenant, namespace, name, index)
+
+    def drain_request(self, node_id: str) -> str:
+        """Where a broker told to stop asks for its own drain (under its own lease)."""
+        return wire.drain_request_key(self.prefix, node_id=node_id)
+
+    def drain_requester_of(self, key: str) -> str | None:
+        """The node id of a drain request key; None for any other key."""
+        parts = wire.parse_drain_request_key(self.prefix, key)
+        return None if parts is None else parts[0]

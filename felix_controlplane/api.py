@@ -46,7 +46,7 @@ import secrets
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import msgspec
 
@@ -59,8 +59,12 @@ from felix_controlplane.exchange import (
     UpstreamVerifier,
     validate_identity_provider,
 )
+from felix_controlplane.fleet_api import FleetApi
 from felix_controlplane.http import BadJson, Request, Response, error
 from felix_controlplane.keys import KeyRing
+
+if TYPE_CHECKING:
+    from felix_controlplane.placement import Placer
 from felix_controlplane.model import ApiError
 from felix_controlplane.store import (
     ConflictError,
@@ -167,9 +171,14 @@ class ControlPlane:
             ("GET", re.compile(r"^/v1/catalog/snapshot$"), self._snapshot),
             ("GET", re.compile(r"^/v1/catalog/changes$"), self._changes),
         ]
+        # The placer this instance runs (felix-controlplane --etcd-endpoints sets it):
+        # the operator's fleet commands (fleet_api.py) act through it.
+        self.placer: Placer | None = None
+        fleet = FleetApi(lambda: self.placer)
         self._admin_routes: list[tuple[str, re.Pattern[str], Route]] = [
             ("POST", re.compile(r"^/v1/bootstrap$"), self._bootstrap),
             ("GET", re.compile(r"^/v1/tenants$"), self._list_tenants),
+            *((method, re.compile(path), route) for method, path, route in fleet.routes()),
         ]
 
     # -- s2-backup: the fleet's routes (felix_controlplane/fleet_features.py) ------------

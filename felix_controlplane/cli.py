@@ -331,6 +331,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
             lease_ttl_s=args.placer_lease_ttl,
         )
         placement.start()
+        plane.placer = placement.placer  # the admin listener's fleet commands
     try:
         await stop.wait()
     finally:

@@ -24,7 +24,17 @@ current assignments):
   ``active`` again when that broker returns; never served empty elsewhere;
 - no live member at all: a new or re-placed shard is ``unavailable/not_assigned``;
 - shards whose stream or cache left the catalog lose their assignment key;
-- ``draining`` and ``moving`` assignments belong to a move and are left alone.
+- a planned move (`Placer.move`, `Placer.drain`): the assignment turns
+  ``moving`` with its ``successor`` (the fence; leader kept). It cuts over
+  (``active``, leader = successor, a new generation) once the successor
+  reports the copy for exactly that generation under
+  ``P/progress/{successor}/moves/...``; it is retaken (``active`` under the old
+  leader) when the successor leaves first, or when cancelled (`Placer.cancel`);
+- a broker with a ``P/drains/{node_id}`` key gets nothing new, and every shard
+  it leads is moved to the member the rule picks among the others; the key is
+  deleted once that broker leaves;
+- a fence (`Placer.fence`: ``moving`` with the leader as its own successor)
+  never cuts over: it lasts until cancelled.
 
 A pass runs at once when a member comes or goes (a watch on the members), and
 otherwise every `interval_s` (catalog changes).
@@ -55,18 +65,22 @@ from felix_common.feed import cache_spec, stream_spec
 from felix_common.fleet import (
     Assignment,
     AssignmentState,
+    Drain,
     Keyspace,
     RecordError,
     ShardId,
     ShardKind,
     decode_assignment,
+    decode_move_copied,
     encode_record,
 )
+from felix_controlplane.fleet_api import MoveError
 from felix_controlplane.store import Snapshot
 from felix_wire.errors import DETAIL_REASONS, ErrorCode
 
 __all__ = [
     "Held",
+    "MoveError",
     "Placement",
     "Placer",
     "ShardSpec",
@@ -80,6 +94,7 @@ __all__ = [
 _log = logging.getLogger(__name__)
 
 OWNER_UNAVAILABLE = "owner_unavailable"
+MOVING = AssignmentState.MOVING
 NOT_ASSIGNED = "not_assigned"
 assert {OWNER_UNAVAILABLE, NOT_ASSIGNED} <= set(DETAIL_REASONS[ErrorCode.SHARD_UNAVAILABLE])
 
@@ -131,10 +146,20 @@ def _pick(shard: ShardId, live: Sequence[str], load: Counter[str], cap: int) -> 
 
 
 def plan(
-    specs: Iterable[ShardSpec], live: Iterable[str], current: Mapping[ShardId, Held]
+    specs: Iterable[ShardSpec],
+    live: Iterable[str],
+    current: Mapping[ShardId, Held],
+    *,
+    draining: Iterable[str] = (),
+    copied: Mapping[tuple[str, ShardId], int] | None = None,
 ) -> list[Write]:
-    """The writes that bring `current` to the placement rule (module docs)."""
-    members = sorted(set(live))
+    """The writes that bring `current` to the placement rule (module docs).
+    `draining`: brokers being drained; `copied`: (successor, shard) -> the
+    generation its reported copy was made for."""
+    alive = set(live)
+    drained = set(draining) & alive
+    members = sorted(alive - drained)  # who may take shards
+    copies = copied or {}
     wanted = {spec.shard: spec for spec in specs}
     load: Counter[str] = Counter(
         held.record.leader
@@ -161,6 +186,20 @@ def plan(
             continue
         record = held.record
         if record.state in _IN_A_MOVE:
+            step = _move_step(shard, held, alive, copies)
+            if step is not None:
+                writes.append(step)
+            continue
+        if record.leader is not None and record.leader in drained:
+            if record.state == _ACTIVE and members:
+                successor = _pick(shard, members, load, cap)
+                load[successor] += 1
+                moving = Assignment(
+                    state=MOVING, leader=record.leader, replicas=[], successor=successor
+                )
+                writes.append(Write(shard, moving, held.mod_revision))
+            elif record.state == _UNAVAILABLE:
+                writes.append(Write(shard, _record(_ACTIVE, record.leader), held.mod_revision))
             continue
         if record.leader is not None and record.leader in members:
             if record.state == _UNAVAILABLE:  # its broker is back
@@ -178,6 +217,26 @@ def plan(
     for shard in sorted(set(current) - set(wanted)):
         writes.append(Write(shard, None, current[shard].mod_revision))
     return writes
+
+
+def _move_step(
+    shard: ShardId, held: Held, alive: set[str], copied: Mapping[tuple[str, ShardId], int]
+) -> Write | None:
+    """The next step of a move in progress: cut over once the successor holds the
+    copy made for this very generation; retake when the successor left."""
+    record = held.record
+    successor, leader = record.successor, record.leader
+    if successor is None or leader is None:
+        return None
+    if successor == leader:
+        return None  # a fence: lasts until cancelled
+    if successor not in alive:
+        if leader in alive:
+            return Write(shard, _record(_ACTIVE, leader), held.mod_revision)
+        return Write(shard, _record(_UNAVAILABLE, leader, OWNER_UNAVAILABLE), held.mod_revision)
+    if copied.get((successor, shard)) == held.mod_revision:
+        return Write(shard, _record(_ACTIVE, successor), held.mod_revision)
+    return None
 
 
 CatalogShards = Callable[[], Awaitable[list[ShardSpec]]]
@@ -305,10 +364,13 @@ class Placer:
             await asyncio.sleep(max(0.0, sent + interval - lease_clock()))
 
     async def _watch_members(self) -> None:
+        """Wake a pass on every change of the members, a move's progress or a drain."""
         revision, _ = await self._client.get_prefix(self._keys.members)
         self.wake()
-        async for _event in self._client.watch_prefix(self._keys.members, revision + 1):
-            self.wake()
+        wanted = (self._keys.members, self._keys.progress, self._keys.drains)
+        async for event in self._client.watch_prefix(self._keys.root, revision + 1):
+            if event.key.startswith(wanted):
+                self.wake()
 
     async def _passes(self) -> None:
         while True:
@@ -327,12 +389,27 @@ class Placer:
         _, kvs = await self._client.get_prefix(keys.root)
         members: set[str] = set()
         current: dict[ShardId, Held] = {}
+        draining: dict[str, int] = {}
+        copied: dict[tuple[str, ShardId], int] = {}
         holder_ok = False
         for kv in kvs:
             if kv.key == keys.placer:
                 holder_ok = kv.create_revision == self._token
             elif kv.key.startswith(keys.members):
                 members.add(keys.node_of(kv.key))
+            elif kv.key.startswith(keys.drains):
+                try:
+                    draining[keys.drained_node_of(kv.key)] = kv.mod_revision
+                except RecordError as exc:
+                    _log.warning("placer: ignoring %s: %s", kv.key, exc)
+            elif (asker := keys.drain_requester_of(kv.key)) is not None:
+                draining.setdefault(asker, 0)  # goes with the broker's lease
+            elif kv.key.startswith(keys.progress):
+                try:
+                    node, shard = keys.progress_of(kv.key)
+                    copied[(node, shard)] = decode_move_copied(kv.value).generation
+                except RecordError as exc:
+                    _log.warning("placer: ignoring %s: %s", kv.key, exc)
             elif kv.key.startswith(keys.assignments):
                 try:
                     shard = keys.shard_of(kv.key)
@@ -341,7 +418,11 @@ class Placer:
                     _log.warning("placer: ignoring %s: %s", kv.key, exc)
         if not holder_ok:
             return False
-        for write in plan(specs, members, current):
+        for node, revision in draining.items():
+            if revision and node not in members:  # a drained broker left: its next start is welcome
+                await self._delete_if(keys.drain(node), revision)
+        writes = plan(specs, members, current, draining=draining, copied=copied)
+        for write in writes:
             if not await self._write(write):
                 # Planned from a stale view (or placement lost): read again.
                 held = await self._client.get(keys.placer)
@@ -351,7 +432,126 @@ class Placer:
                 break
         return True
 
+    # -- planned moves (the control plane's fleet API) --------------------------------
+
+    def _require_holding(self) -> None:
+        if not self.holding:
+            raise MoveError(503, "not_placer", f"{self.holder_id} does not hold placement now")
+
+    async def _held(self, shard: ShardId) -> Held:
+        kv = await self._client.get(self._keys.assignment(shard))
+        if kv is None:
+            raise MoveError(404, "not_found", f"no assignment for {_shard_text(shard)}")
+        try:
+            return Held(decode_assignment(kv.value), kv.mod_revision)
+        except RecordError as exc:
+            raise MoveError(409, "conflict", str(exc)) from None
+
+    async def _live(self) -> set[str]:
+        _, kvs = await self._client.get_prefix(self._keys.members)
+        return {self._keys.node_of(kv.key) for kv in kvs}
+
+    async def _step(self, write: Write) -> int:
+        ok, revision = await self._txn_write(write)
+        if not ok:
+            self._require_holding()
+            raise MoveError(409, "conflict", "the assignment changed meanwhile: try again")
+        self.wake()
+        return revision
+
+    async def moves(self) -> dict[ShardId, Held]:
+        """The moves (and fences) in progress, as etcd has them now."""
+        _, kvs = await self._client.get_prefix(self._keys.assignments)
+        out: dict[ShardId, Held] = {}
+        for kv in kvs:
+            try:
+                record = decode_assignment(kv.value)
+                if record.state in _IN_A_MOVE:
+                    out[self._keys.shard_of(kv.key)] = Held(record, kv.mod_revision)
+            except RecordError as exc:
+                _log.warning("placer: ignoring %s: %s", kv.key, exc)
+        return out
+
+    async def move(self, shard: ShardId, to: str) -> int:
+        """Start moving `shard` to the broker `to`: the fence (``moving``). Returns the
+        fence's generation. The placer cuts over once `to` reports its copy."""
+        self._require_holding()
+        held = await self._held(shard)
+        record = held.record
+        if record.state != _ACTIVE or record.leader is None:
+            raise MoveError(
+                409, "conflict", f"{_shard_text(shard)} is {record.state}, not active: not movable"
+            )
+        if to == record.leader:
+            raise MoveError(409, "conflict", f"{to} already leads {_shard_text(shard)}")
+        if to not in await self._live():
+            raise MoveError(404, "not_found", f"no live broker {to!r}")
+        moving = Assignment(state=MOVING, leader=record.leader, replicas=[], successor=to)
+        return await self._step(Write(shard, moving, held.mod_revision))
+
+    async def fence(self, shard: ShardId) -> tuple[str, int]:
+        """Fence `shard` as a move does, with no successor: its leader holds and then
+        refuses writes and ends its readers until `cancel`. Returns (leader, generation)."""
+        self._require_holding()
+        held = await self._held(shard)
+        record = held.record
+        if record.leader is None:
+            raise MoveError(409, "conflict", f"{_shard_text(shard)} has no leader to fence")
+        if record.state == MOVING and record.successor == record.leader:
+            return record.leader, held.mod_revision  # fenced already
+        if record.state != _ACTIVE:
+            raise MoveError(409, "conflict", f"{_shard_text(shard)} is {record.state}")
+        fenced = Assignment(
+            state=MOVING, leader=record.leader, replicas=[], successor=record.leader
+        )
+        return record.leader, await self._step(Write(shard, fenced, held.mod_revision))
+
+    async def cancel(self, shard: ShardId) -> int:
+        """Cancel the move (or fence) of `shard` before its cut-over: the old leader
+        serves it again at a new generation. 409 when no move is in progress (never
+        started, or cut over already)."""
+        self._require_holding()
+        held = await self._held(shard)
+        record = held.record
+        if record.state not in _IN_A_MOVE or record.leader is None:
+            raise MoveError(
+                409, "conflict", f"{_shard_text(shard)} is not moving (cut over, or never moved)"
+            )
+        return await self._step(Write(shard, _record(_ACTIVE, record.leader), held.mod_revision))
+
+    async def drain(self, node_id: str, requested_by: str) -> None:
+        """Move every shard `node_id` leads elsewhere, and place nothing new on it."""
+        self._require_holding()
+        if node_id not in await self._live():
+            raise MoveError(404, "not_found", f"no live broker {node_id!r}")
+        record = encode_record(Drain(requested_by=requested_by))
+        holder = Compare(self._keys.placer, "create_revision", "==", self._token)
+        ok, _ = await self._client.txn([holder], [Put(self._keys.drain(node_id), record)])
+        if not ok:
+            self._require_holding()
+        self.wake()
+
+    async def undrain(self, node_id: str) -> bool:
+        """Stop draining `node_id` (moves already fenced go on); False if it was not."""
+        self._require_holding()
+        kv = await self._client.get(self._keys.drain(node_id))
+        if kv is None:
+            return False
+        await self._delete_if(self._keys.drain(node_id), kv.mod_revision)
+        self.wake()
+        return True
+
+    async def _delete_if(self, key: str, revision: int) -> None:
+        holder = Compare(self._keys.placer, "create_revision", "==", self._token)
+        await self._client.txn(
+            [Compare(key, "mod_revision", "==", revision), holder], [Delete(key)]
+        )
+
     async def _write(self, write: Write) -> bool:
+        ok, _ = await self._txn_write(write)
+        return ok
+
+    async def _txn_write(self, write: Write) -> tuple[bool, int]:
         key = self._keys.assignment(write.shard)
         guard = (
             Compare(key, "mod_revision", "==", write.expected)
@@ -364,14 +564,18 @@ class Placer:
         )
         ok, revision = await self._client.txn([guard, holder], [op])
         if not ok:
-            return False
+            return False, 0
         self.writes += 1
         for listener in self._listeners:
             try:
                 listener(write, revision)
             except Exception:
                 _log.exception("placer write listener failed")
-        return True
+        return True, revision
+
+
+def _shard_text(shard: ShardId) -> str:
+    return f"{shard.kind.value} {shard.tenant}/{shard.namespace}/{shard.name} shard {shard.shard}"
 
 
 def shard_specs(

@@ -91,6 +91,7 @@ from felix_wire.messages import (
     CounterValue,
     CursorErrorReason,
     EventStreamHello,
+    ShardMoved,
     SubscribeCursorError,
     Unsupported,
     VersionCondition,
@@ -311,6 +312,38 @@ class CacheService:
         if found is None:
             found = self._shards[scope] = self._open_shard(spec, index)
         return found
+
+    async def release_shard(self, tenant_id: str, namespace: str, cache: str, index: int) -> None:
+        """Forget one shard and close its log (it moved, or a move's copy is about to
+        replace its files); its watches end. The next use opens it from disk again."""
+        found = self._shards.pop((tenant_id, namespace, cache, index), None)
+        if found is None:
+            return
+        for watcher in found.watchers():
+            watcher.close()
+        try:
+            await found.close()
+        except StorageError as exc:
+            _log.error("closing a moved cache shard failed: %s", exc)
+
+    def shard_watches(self, key: tuple[str, str, str, int]) -> int:
+        """How many watches of one shard are still open."""
+        found = self._shards.get(key)
+        return 0 if found is None else sum(1 for w in found.watchers() if not w.closed)
+
+    def end_shard_watches(
+        self, key: tuple[str, str, str, int], moved_to: tuple[str | None, str | None, int]
+    ) -> int:
+        """This broker stopped serving one shard: each watch on it ends after what is
+        queued, with shard_moved (resume_from: the shard log's tail). Returns how many."""
+        found = self._shards.get(key)
+        if found is None:
+            return 0
+        tail = found.tail if found.log is not None else None
+        watchers = found.watchers()
+        for watcher in watchers:
+            watcher.end_moved(*moved_to, tail)
+        return len(watchers)
 
     def shard_of_key(self, spec: CacheSpec, key: str) -> CacheShard:
         return self.shard(spec, shard_for_key(key.encode(), spec.shards, CACHE_MODE))
@@ -596,7 +629,22 @@ class CacheService:
                 # Under on_commit nothing a crash could lose is delivered.
                 await shard.wait_durable(changes[-1].offset)
                 await uni.write(b"".join(_event(proto, change) for change in changes))
-            if watcher.lagged_from is not None and uni.stop_sending_code is None:
+            moved = watcher.moved
+            if moved is not None and watcher.lagged_from is None and not watcher.closed:
+                if proto.client.has_feature(Feature.FEATURE_SHARD_MOVED):
+                    node_id, addr, generation, resume = moved
+                    ended = ShardMoved(
+                        subscription_id=subscription_id,
+                        resume_from=resume,
+                        node_id=node_id,
+                        addr=addr,
+                        generation=generation,
+                    )
+                    await uni.write(proto.message(ended), end_stream=True)
+                elif uni.stop_sending_code is None:
+                    await uni.finish()
+                finished = True
+            elif watcher.lagged_from is not None and uni.stop_sending_code is None:
                 self.watch_lags.inc()
                 lagged = CacheWatchLagged(resume_from=watcher.lagged_from)
                 await uni.write(proto.message(lagged), end_stream=True)

@@ -253,6 +253,13 @@ class CacheShard:
         found = self.counters.get(key)
         return None if found is None else found.total
 
+    def watchers(self) -> list[Watcher]:
+        """Every watch registered on this shard."""
+        found = set(self._prefix_watchers)
+        for watchers in self._key_watchers.values():
+            found |= watchers
+        return list(found)
+
     @property
     def tail(self) -> int:
         """The offset the next change gets (log-backed shards)."""

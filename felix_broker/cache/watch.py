@@ -37,6 +37,9 @@ class Watcher:
         self.capacity = max(1, capacity)
         self.lagged_from: int | None = None
         self.closed = False
+        # Its shard moved away: (node_id, addr, generation, resume_from); the queued
+        # changes go out, then shard_moved.
+        self.moved: tuple[str | None, str | None, int, int | None] | None = None
         self._queue: deque[Change] = deque()
         self._wake = asyncio.Event()
 
@@ -48,13 +51,21 @@ class Watcher:
 
     def offer(self, change: Change) -> None:
         """Queue a change, or mark the watch lagged when the queue is full."""
-        if self.closed or self.lagged_from is not None:
+        if self.closed or self.lagged_from is not None or self.moved is not None:
             return
         if len(self._queue) >= self.capacity:
             self.lagged_from = change.offset
         else:
             self._queue.append(change)
         self._wake.set()
+
+    def end_moved(
+        self, node_id: str | None, addr: str | None, generation: int, resume_from: int | None
+    ) -> None:
+        """End after the changes already queued (its shard moved)."""
+        if self.moved is None and not self.closed:
+            self.moved = (node_id, addr, generation, resume_from)
+            self._wake.set()
 
     def close(self) -> None:
         """Stop the watch (the client stopped it, or the broker is closing)."""
@@ -65,7 +76,7 @@ class Watcher:
         """Up to `max_changes` queued changes, waiting for one; [] once nothing
         more will come (closed, or lagged with the queue drained)."""
         while not self._queue:
-            if self.closed or self.lagged_from is not None:
+            if self.closed or self.lagged_from is not None or self.moved is not None:
                 return []
             self._wake.clear()
             await self._wake.wait()

@@ -16,7 +16,14 @@ from felix_broker.fleet.features import FeatureMissingError
 from felix_broker.fleet.membership import Membership
 from felix_broker.fleet.view import FleetView
 from felix_common.etcd import EtcdClient
-from felix_common.fleet import Keyspace, Member
+from felix_common.fleet import (
+    Drain,
+    Keyspace,
+    Member,
+    MoveCopied,
+    ShardId,
+    encode_record,
+)
 
 __all__ = ["EtcdNode"]
 
@@ -79,3 +86,21 @@ class EtcdNode:
         await self.membership.stop()
         await self.watcher.stop()
         await self.client.close()
+
+    async def report_move(self, shard: ShardId, record: MoveCopied) -> None:
+        """Report a move's copy installed here (under this broker's own lease)."""
+        lease = self.membership.lease_id
+        if not lease or not self.membership.held:
+            raise RuntimeError("this broker holds no lease: it cannot report a copy")
+        key = self.keys.move_progress(self.node_id, shard)
+        await self.client.put(key, encode_record(record), lease=lease)
+
+    async def request_drain(self) -> bool:
+        """Ask the placer to drain this broker (under its own lease: the request goes
+        with the broker). False when it holds no lease."""
+        lease = self.membership.lease_id
+        if not lease or not self.membership.held:
+            return False
+        record = encode_record(Drain(requested_by=f"{self.node_id} (shutting down)"))
+        await self.client.put(self.keys.drain_request(self.node_id), record, lease=lease)
+        return True

@@ -33,6 +33,7 @@ from collections.abc import Awaitable, Callable
 from typing import Any
 
 from felix_broker.catalog import Catalog
+from felix_broker.fleet.moves import MoveHold, in_a_move, moving_refusal
 from felix_broker.fleet.peer import PeerOrigin
 from felix_broker.fleet.placement import CACHE_ROUTING
 from felix_broker.fleet.routing import ShardId, ShardKind
@@ -124,8 +125,10 @@ class OwnerService:
         features: Callable[[], int],
         max_frame_bytes: int,
         metrics: BrokerMetrics,
+        hold: MoveHold | None = None,
     ) -> None:
         self._view = view
+        self._hold = hold  # a forward for a shard in a move waits for its cut-over
         self._catalog = catalog
         self._engine = engine
         self._table = table
@@ -182,6 +185,14 @@ class OwnerService:
 
     # -- generation check --------------------------------------------------------------
 
+    async def _await_route(self, shard: ShardId, generation: int) -> None:
+        """`_check_route`, after waiting (bounded) for a move of the shard to cut over:
+        a forward that reached the old leader during the fence is then told the new
+        leader (not_leader, at the newer generation), which the forwarder follows."""
+        if self._hold is not None and in_a_move(self._view.snapshot.route(shard)):
+            await self._hold.wait(shard)
+        self._check_route(shard, generation)
+
     def _check_route(self, shard: ShardId, generation: int) -> None:
         snapshot = self._view.snapshot
         route = snapshot.route(shard)
@@ -197,6 +208,15 @@ class OwnerService:
         if generation == route.generation and leads:
             return
         leader = snapshot.leader_of(shard)
+        if in_a_move(route) and (leader is None or leader.node_id == snapshot.node_id):
+            text, detail = moving_refusal("the hold for its cut-over ran out")
+            error = PeerError(
+                code=ErrorCode.SHARD_UNAVAILABLE.wire,
+                retry=RetryClass.RETRY.wire,
+                message=text,
+                detail=detail,
+            )
+            raise _Refusal(ForwardRefusal(error=error))
         if leader is None or (leader.node_id == snapshot.node_id and not leads):
             reason = route.reason or "not_ready"
             raise _error(ErrorCode.SHARD_UNAVAILABLE, f"shard unavailable: {reason}", reason=reason)
@@ -231,7 +251,7 @@ class OwnerService:
             raise _error(ErrorCode.INVALID_REQUEST, f"stream {name} has no shard {message.shard}")
         if not message.payloads:
             raise _error(ErrorCode.INVALID_REQUEST, "a publish batch needs at least one payload")
-        self._check_route(
+        await self._await_route(
             ShardId(ShardKind.STREAM, tenant, ns, name, message.shard), message.generation
         )
         engine = self._engine()
@@ -296,7 +316,7 @@ class OwnerService:
                 ErrorCode.INVALID_REQUEST,
                 f"key {op.key!r} is on shard {index}, not {message.shard}",
             )
-        self._check_route(
+        await self._await_route(
             ShardId(ShardKind.CACHE, op.tenant_id, op.namespace, op.cache, index),
             message.generation,
         )

@@ -87,6 +87,7 @@ __all__ = [
     "PeerOrigin",
     "PeerPipe",
     "PeerProtocolError",
+    "PeerTable",
     "PeerTls",
     "PeerUnavailableError",
     "certificate_node_ids",
@@ -113,6 +114,30 @@ PeerHandler = Callable[[PeerMessage, PeerOrigin], Awaitable[PeerMessage | Awaita
 """Admits one peer request and returns its answer, or an awaitable of it: the stream's
 next request is read once the handler returns (so an owner can admit publishes in the
 order they came and let their writes settle together)."""
+
+
+class PeerTable:
+    """Peer request type -> its handler: the listener's one dispatch table. A type
+    with no handler is answered `peer_unsupported`."""
+
+    def __init__(self) -> None:
+        self._handlers: dict[type[PeerMessage], PeerHandler] = {}
+
+    def register(self, kind: type[PeerMessage], handler: PeerHandler) -> None:
+        if kind in self._handlers:
+            raise ValueError(f"{kind.__name__} already has a peer handler")
+        self._handlers[kind] = handler
+
+    async def handle(
+        self, message: PeerMessage, origin: PeerOrigin
+    ) -> PeerMessage | Awaitable[PeerMessage]:
+        handler = self._handlers.get(type(message))
+        if handler is None:
+            tag = str(type(message).__struct_config__.tag)
+            return PeerUnsupported(
+                request_type=tag, request_id=getattr(message, "request_id", None)
+            )
+        return await handler(message, origin)
 
 
 class PeerUnavailableError(Exception):

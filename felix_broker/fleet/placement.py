@@ -33,6 +33,7 @@ from __future__ import annotations
 
 import asyncio
 import enum
+import inspect
 import logging
 import weakref
 from collections.abc import Awaitable, Callable
@@ -40,8 +41,10 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from felix_broker.catalog import Catalog
+from felix_broker.fleet.moves import MoveHold, in_a_move, moving_refusal
 from felix_broker.fleet.peer import (
     PeerDialer,
+    PeerOrigin,
     PeerPipe,
     PeerProtocolError,
     PeerUnavailableError,
@@ -258,6 +261,8 @@ RULES: dict[type[Any], Rule] = {
     },
 }
 _PUBLISHES = (Form.PUBLISH, Form.PUBLISH_FRAME)
+# Reads are never held for a move: refused shard_unavailable/moving at once (A.11).
+_NEVER_HELD: frozenset[type[Any]] = frozenset({Subscribe, CacheWatch, StreamRead, OffsetForTime})
 
 
 def unavailable_reason(route: Route | None, leader: Member | None) -> str:
@@ -274,6 +279,9 @@ def unavailable_reason(route: Route | None, leader: Member | None) -> str:
     }.get(route.state, "not_ready")
 
 
+LocalOwner = Callable[[PeerMessage, PeerOrigin], Awaitable[PeerMessage | Awaitable[PeerMessage]]]
+"""The owner side's handler (OwnerService.handle), for forwards to this very broker."""
+
 HoldBytes = Callable[[RequestContext, int], Awaitable[Callable[[], None]]]
 """Takes publish bytes from the stream service's budgets; returns their release."""
 
@@ -289,8 +297,17 @@ class ClusterPlacement:
         dialer: PeerDialer,
         ack_on_commit: bool,
         hold_bytes: HoldBytes,
+        hold: MoveHold | None = None,
     ) -> None:
         self._view = view
+        # Writes for a shard in a move wait for its cut-over (fleet/moves.py), then are
+        # dispatched anew through `redispatch` (the dispatch table, set once built).
+        self._hold = hold
+        self.redispatch: Callable[[Request, RequestContext], Awaitable[None]] | None = None
+        # This broker's owner side (fleet/owner.py), set once built: a forward whose shard
+        # turned out to be led here (a move cut over to this broker while the forward
+        # was held at the old owner) is served by it, without the network.
+        self.local_owner: LocalOwner | None = None
         self._catalog = catalog
         self._dialer = dialer
         self._ack_on_commit = ack_on_commit
@@ -338,7 +355,11 @@ class ClusterPlacement:
         if form is Form.PUBLISH_FRAME and getattr(request, "producer_id", None) is not None:
             form = Form.REFUSE_IDEMPOTENT  # a binary idempotent publish (0x0100)
         if decision is PlacementDecision.UNAVAILABLE:
-            reason = unavailable_reason(snapshot.route(shard), snapshot.leader_of(shard))
+            route = snapshot.route(shard)
+            if in_a_move(route) and type(request) not in _NEVER_HELD:
+                await self._held(request, ctx, form, shard)
+                return
+            reason = unavailable_reason(route, snapshot.leader_of(shard))
             await self._unavailable(request, ctx, form, reason)
         elif form in (Form.REDIRECT, Form.REFUSE_IDEMPOTENT):
             await self._redirect(request, ctx, form, snapshot, shard)
@@ -349,13 +370,31 @@ class ClusterPlacement:
                 self._forward_cache(request, ctx, shard), "forward_cache_op"
             )
 
+    async def _held(self, request: Any, ctx: RequestContext, form: Form, shard: ShardId) -> None:
+        """A write for a shard in a move: held until the cut-over, then dispatched anew
+        (served here, forwarded or redirected to the new owner); refused
+        shard_unavailable/moving with retry_after_ms at the hold's bounds."""
+        hold, redispatch = self._hold, self.redispatch
+        can_hold = hold is not None and redispatch is not None and not hold.redispatched
+        if can_hold and hold is not None and redispatch is not None and await hold.wait(shard):
+            await hold.again(lambda: redispatch(request, ctx))
+            return
+        text, detail = moving_refusal("the hold for its cut-over ran out")
+        await self._unavailable(request, ctx, form, "moving", detail, text)
+
     # -- shard_unavailable and not_leader ----------------------------------------------
 
     async def _unavailable(
-        self, request: Any, ctx: RequestContext, form: Form, reason: str
+        self,
+        request: Any,
+        ctx: RequestContext,
+        form: Form,
+        reason: str,
+        detail: ErrorDetail | None = None,
+        text: str | None = None,
     ) -> None:
-        text = f"shard unavailable: {reason}"
-        detail = ErrorDetail(reason=reason)
+        text = text or f"shard unavailable: {reason}"
+        detail = detail or ErrorDetail(reason=reason)
         if form in _PUBLISHES:
             rid = self._publish_rid(request, ctx, form)
             if rid is not None:
@@ -523,8 +562,10 @@ class ClusterPlacement:
         """Write a forward on this client stream's pipe to the shard's owner."""
         snapshot = self._view.snapshot
         route, leader = snapshot.route(shard), snapshot.leader_of(shard)
-        if route is None or leader is None or leader.node_id == snapshot.node_id:
+        if route is None or leader is None:
             return _OWNER_UNAVAILABLE
+        if leader.node_id == snapshot.node_id:
+            return _LED_HERE  # the shard came here meanwhile: `_settle` serves it here
         pipes = self._pipes.get(ctx.io)
         if pipes is None:
             pipes = self._pipes[ctx.io] = {}
@@ -553,6 +594,8 @@ class ClusterPlacement:
     ) -> _Owned | _Failed:
         """The owner's answer to a pipelined forward; a refusal naming another owner or
         generation is retried one forward at a time (bounded)."""
+        if sent is _LED_HERE:
+            return await self._forward(ctx, shard, build)
         if isinstance(sent, _Failed):
             return sent
         try:
@@ -620,9 +663,18 @@ class ClusterPlacement:
             if target is None:
                 return failed
             member, generation = target
-            if (member.node_id, generation) in tried or member.node_id == snapshot.node_id:
-                return failed  # never the same owner twice, never ourselves (no chains)
+            if (member.node_id, generation) in tried:
+                return failed  # never the same owner twice
             tried.add((member.node_id, generation))
+            if member.node_id == snapshot.node_id:
+                # Led here now: served by this broker's owner side (never forwarded on).
+                if self.local_owner is None:
+                    return failed
+                origin = PeerOrigin(member.node_id, ctx.connection.connection, ctx.io.stream)
+                served = await self.local_owner(build(generation, attempt + 1), origin)
+                answer = await served if inspect.isawaitable(served) else served
+                outcome = _interpret(answer, member, generation)
+                return outcome if not isinstance(outcome, LeaderHint) else failed
             try:
                 answer = await self._dialer.request(
                     member.node_id, member.peer_addr, build(generation, attempt + 1)
@@ -734,4 +786,8 @@ _OWNER_UNAVAILABLE = _Failed(
     "shard unavailable: owner_unavailable",
     None,
     ErrorDetail(reason="owner_unavailable"),
+)
+# The shard is led by this very broker now (a move cut over to it).
+_LED_HERE = _Failed(
+    ErrorCode.SHARD_UNAVAILABLE, "shard unavailable: led here", None, ErrorDetail(reason="moving")
 )

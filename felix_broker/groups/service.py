@@ -191,6 +191,8 @@ class _ShardGroups:
     signal: _Signal = field(default_factory=_Signal)
     last_stamp_us: int = 0
     compacting: bool = False
+    # The shard moved away (release_shard): a poll waiting on it answers empty.
+    released: bool = False
     # Changes made this loop pass, appended together by one commit (group commit),
     # and their writers' futures: each gets the last offset, or the append's error.
     pending: list[GroupChange] = field(default_factory=list)
@@ -295,6 +297,23 @@ class GroupService:
             except StorageError as exc:
                 _log.error("closing a group log failed: %s", exc)
         self._shards.clear()
+
+    async def release_shard(self, tenant_id: str, namespace: str, stream: str, index: int) -> None:
+        """Forget one stream shard's groups and close its group log (the shard moved,
+        or a move's copy is about to replace its files); the next group request opens
+        it from disk again. Waiting polls of that shard answer empty (as at close)."""
+        groups = self._shards.pop((tenant_id, namespace, stream, index), None)
+        if groups is None:
+            return
+        self._commit(groups)
+        groups.released = True
+        groups.signal.fire()
+        with contextlib.suppress(ValueError):
+            groups.stream.listeners.remove(groups.signal.fire)
+        try:
+            await groups.log.aclose()
+        except StorageError as exc:
+            _log.error("closing a moved group log failed: %s", exc)
 
     def failed_logs(self) -> int:
         """Open group logs in the failed state (they take no writes until restart)."""
@@ -737,6 +756,8 @@ class GroupService:
             if next_deadline is not None:
                 remaining = min(remaining, max(0.0, (next_deadline - now) / 1000) + 0.001)
             await groups.signal.wait(remaining)
+            if groups.released:
+                break  # its shard moved away: what was taken so far (none), no more
         records = [
             GroupRecord(
                 offset=record.offset,

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from felix_broker.config import FsyncMode
-from felix_broker.storage.errors import LogOpenError
+from felix_broker.storage.errors import LogFailedError, LogOpenError
 from felix_broker.storage.log import Log, LogConfig
 from felix_broker.storage.paths import log_dir
 from felix_broker.storage.retention import Retention
@@ -157,6 +157,16 @@ class LogStore:
         """The open logs in the failed state (see LogFailedError): they accept no
         more writes until the broker is restarted, which reopens and rescans them."""
         return [key for key, log in self._logs.items() if log.failed]
+
+    def forget(self, key: ShardKey) -> None:
+        """Close and forget the log of ``key`` (its shard moved, or a move's copy is
+        about to replace its files); the next `open_log` reopens it from disk."""
+        log = self._logs.pop(key, None)
+        if log is not None:
+            try:
+                log.close()
+            except LogFailedError as exc:
+                _log.error("closing a moved log failed: %s", exc)
 
     def get(self, key: ShardKey) -> Log | None:
         """The open log of ``key``, if any."""

@@ -25,7 +25,7 @@ from felix_broker.storage import OffsetOutOfRangeError
 from felix_broker.streams.engine import Chunk, Subscriber, encode_events
 from felix_transport import ConnectionClosedError, Stream, StreamClosedError
 from felix_wire.codec import encode_frame
-from felix_wire.messages import EventStreamHello, SubscriptionLagged
+from felix_wire.messages import EventStreamHello, ShardMoved, SubscriptionLagged
 
 __all__ = ["SubscriptionWriter"]
 
@@ -53,6 +53,12 @@ class SubscriptionWriter:
             while True:
                 frames = await sub.next_frames()
                 if not frames:
+                    if sub.moved is not None and not sub.closed:
+                        if sub.lagged and lagged_capable and position is not None:
+                            await self._lagged([], position)  # lagged, instead of moved
+                        else:
+                            await self._moved(position)
+                        return
                     if uni.stop_sending_code is None:
                         await uni.finish()  # ended by the broker: FIN
                     return
@@ -96,6 +102,26 @@ class SubscriptionWriter:
         finally:
             stopper.cancel()
 
+    async def _moved(self, position: int | None) -> None:
+        """The shard moved: shard_moved (to a client that offered FEATURE_SHARD_MOVED)
+        naming where the shard went and `position`, the first offset not offered to
+        this reader (durable streams only), then FIN."""
+        sub = self.sub
+        assert sub.moved is not None
+        node_id, addr, generation = sub.moved
+        if sub.shard_moved_capable:
+            moved = ShardMoved(
+                subscription_id=sub.subscription_id,
+                resume_from=position,
+                node_id=node_id,
+                addr=addr,
+                generation=generation,
+            )
+            await self.uni.write(encode_frame(moved), end_stream=True)
+        elif self.uni.stop_sending_code is None:
+            await self.uni.finish()
+        sub.close()
+
     async def _lagged(self, out: list[bytes], resume: int) -> None:
         """What was queued before the drop, then subscription_lagged, then FIN."""
         sub = self.sub
@@ -112,7 +138,7 @@ class SubscriptionWriter:
         log = sub.shard.log
         assert log is not None
         position = start
-        while not sub.closed:
+        while not sub.ending:
             head = sub.first_queued_base()
             target = head if head is not None else log.readable_offset
             if position >= target:

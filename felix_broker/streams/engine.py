@@ -270,6 +270,11 @@ class Subscriber:
         # streams only, where the writer uses them to join replay and live delivery.
         self._frames: deque[tuple[bytes, int, int]] = deque()
         self.lagged = False  # a frame was dropped (drop policies); durable streams end
+        # Its shard moved away (or this broker stopped serving it): the frames queued
+        # are delivered, then the stream ends with shard_moved naming (node_id, addr,
+        # generation) for a client that offered FEATURE_SHARD_MOVED (`end_moved`).
+        self.moved: tuple[str | None, str | None, int] | None = None
+        self.shard_moved_capable = False
         self._ready = asyncio.Event()
         self._room = asyncio.Event()
         self._room.set()
@@ -286,6 +291,19 @@ class Subscriber:
             or not self._budget.fits(size)
         )
 
+    @property
+    def ending(self) -> bool:
+        """Closed, or ending after what is queued (its shard moved)."""
+        return self.closed or self.moved is not None
+
+    def end_moved(self, node_id: str | None, addr: str | None, generation: int) -> None:
+        """End after the frames already queued: nothing more is offered to it."""
+        if self.closed or self.moved is not None:
+            return
+        self.moved = (node_id, addr, generation)
+        self._ready.set()
+        self._room.set()
+
     def offer(self, frame: bytes, records: int, base: int = 0) -> bool:
         """Queue a frame; False when the queue is at a bound under policy `block`.
 
@@ -294,7 +312,7 @@ class Subscriber:
         current flush: the queue then holds at most its bounds plus one flush's
         frames. The drop policies never exceed the bounds (see the class docs).
         """
-        if self.closed:
+        if self.closed or self.moved is not None:
             return True
         size = len(frame)
         if self._full(size):
@@ -329,13 +347,13 @@ class Subscriber:
         self._metrics.subscriber_queue_depth.dec(frames)
 
     async def wait_for_room(self) -> None:
-        while not self.closed and (
+        while not self.ending and (
             len(self._frames) >= self.capacity
             or (self._frames and self.queued_bytes >= self.max_bytes)
         ):
             self._room.clear()
             await self._room.wait()
-        while not self.closed and self._budget.used >= self._budget.limit:
+        while not self.ending and self._budget.used >= self._budget.limit:
             await self._budget.wait()
 
     def _drop(self, records: int) -> None:
@@ -346,7 +364,7 @@ class Subscriber:
     async def next_frames(self) -> list[tuple[bytes, int, int]]:
         """Every queued (frame, records, base) (waiting for at least one); [] once closed."""
         while not self._frames:
-            if self.closed:
+            if self.closed or self.moved is not None:
                 return []
             self._ready.clear()
             await self._ready.wait()
@@ -732,6 +750,26 @@ class Engine:
             for sub in shard.subscribers:
                 sub.close()
             shard.subscribers.clear()
+
+    def shard_subscribers(self, tenant_id: str, namespace: str, stream: str, index: int) -> int:
+        """How many subscribers of one shard are still open."""
+        shard = self._shards.get((tenant_id, namespace, stream, index))
+        return 0 if shard is None else sum(1 for s in shard.subscribers if not s.closed)
+
+    def release_shard(self, tenant_id: str, namespace: str, stream: str, index: int) -> None:
+        """Forget one shard and close its log (it moved to another broker, or its storage
+        is about to be replaced by a move's copy); the next use opens it from disk again.
+        Its subscribers were ended by the caller."""
+        shard = self._shards.pop((tenant_id, namespace, stream, index), None)
+        if shard is None:
+            if self.store is not None:
+                self.store.forget(ShardKey(tenant_id, namespace, stream, index))
+            return
+        for sub in shard.subscribers:
+            sub.close()
+        shard.subscribers.clear()
+        if self.store is not None:
+            self.store.forget(ShardKey(tenant_id, namespace, stream, index))
 
     def shard_for(self, spec: StreamSpec, key: bytes | None) -> Shard:
         return self.shard(spec, shard_for_key(key, spec.shards, spec.routing.value))

@@ -395,6 +395,7 @@ class StreamService:
         # between can fall through (the writer joins the two by offset).
         live = shard.next_offset
         sub = self._engine.subscribe(shard, proto.client, capacity=capacity)
+        sub.shard_moved_capable = proto.client.has_feature(Feature.FEATURE_SHARD_MOVED)
         state.subscriptions[sub] = identity
         # It ends when the token it was opened under expires (plus the leeway).
         ctx.io.on_expire.append(lambda: self.end_subscription(state, sub))
@@ -461,6 +462,24 @@ class StreamService:
                 if (spec.tenant_id, spec.namespace, spec.name) == key:
                     self.end_subscription(state, sub)
         self._engine.forget_stream(tenant, namespace, name)
+
+    def end_shard_subscriptions(
+        self,
+        states: list[ConnectionState],
+        key: tuple[str, str, str, int],
+        moved_to: tuple[str | None, str | None, int],
+    ) -> int:
+        """This broker stopped serving one shard (a move's fence, a lapsed lease): each
+        of its subscriptions ends after what is queued, with shard_moved naming
+        `moved_to` (node_id, addr, generation). Returns how many were ended."""
+        ended = 0
+        for state in states:
+            for sub in list(state.subscriptions):
+                spec = sub.shard.spec
+                if (spec.tenant_id, spec.namespace, spec.name, sub.shard.index) == key:
+                    sub.end_moved(*moved_to)
+                    ended += 1
+        return ended
 
     # -- bounded reads ------------------------------------------------------------------
 

@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 21d7610f2437e35ad2e19743dee15fb91b3b7308c1ef655aafe4a9b29cad3a79
+# spec sha256: d526b14747a32a9110db0adcaaf6e4a46fbe6929f4b30e738bdb9ef588ee04f7
 """The fleet catalogue: etcd record shapes and broker-to-broker messages.
 
 Broker-to-broker QUIC (TLS 1.3, mutual TLS): each broker's peer certificate is signed by the fleet CA and names its node id as a DNS SAN; both sides check it, and the listener checks it against hello.
@@ -63,12 +63,20 @@ __all__ = [
     "parse_placer_key",
     "features_key",
     "parse_features_key",
+    "move_progress_key",
+    "parse_move_progress_key",
+    "drain_request_key",
+    "parse_drain_request_key",
+    "drains_key",
+    "parse_drains_key",
     "AssignmentState",
     "AssignmentKind",
     "ForwardAck",
     "Member",
     "Assignment",
     "FinalizedFeature",
+    "MoveCopied",
+    "Drain",
     "LeaderHint",
     "StaleRoute",
     "PeerError",
@@ -84,6 +92,10 @@ __all__ = [
     "ForwardCacheAnswer",
     "ForwardRefused",
     "PeerUnsupported",
+    "MoveChunk",
+    "MoveChunkOk",
+    "MoveDone",
+    "MoveDoneOk",
     "PeerMessage",
     "PEER_MESSAGE_CLASSES",
     "DIALER_TO_LISTENER",
@@ -182,6 +194,75 @@ def parse_features_key(prefix: str, key: str) -> tuple[str] | None:
     return (parts[1],)
 
 
+def move_progress_key(
+    prefix: str, *, node_id: str, kind: str, tenant: str, namespace: str, name: str, shard: int
+) -> str:
+    """`{prefix}/progress/{node_id}/moves/{kind}/{tenant}/{namespace}/{name}/{shard}`: written by the successor of a move (node_id), attached to its own lease: it holds the shard's copy for the move at `generation`; the placer cuts over once it matches the moving assignment's generation (value: MoveCopied)."""
+    _check_part("node_id", node_id)
+    _check_part("kind", kind)
+    _check_part("tenant", tenant)
+    _check_part("namespace", namespace)
+    _check_part("name", name)
+    return (
+        f"{prefix.rstrip('/')}/progress/{node_id}/moves/{kind}/{tenant}/{namespace}/{name}/{shard}"
+    )
+
+
+def parse_move_progress_key(prefix: str, key: str) -> tuple[str, str, str, str, str, int] | None:
+    """The placeholders of a `progress/{node_id}/moves/{kind}/{tenant}/{namespace}/{name}/{shard}` key below `prefix`, or None when `key` is not one."""
+    parts = _split(prefix, key, 8)
+    if parts is None:
+        return None
+    if parts[0] != "progress":
+        return None
+    if parts[2] != "moves":
+        return None
+    if not parts[7].isdigit():
+        return None
+    return (
+        parts[1],
+        parts[3],
+        parts[4],
+        parts[5],
+        parts[6],
+        int(parts[7]),
+    )
+
+
+def drain_request_key(prefix: str, *, node_id: str) -> str:
+    """`{prefix}/progress/{node_id}/drain`: written by a broker told to stop (SIGTERM), attached to its own lease: it asks the placer to drain it (as drains/{node_id} does) and goes with its lease (value: Drain)."""
+    _check_part("node_id", node_id)
+    return f"{prefix.rstrip('/')}/progress/{node_id}/drain"
+
+
+def parse_drain_request_key(prefix: str, key: str) -> tuple[str] | None:
+    """The placeholders of a `progress/{node_id}/drain` key below `prefix`, or None when `key` is not one."""
+    parts = _split(prefix, key, 3)
+    if parts is None:
+        return None
+    if parts[0] != "progress":
+        return None
+    if parts[2] != "drain":
+        return None
+    return (parts[1],)
+
+
+def drains_key(prefix: str, *, node_id: str) -> str:
+    """`{prefix}/drains/{node_id}`: written by the control plane: the broker is being drained; the placer moves every shard it leads elsewhere and places nothing new on it; deleted when the drain is cancelled or the broker leaves (value: Drain)."""
+    _check_part("node_id", node_id)
+    return f"{prefix.rstrip('/')}/drains/{node_id}"
+
+
+def parse_drains_key(prefix: str, key: str) -> tuple[str] | None:
+    """The placeholders of a `drains/{node_id}` key below `prefix`, or None when `key` is not one."""
+    parts = _split(prefix, key, 2)
+    if parts is None:
+        return None
+    if parts[0] != "drains":
+        return None
+    return (parts[1],)
+
+
 def _check_part(name: str, value: str) -> None:
     if not _KEY_PART.fullmatch(value):
         raise ValueError(f"{name} {value!r} cannot be a key part (empty, or holds '/')")
@@ -265,6 +346,34 @@ class FinalizedFeature(msgspec.Struct, omit_defaults=True, kw_only=True):
 
     def __post_init__(self) -> None:
         _check_u64(self, ("finalized_at_ms",), ())
+
+
+class MoveCopied(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """A successor's report: it holds the shard's storage as it was at the fence."""
+
+    generation: U64
+    """the generation of the moving assignment the copy was made for"""
+    files: U32
+    """how many files the copy installed (0 for an in-memory shard)"""
+    bytes: U64
+    """how many bytes they hold"""
+
+    def __post_init__(self) -> None:
+        _check_u64(
+            self,
+            (
+                "generation",
+                "bytes",
+            ),
+            (),
+        )
+
+
+class Drain(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """An operator's (or the broker's own) request to move every shard a broker leads elsewhere."""
+
+    requested_by: str
+    """who asked: an operator, or the broker itself at shutdown"""
 
 
 class LeaderHint(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -516,6 +625,102 @@ class PeerUnsupported(
         _check_u64(self, ("request_id",), ())
 
 
+class MoveChunk(
+    msgspec.Struct, tag_field="type", tag="move_chunk", omit_defaults=True, kw_only=True
+):
+    """A piece of one file of a moving shard's storage, from the old leader to the successor. The old leader sends the chunks of a move one after the other, then move_done.
+
+    Direction: dialer_to_listener.
+    Answered by: move_chunk_ok, forward_refused.
+    """
+
+    request_id: U64
+    kind: AssignmentKind
+    tenant_id: str
+    namespace: str
+    name: str
+    shard: U32
+    generation: U64
+    """the moving assignment's generation (the fence)"""
+    area: str
+    """the storage area the file belongs to: streams, groups or cache"""
+    path: str
+    """the file's name inside the shard's folder of that area (one path segment)"""
+    position: U64
+    """where in the file this piece starts"""
+    data: bytes
+    """at most 1 MiB"""
+
+    def __post_init__(self) -> None:
+        _check_u64(
+            self,
+            (
+                "request_id",
+                "generation",
+                "position",
+            ),
+            (),
+        )
+
+
+class MoveChunkOk(
+    msgspec.Struct, tag_field="type", tag="move_chunk_ok", omit_defaults=True, kw_only=True
+):
+    """The successor staged the piece.
+
+    Direction: listener_to_dialer.
+    """
+
+    request_id: U64
+
+    def __post_init__(self) -> None:
+        _check_u64(self, ("request_id",), ())
+
+
+class MoveDone(msgspec.Struct, tag_field="type", tag="move_done", omit_defaults=True, kw_only=True):
+    """Every file of the moving shard was sent: the successor installs the staged copy in place and reports it in etcd (move_progress).
+
+    Direction: dialer_to_listener.
+    Answered by: move_done_ok, forward_refused.
+    """
+
+    request_id: U64
+    kind: AssignmentKind
+    tenant_id: str
+    namespace: str
+    name: str
+    shard: U32
+    generation: U64
+    files: U32
+    """how many files were sent (the successor checks it staged as many)"""
+    bytes: U64
+
+    def __post_init__(self) -> None:
+        _check_u64(
+            self,
+            (
+                "request_id",
+                "generation",
+                "bytes",
+            ),
+            (),
+        )
+
+
+class MoveDoneOk(
+    msgspec.Struct, tag_field="type", tag="move_done_ok", omit_defaults=True, kw_only=True
+):
+    """The successor installed the copy and reported it.
+
+    Direction: listener_to_dialer.
+    """
+
+    request_id: U64
+
+    def __post_init__(self) -> None:
+        _check_u64(self, ("request_id",), ())
+
+
 PeerMessage = Union[
     Hello,
     HelloOk,
@@ -526,6 +731,10 @@ PeerMessage = Union[
     ForwardCacheAnswer,
     ForwardRefused,
     PeerUnsupported,
+    MoveChunk,
+    MoveChunkOk,
+    MoveDone,
+    MoveDoneOk,
 ]
 """Any known peer message."""
 
@@ -540,6 +749,10 @@ PEER_MESSAGE_CLASSES: Mapping[str, type[PeerMessage]] = MappingProxyType(
         "forward_cache_answer": ForwardCacheAnswer,
         "forward_refused": ForwardRefused,
         "peer_unsupported": PeerUnsupported,
+        "move_chunk": MoveChunk,
+        "move_chunk_ok": MoveChunkOk,
+        "move_done": MoveDone,
+        "move_done_ok": MoveDoneOk,
     }
 )
 DIALER_TO_LISTENER = frozenset(
@@ -547,6 +760,8 @@ DIALER_TO_LISTENER = frozenset(
         "hello",
         "forward_publish",
         "forward_cache_op",
+        "move_chunk",
+        "move_done",
     }
 )
 LISTENER_TO_DIALER = frozenset(
@@ -557,6 +772,8 @@ LISTENER_TO_DIALER = frozenset(
         "forward_cache_answer",
         "forward_refused",
         "peer_unsupported",
+        "move_chunk_ok",
+        "move_done_ok",
     }
 )
 RECORD_CLASSES: Mapping[str, type[msgspec.Struct]] = MappingProxyType(
@@ -564,6 +781,8 @@ RECORD_CLASSES: Mapping[str, type[msgspec.Struct]] = MappingProxyType(
         "Member": Member,
         "Assignment": Assignment,
         "FinalizedFeature": FinalizedFeature,
+        "MoveCopied": MoveCopied,
+        "Drain": Drain,
     }
 )
 
@@ -615,7 +834,7 @@ def _explain(payload: bytes | bytearray | memoryview, exc: msgspec.ValidationErr
     raise MessageFieldError(kind, field or None, None, _PATH.sub("", text)) from None
 
 
-def encode_record(record: Member | Assignment | FinalizedFeature) -> bytes:
+def encode_record(record: Member | Assignment | FinalizedFeature | MoveCopied | Drain) -> bytes:
     """An etcd value: the record's compact JSON."""
     return _ENCODER.encode(record)
 
@@ -646,4 +865,16 @@ def decode_assignment(value: bytes | bytearray | memoryview) -> Assignment:
 def decode_finalizedfeature(value: bytes | bytearray | memoryview) -> FinalizedFeature:
     """A `FinalizedFeature` etcd value. Raises MalformedJsonError or MessageFieldError."""
     record: FinalizedFeature = _decode_record("FinalizedFeature", value)
+    return record
+
+
+def decode_movecopied(value: bytes | bytearray | memoryview) -> MoveCopied:
+    """A `MoveCopied` etcd value. Raises MalformedJsonError or MessageFieldError."""
+    record: MoveCopied = _decode_record("MoveCopied", value)
+    return record
+
+
+def decode_drain(value: bytes | bytearray | memoryview) -> Drain:
+    """A `Drain` etcd value. Raises MalformedJsonError or MessageFieldError."""
+    record: Drain = _decode_record("Drain", value)
     return record

@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 21d7610f2437e35ad2e19743dee15fb91b3b7308c1ef655aafe4a9b29cad3a79
+# spec sha256: d526b14747a32a9110db0adcaaf6e4a46fbe6929f4b30e738bdb9ef588ee04f7
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
@@ -51,6 +51,16 @@ FLEET_SHAPE_STRATEGIES["FinalizedFeature"] = st.builds(
     finalized_at_ms=_U64,
     by=_TEXT,
     members=st.lists(_TEXT, max_size=3),
+)
+FLEET_SHAPE_STRATEGIES["MoveCopied"] = st.builds(
+    _f.MoveCopied,
+    generation=_U64,
+    files=_U32,
+    bytes=_U64,
+)
+FLEET_SHAPE_STRATEGIES["Drain"] = st.builds(
+    _f.Drain,
+    requested_by=_TEXT,
 )
 FLEET_SHAPE_STRATEGIES["LeaderHint"] = st.builds(
     _f.LeaderHint,
@@ -180,6 +190,40 @@ PEER_MESSAGE_STRATEGIES: Mapping[str, st.SearchStrategy[Any]] = MappingProxyType
             request_type=_TEXT,
             request_id=(st.none() | _U64),
         ),
+        "move_chunk": st.builds(
+            _f.MoveChunk,
+            request_id=_U64,
+            kind=st.sampled_from(_f.AssignmentKind),
+            tenant_id=_TEXT,
+            namespace=_TEXT,
+            name=_TEXT,
+            shard=_U32,
+            generation=_U64,
+            area=_TEXT,
+            path=_TEXT,
+            position=_U64,
+            data=_BLOB,
+        ),
+        "move_chunk_ok": st.builds(
+            _f.MoveChunkOk,
+            request_id=_U64,
+        ),
+        "move_done": st.builds(
+            _f.MoveDone,
+            request_id=_U64,
+            kind=st.sampled_from(_f.AssignmentKind),
+            tenant_id=_TEXT,
+            namespace=_TEXT,
+            name=_TEXT,
+            shard=_U32,
+            generation=_U64,
+            files=_U32,
+            bytes=_U64,
+        ),
+        "move_done_ok": st.builds(
+            _f.MoveDoneOk,
+            request_id=_U64,
+        ),
     }
 )
 RECORD_STRATEGIES: Mapping[str, st.SearchStrategy[Any]] = MappingProxyType(
@@ -187,5 +231,7 @@ RECORD_STRATEGIES: Mapping[str, st.SearchStrategy[Any]] = MappingProxyType(
         "Member": FLEET_SHAPE_STRATEGIES["Member"],
         "Assignment": FLEET_SHAPE_STRATEGIES["Assignment"],
         "FinalizedFeature": FLEET_SHAPE_STRATEGIES["FinalizedFeature"],
+        "MoveCopied": FLEET_SHAPE_STRATEGIES["MoveCopied"],
+        "Drain": FLEET_SHAPE_STRATEGIES["Drain"],
     }
 )

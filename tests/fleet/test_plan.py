@@ -88,3 +88,43 @@ def test_moves_in_progress_are_left_alone() -> None:
     shard = ShardId(ShardKind.STREAM, "t", "ns", "s", 0)
     current = {shard: Held(Assignment(replicas=[], state=RecordState.MOVING, leader="gone"), 3)}
     assert plan(specs(1), ["a"], current) == []
+
+
+def _moving(leader: str, successor: str, revision: int = 50) -> Held:
+    record = Assignment(state=RecordState.MOVING, leader=leader, replicas=[], successor=successor)
+    return Held(record, revision)
+
+
+def test_a_drained_brokers_shards_are_fenced_toward_the_others_and_nothing_lands_on_it() -> None:
+    placed = applied(plan(specs(6, durable=True), ["a", "b", "c"], {}))
+    writes = plan(specs(6, durable=True), ["a", "b", "c"], placed, draining=["a"])
+    led_by_a = {s for s, h in placed.items() if h.record.leader == "a"}
+    assert {w.shard for w in writes} == led_by_a
+    for w in writes:
+        assert w.record.state == "moving" and w.record.leader == "a"
+        assert w.record.successor in ("b", "c")
+        assert w.expected == placed[w.shard].mod_revision
+    # A new stream while a drains: none of it on a.
+    fresh = plan(specs(4, name="new"), ["a", "b", "c"], {}, draining=["a"])
+    assert {w.record.leader for w in fresh} <= {"b", "c"}
+
+
+def test_a_move_cuts_over_only_for_a_copy_of_its_own_generation() -> None:
+    spec = specs(1, durable=True)
+    shard = spec[0].shard
+    current = {shard: _moving("a", "b", revision=50)}
+    assert plan(spec, ["a", "b"], current) == []  # no copy reported yet
+    stale = {("b", shard): 49}  # a copy made for an older fence
+    assert plan(spec, ["a", "b"], current, copied=stale) == []
+    (cut,) = plan(spec, ["a", "b"], current, copied={("b", shard): 50})
+    assert (cut.record.state, cut.record.leader, cut.expected) == ("active", "b", 50)
+
+
+def test_a_move_whose_successor_left_is_retaken_and_a_fence_waits() -> None:
+    spec = specs(1, durable=True)
+    shard = spec[0].shard
+    (retake,) = plan(spec, ["a"], {shard: _moving("a", "b")})
+    assert (retake.record.state, retake.record.leader) == ("active", "a")
+    (lost,) = plan(spec, ["c"], {shard: _moving("a", "b")})
+    assert (lost.record.state, lost.record.reason) == ("unavailable", "owner_unavailable")
+    assert plan(spec, ["a", "b"], {shard: _moving("a", "a")}) == []  # a fence: until cancelled

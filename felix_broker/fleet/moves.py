@@ -1,0 +1,641 @@
+"""Planned moves on the broker side: holding writes, ending readers, copying a shard.
+
+The control plane's placer drives a move in etcd (felix_controlplane/placement.py):
+the assignment turns ``moving`` with a ``successor`` (the fence), the successor
+reports the copy under ``P/progress/{successor}/moves/...`` (its own lease), and
+the placer cuts over (``active``, leader = successor, a new generation). Here:
+
+- **Holding** (`MoveHold`): a write (publish, cache or counter op, group request,
+  publish_if, commit) for a shard whose assignment is ``moving`` or ``draining``
+  waits, before admission, until the routes show the shard served again, then is
+  dispatched anew (served here, or forwarded to the new owner). Bounded: at most
+  `hold_ms` per request and `hold_max` held at once on this broker; past either it is
+  refused ``shard_unavailable`` with reason ``moving`` and ``retry_after_ms``, and
+  nothing was written. Reads (subscribe, cache_watch, stream_read, offset_for_time)
+  are never held: they are refused ``shard_unavailable/moving`` at once.
+- **Ending readers** (`MoveService.on_change`): when this broker stops serving a
+  shard it served (a fence, a cut-over, a lapsed lease), each subscription and cache
+  watch on it gets what was queued and then ``shard_moved {subscription_id,
+  resume_from, node_id, addr, generation}`` (for clients that offered
+  FEATURE_SHARD_MOVED; others see their stream end). ``node_id``/``addr`` name the
+  successor during a move, the leader after; none for a lapsed lease (the client
+  finds the shard again).
+- **Copying** (old leader): once fenced it lets the publishes already admitted
+  land, waits (bounded) for its readers to end, closes the shard's storage (stream
+  log, group log with cursors and dead letters, or cache log; producer state and
+  commit state live in the stream log's batch marks) and sends every file of it to
+  the successor over the peer channel (`move_chunk`, then `move_done`). An in-memory
+  shard sends no file (it resumes at the new tail).
+- **Installing** (successor): chunks are staged beside the shard's folders; at
+  `move_done` the successor closes whatever it had of the shard, replaces the
+  folders with the staged copy and reports ``MoveCopied {generation}`` in etcd. A
+  chunk or done for another generation, a sender that is not the shard's leader, or
+  a shard not moving to this broker is refused (nothing is installed).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import contextvars
+import logging
+import os
+import shutil
+from collections.abc import Awaitable, Callable, Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Protocol
+
+from felix_broker.fleet.peer import PeerDialer, PeerOrigin, PeerUnavailableError
+from felix_broker.fleet.routing import (
+    AssignmentState,
+    Member,
+    Route,
+    RoutingSnapshot,
+    ShardId,
+    ShardKind,
+)
+from felix_broker.fleet.view import FleetView
+from felix_broker.storage.paths import Area, log_dir
+from felix_wire.errors import ErrorCode, RetryClass
+from felix_wire.fleet import (
+    AssignmentKind,
+    ForwardRefusal,
+    ForwardRefused,
+    MoveChunk,
+    MoveChunkOk,
+    MoveCopied,
+    MoveDone,
+    MoveDoneOk,
+    PeerError,
+    PeerMessage,
+)
+from felix_wire.messages import ErrorDetail
+
+__all__ = [
+    "CHUNK_BYTES",
+    "IN_A_MOVE",
+    "MoveHold",
+    "MoveService",
+    "ShardStorage",
+    "moving_refusal",
+]
+
+_log = logging.getLogger(__name__)
+
+CHUNK_BYTES = 1 << 20  # one move_chunk's data (base64 in a peer frame far below its cap)
+IN_A_MOVE = frozenset({AssignmentState.MOVING, AssignmentState.DRAINING})
+# How a refused held write tells the client to come back.
+RETRY_AFTER_MS = 100
+# Bounds of the old leader's steps (each one bounded, so a stuck step never hangs a move).
+_SETTLE_S = 5.0  # admitted publishes landing
+_READERS_S = 2.0  # readers writing what was queued, then shard_moved
+_COPY_ATTEMPTS = 5
+_ROUTE_WAIT_S = 5.0  # a successor waiting for its watch to show the fence
+
+# Set while a held request is dispatched again: it is not held a second time.
+_redispatched: contextvars.ContextVar[bool] = contextvars.ContextVar(
+    "felix_move_redispatched", default=False
+)
+
+
+def in_a_move(route: Route | None) -> bool:
+    return route is not None and route.state in IN_A_MOVE
+
+
+def moving_refusal(what: str) -> tuple[str, ErrorDetail]:
+    """The text and detail of a write refused because its shard is moving."""
+    return (
+        f"shard unavailable: moving ({what})",
+        ErrorDetail(reason="moving", retry_after_ms=RETRY_AFTER_MS),
+    )
+
+
+class MoveHold:
+    """Writes waiting for a move's cut-over, bounded in time and in count."""
+
+    def __init__(self, view: FleetView, *, hold_ms: int, hold_max: int) -> None:
+        self._view = view
+        self.hold_s = hold_ms / 1000
+        self.hold_max = hold_max
+        self.held = 0  # writes waiting now
+        self.refused = 0  # writes refused at a bound (since start)
+
+    @property
+    def redispatched(self) -> bool:
+        """Whether the running request was held once already."""
+        return _redispatched.get()
+
+    async def wait(self, shard: ShardId) -> bool:
+        """Wait until `shard` is out of its move; False (refuse it) when the hold's time
+        or count bound was reached first."""
+        if self.held >= self.hold_max or self.hold_s <= 0:
+            self.refused += 1
+            return False
+        self.held += 1
+        try:
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + self.hold_s
+            while in_a_move(self._view.snapshot.route(shard)):
+                left = deadline - loop.time()
+                if left <= 0:
+                    self.refused += 1
+                    return False
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(left):
+                        await self._view.wait_changed()
+            return True
+        finally:
+            self.held -= 1
+
+    async def again(self, dispatch: Callable[[], Awaitable[None]]) -> None:
+        """Dispatch a held request anew (it is not held a second time)."""
+        token = _redispatched.set(True)
+        try:
+            await dispatch()
+        finally:
+            _redispatched.reset(token)
+
+
+class ShardStorage(Protocol):
+    """What the broker's services do for a move (composition root: felix_broker.app)."""
+
+    root: Path | None  # the durable storage folder; None: nothing is durable here
+
+    def durable(self, shard: ShardId) -> bool:
+        """Whether `shard` keeps files (a durable stream, or a cache with its log)."""
+        ...
+
+    def end_readers(self, shard: ShardId, moved_to: tuple[str | None, str | None, int]) -> int:
+        """End the subscriptions or watches of `shard` after what is queued, with
+        shard_moved naming `moved_to`; how many were ended."""
+        ...
+
+    def readers(self, shard: ShardId) -> int:
+        """How many readers of `shard` are still open."""
+        ...
+
+    async def settle(self) -> None:
+        """Let every admitted publish land."""
+        ...
+
+    async def release(self, shard: ShardId) -> None:
+        """Close and forget what this broker has open of `shard` (its files stay)."""
+        ...
+
+
+Report = Callable[[ShardId, MoveCopied], Awaitable[None]]
+
+
+def _areas(shard: ShardId) -> tuple[Area, ...]:
+    return ("streams", "groups") if shard.kind is ShardKind.STREAM else ("cache",)
+
+
+def _kind(shard: ShardId) -> AssignmentKind:
+    return AssignmentKind(shard.kind.value)
+
+
+def _shard_of(message: MoveChunk | MoveDone) -> ShardId:
+    kind = ShardKind(str(message.kind))
+    return ShardId(kind, message.tenant_id, message.namespace, message.name, message.shard)
+
+
+class _Refused(Exception):
+    def __init__(self, message: str, code: ErrorCode = ErrorCode.SHARD_UNAVAILABLE) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass
+class _Staged:
+    files: set[tuple[str, str]]  # (area, file name)
+    size: int
+
+
+class MoveService:
+    """The broker's part in planned moves (see the module docs)."""
+
+    def __init__(
+        self,
+        *,
+        view: FleetView,
+        dialer: PeerDialer,
+        storage: ShardStorage,
+        report: Report,
+    ) -> None:
+        self._view = view
+        self._dialer = dialer
+        self._storage = storage
+        self._report = report
+        self._copies: dict[tuple[ShardId, int], asyncio.Task[None]] = {}
+        self._staged: dict[tuple[ShardId, int], _Staged] = {}
+        self._install_lock = asyncio.Lock()
+        self.copied = 0  # moves this broker copied out (old leader)
+        self.installed = 0  # copies this broker installed (successor)
+
+    @property
+    def node_id(self) -> str:
+        return self._view.snapshot.node_id
+
+    async def close(self) -> None:
+        tasks = list(self._copies.values())
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+    # -- the view's changes (a listener of FleetView) ---------------------------------
+
+    def on_change(self, previous: RoutingSnapshot, current: RoutingSnapshot) -> None:
+        me = current.node_id
+        for shard in self._changed(previous, current):
+            route = current.route(shard)
+            if previous.leads(shard) and not current.leads(shard):
+                moved_to = self._moved_to(current, shard)
+                ended = self._storage.end_readers(shard, moved_to)
+                if ended:
+                    _log.info("shard %s left this broker: %d reader(s) ended", shard, ended)
+            if (
+                route is not None
+                and route.state is AssignmentState.MOVING
+                and route.leader == me
+                and route.successor not in (None, me)
+            ):
+                key = (shard, route.generation)
+                if key not in self._copies:
+                    task = asyncio.get_running_loop().create_task(
+                        self._copy(shard, route.generation), name=f"move-copy-{shard.name}"
+                    )
+                    self._copies[key] = task
+                    task.add_done_callback(self._forget_copy(key))
+
+    def _forget_copy(self, key: tuple[ShardId, int]) -> Callable[[asyncio.Task[None]], None]:
+        def forget(_task: asyncio.Task[None]) -> None:
+            self._copies.pop(key, None)
+
+        return forget
+
+    @staticmethod
+    def _changed(previous: RoutingSnapshot, current: RoutingSnapshot) -> Iterable[ShardId]:
+        for shard, route in current.routes.items():
+            if previous.routes.get(shard) != route:
+                yield shard
+
+    @staticmethod
+    def _moved_to(snapshot: RoutingSnapshot, shard: ShardId) -> tuple[str | None, str | None, int]:
+        """(node_id, addr, generation) a reader of `shard` is told at its end: the
+        successor during a move, the leader after; nobody when it is this broker
+        (a lapsed lease: the client finds the shard again)."""
+        route = snapshot.route(shard)
+        if route is None:
+            return None, None, 0
+        target = route.successor if in_a_move(route) else route.leader
+        if target is None or (target == snapshot.node_id and not in_a_move(route)):
+            return None, None, route.generation
+        member = snapshot.members.get(target)
+        addr = member.client_addr or None if member is not None else None
+        return target, addr, route.generation
+
+    # -- the old leader: copy the shard out ----------------------------------------------
+
+    def _still_moving(self, shard: ShardId, generation: int) -> Member | None:
+        """The successor while `shard` is still fenced at `generation` with this broker
+        leading it; None once the move was cut over, cancelled or replaced."""
+        snapshot = self._view.snapshot
+        route = snapshot.route(shard)
+        if (
+            route is None
+            or route.generation != generation
+            or route.state is not AssignmentState.MOVING
+            or route.leader != snapshot.node_id
+            or route.successor is None
+        ):
+            return None
+        return snapshot.members.get(route.successor)
+
+    async def _copy(self, shard: ShardId, generation: int) -> None:
+        storage = self._storage
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(_SETTLE_S):
+                await storage.settle()
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _READERS_S
+        while storage.readers(shard) and loop.time() < deadline:
+            await asyncio.sleep(0.02)
+        await storage.release(shard)
+        delay = 0.1
+        for attempt in range(1, _COPY_ATTEMPTS + 1):
+            successor = self._still_moving(shard, generation)
+            if successor is None:
+                return  # cancelled, or cut over by a copy sent earlier
+            try:
+                await self._send(shard, generation, successor)
+            except (PeerUnavailableError, _Refused) as exc:
+                _log.warning(
+                    "move of %s to %s, attempt %d: %s", shard, successor.node_id, attempt, exc
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            self.copied += 1
+            return
+        _log.error(
+            "move of %s at generation %d: the copy failed %d times; the shard stays fenced "
+            "until the move is cancelled",
+            shard,
+            generation,
+            _COPY_ATTEMPTS,
+        )
+
+    def _files(self, shard: ShardId) -> list[tuple[Area, Path]]:
+        root = self._storage.root
+        if root is None or not self._storage.durable(shard):
+            return []
+        out: list[tuple[Area, Path]] = []
+        for area in _areas(shard):
+            folder = log_dir(root, area, shard.tenant, shard.namespace, shard.name, shard.shard)
+            if not folder.is_dir():
+                continue
+            for path in sorted(folder.iterdir()):
+                if path.is_file() and not path.name.startswith("."):
+                    out.append((area, path))
+        return out
+
+    async def _send(self, shard: ShardId, generation: int, successor: Member) -> None:
+        files = await asyncio.to_thread(self._files, shard)
+        size = 0
+        request_id = 0
+        common = {
+            "kind": _kind(shard),
+            "tenant_id": shard.tenant,
+            "namespace": shard.namespace,
+            "name": shard.name,
+            "shard": shard.shard,
+            "generation": generation,
+        }
+        for area, path in files:
+            position = 0
+            with path.open("rb") as handle:
+                while True:
+                    data = await asyncio.to_thread(handle.read, CHUNK_BYTES)
+                    if not data and position > 0:
+                        break
+                    request_id += 1
+                    chunk = MoveChunk(
+                        request_id=request_id,
+                        area=area,
+                        path=path.name,
+                        position=position,
+                        data=data,
+                        **common,  # type: ignore[arg-type]
+                    )
+                    await self._exchange(successor, chunk, MoveChunkOk)
+                    position += len(data)
+                    if not data:
+                        break  # an empty file: sent once
+            size += position
+        request_id += 1
+        done = MoveDone(request_id=request_id, files=len(files), bytes=size, **common)  # type: ignore[arg-type]
+        await self._exchange(successor, done, MoveDoneOk)
+        _log.info(
+            "moved %s to %s: %d file(s), %d bytes", shard, successor.node_id, len(files), size
+        )
+
+    async def _exchange(self, successor: Member, message: PeerMessage, ok: type) -> None:
+        answer = await self._dialer.request(successor.node_id, successor.peer_addr, message)
+        if isinstance(answer, ok):
+            return
+        if isinstance(answer, ForwardRefused) and answer.refusal.error is not None:
+            raise _Refused(answer.refusal.error.message)
+        raise _Refused(f"unexpected answer {type(answer).__name__}")
+
+    # -- the successor: stage and install --------------------------------------------------
+
+    async def handle(self, message: PeerMessage, origin: PeerOrigin) -> PeerMessage:
+        """Serve move_chunk and move_done (the peer listener's table sends them here)."""
+        assert isinstance(message, MoveChunk | MoveDone)
+        try:
+            shard = _shard_of(message)
+            await self._check(shard, message.generation, origin.node_id)
+            if isinstance(message, MoveChunk):
+                await self._stage(shard, message)
+                return MoveChunkOk(request_id=message.request_id)
+            await self._install(shard, message)
+            return MoveDoneOk(request_id=message.request_id)
+        except _Refused as exc:
+            error = PeerError(
+                code=exc.code.wire,
+                retry=RetryClass.RETRY.wire,
+                message=str(exc),
+                detail=ErrorDetail(reason="moving")
+                if exc.code is ErrorCode.SHARD_UNAVAILABLE
+                else None,
+            )
+            return ForwardRefused(
+                request_id=message.request_id, refusal=ForwardRefusal(error=error)
+            )
+        except (OSError, ValueError) as exc:
+            _log.error("move copy of %s: %s", message.name, exc)
+            error = PeerError(
+                code=ErrorCode.STORAGE.wire,
+                retry=RetryClass.RETRY.wire,
+                message=f"the successor could not stage the copy: {exc}",
+            )
+            return ForwardRefused(
+                request_id=message.request_id, refusal=ForwardRefusal(error=error)
+            )
+
+    async def _check(self, shard: ShardId, generation: int, sender: str) -> None:
+        """The shard must be moving to this broker at `generation`, from `sender`."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + _ROUTE_WAIT_S
+        while True:
+            route = self._view.snapshot.route(shard)
+            if route is not None and route.generation >= generation:
+                break
+            left = deadline - loop.time()
+            if left <= 0:
+                raise _Refused(f"no move of {shard.name} at generation {generation} seen here")
+            with contextlib.suppress(TimeoutError):
+                async with asyncio.timeout(left):
+                    await self._view.wait_changed()
+        if (
+            route.generation != generation
+            or route.state is not AssignmentState.MOVING
+            or route.successor != self.node_id
+            or route.leader != sender
+        ):
+            raise _Refused(
+                f"{shard.name} shard {shard.shard} is not moving from {sender} to "
+                f"{self.node_id} at generation {generation}"
+            )
+
+    def _target(self, shard: ShardId, area: Area) -> Path:
+        root = self._storage.root
+        if root is None:
+            raise _Refused("this broker keeps no durable storage", ErrorCode.INVALID_REQUEST)
+        return log_dir(root, area, shard.tenant, shard.namespace, shard.name, shard.shard)
+
+    def _staging(self, shard: ShardId, area: Area, generation: int) -> Path:
+        target = self._target(shard, area)
+        return target.parent / f".{target.name}.incoming-{generation}"
+
+    async def _stage(self, shard: ShardId, chunk: MoveChunk) -> None:
+        area = chunk.area
+        if area not in _areas(shard):
+            raise _Refused(
+                f"no storage area {area!r} for a {shard.kind.value}", ErrorCode.INVALID_REQUEST
+            )
+        name = chunk.path
+        if not name or "/" in name or "\\" in name or name.startswith("."):
+            raise _Refused(f"bad file name {name!r}", ErrorCode.INVALID_REQUEST)
+        folder = self._staging(shard, area, chunk.generation)
+        key = (shard, chunk.generation)
+        staged = self._staged.setdefault(key, _Staged(set(), 0))
+
+        def write() -> None:
+            folder.mkdir(parents=True, exist_ok=True)
+            path = folder / name
+            mode = "wb" if chunk.position == 0 else "r+b"
+            with path.open(mode) as handle:
+                handle.seek(chunk.position)
+                handle.write(chunk.data)
+                handle.flush()
+                os.fsync(handle.fileno())
+
+        await asyncio.to_thread(write)
+        staged.files.add((area, name))
+        staged.size += len(chunk.data)
+
+    async def _install(self, shard: ShardId, done: MoveDone) -> None:
+        key = (shard, done.generation)
+        staged = self._staged.pop(key, _Staged(set(), 0))
+        if len(staged.files) != done.files:
+            raise _Refused(
+                f"staged {len(staged.files)} file(s) of {shard.name}, the sender sent {done.files}"
+            )
+        async with self._install_lock:
+            await self._storage.release(shard)
+            if self._storage.root is not None and self._storage.durable(shard):
+
+                def replace() -> None:
+                    for area in _areas(shard):
+                        target = self._target(shard, area)
+                        staging = self._staging(shard, area, done.generation)
+                        if target.exists():
+                            shutil.rmtree(target)  # an older copy must never be served
+                        if staging.exists():
+                            target.parent.mkdir(parents=True, exist_ok=True)
+                            staging.rename(target)
+
+                await asyncio.to_thread(replace)
+            await self._report(
+                shard, MoveCopied(generation=done.generation, files=done.files, bytes=done.bytes)
+            )
+        self.installed += 1
+        _log.info("installed the copy of %s (generation %d)", shard, done.generation)
+
+
+class ServiceStorage:
+    """`ShardStorage` over the broker's services (built by the composition root)."""
+
+    def __init__(
+        self,
+        *,
+        root: Path | None,
+        stream_durable: Callable[[ShardId], bool],
+        cache_durable: bool,
+        streams: Callable[[], _Streams | None],
+        engine: Callable[[], _Engine | None],
+        groups: Callable[[], _Groups | None],
+        cache: Callable[[], _Cache | None],
+        states: Callable[[], list[Any]],
+    ) -> None:
+        self.root = root
+        self._stream_durable = stream_durable
+        self._cache_durable = cache_durable
+        self._streams = streams
+        self._engine = engine
+        self._groups = groups
+        self._cache = cache
+        self._states = states
+
+    def durable(self, shard: ShardId) -> bool:
+        if self.root is None:
+            return False
+        if shard.kind is ShardKind.CACHE:
+            return self._cache_durable
+        return self._stream_durable(shard)
+
+    @staticmethod
+    def _key(shard: ShardId) -> tuple[str, str, str, int]:
+        return (shard.tenant, shard.namespace, shard.name, shard.shard)
+
+    def end_readers(self, shard: ShardId, moved_to: tuple[str | None, str | None, int]) -> int:
+        if shard.kind is ShardKind.CACHE:
+            cache = self._cache()
+            return cache.end_shard_watches(self._key(shard), moved_to) if cache else 0
+        streams = self._streams()
+        if streams is None:
+            return 0
+        return streams.end_shard_subscriptions(self._states(), self._key(shard), moved_to)
+
+    def readers(self, shard: ShardId) -> int:
+        if shard.kind is ShardKind.CACHE:
+            cache = self._cache()
+            return cache.shard_watches(self._key(shard)) if cache else 0
+        engine = self._engine()
+        return engine.shard_subscribers(*self._key(shard)) if engine else 0
+
+    async def settle(self) -> None:
+        engine = self._engine()
+        if engine is not None:
+            await engine.drain()
+
+    async def release(self, shard: ShardId) -> None:
+        key = self._key(shard)
+        if shard.kind is ShardKind.CACHE:
+            cache = self._cache()
+            if cache is not None:
+                await cache.release_shard(*key)
+            return
+        groups = self._groups()
+        if groups is not None:
+            await groups.release_shard(*key)
+        engine = self._engine()
+        if engine is not None:
+            engine.release_shard(*key)
+
+
+class _Streams(Protocol):
+    def end_shard_subscriptions(
+        self,
+        states: list[Any],
+        key: tuple[str, str, str, int],
+        moved_to: tuple[str | None, str | None, int],
+    ) -> int: ...
+
+
+class _Engine(Protocol):
+    async def drain(self) -> None: ...
+
+    def shard_subscribers(self, tenant_id: str, namespace: str, stream: str, index: int) -> int: ...
+
+    def release_shard(self, tenant_id: str, namespace: str, stream: str, index: int) -> None: ...
+
+
+class _Groups(Protocol):
+    async def release_shard(
+        self, tenant_id: str, namespace: str, stream: str, index: int
+    ) -> None: ...
+
+
+class _Cache(Protocol):
+    def end_shard_watches(
+        self, key: tuple[str, str, str, int], moved_to: tuple[str | None, str | None, int]
+    ) -> int: ...
+
+    def shard_watches(self, key: tuple[str, str, str, int]) -> int: ...
+
+    async def release_shard(
+        self, tenant_id: str, namespace: str, cache: str, index: int
+    ) -> None: ...

@@ -1,0 +1,652 @@
+"""Planned moves and drains, end to end: a real etcd, the control plane's placer, and
+three brokers that joined through etcd (each its own data folder). Nothing sets a
+route by hand: the placer's writes drive the move, the brokers copy the shard's
+storage over the mutual-TLS peer channel, the successor reports the copy in etcd.
+
+- a drain of the owner under load (two publishers through different brokers, a
+  subscriber on the owner, a consumer group with a committed cursor): no publish is
+  refused, the subscriber gets shard_moved and resumes at max(last + 1,
+  resume_from) on the new owner with no gap, every acknowledged record is in the
+  new owner's log once and in each publisher's order, the group's cursor continues;
+- a publish held past FELIX_SHARD_MOVE_HOLD_MS is refused shard_unavailable/moving
+  with retry_after_ms, and nothing of it is written;
+- a move cancelled before its cut-over leaves the old owner serving at a newer
+  generation; a cancel after the cut-over is 409.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from felix_broker.app import Broker
+from felix_broker.catalog import CacheSpec, StaticCatalog, StreamSpec
+from felix_broker.config import load_config
+from felix_broker.fleet.node import FleetNode
+from felix_broker.fleet.peer import PeerTls
+from felix_broker.fleet.routing import AssignmentState, RoutingSnapshot, ShardId, ShardKind
+from felix_broker.fleet.view import FleetView
+from felix_common.etcd_process import EtcdProcess
+from felix_common.tokens import DevIssuer, TokenVerifier
+from felix_controlplane.fleet_api import MoveError
+from felix_controlplane.placement import Placer, ShardSpec
+from felix_transport import default_impl, generate_ca
+from felix_wire.binary import EventBatchSharedFrame
+from felix_wire.errors import ErrorCode
+from felix_wire.messages import (
+    AckMode,
+    CacheGet,
+    CacheOk,
+    CachePut,
+    CacheValue,
+    CacheWatch,
+    CacheWatchStarted,
+    CounterAdd,
+    EventBatch,
+    GroupAck,
+    GroupPoll,
+    GroupRecords,
+    Publish,
+    PublishError,
+    PublishIdempotent,
+    PublishOk,
+    PublishRefusal,
+    SequenceGap,
+    ShardMoved,
+    StartOffset,
+    Subscribe,
+    Subscribed,
+)
+
+from ..support.wire import NS, TENANT, WireClient
+from .harness import NODES, Entry
+from .support import PREFIX, eventually, placer
+
+pytestmark = pytest.mark.timeout(180)
+
+STREAM = "moving"
+SHARD = ShardId(ShardKind.STREAM, TENANT, NS, STREAM, 0)
+MEMORY = ShardId(ShardKind.STREAM, TENANT, NS, "in-memory", 0)
+CACHE = ShardId(ShardKind.CACHE, TENANT, NS, "kv", 0)
+GROUP = "workers"
+BATCHES = (EventBatch, EventBatchSharedFrame)
+
+
+@dataclass
+class MovingFleet:
+    brokers: dict[str, Broker]
+    issuer: DevIssuer
+    placer: Placer
+
+    def entry(self, node: str) -> Entry:
+        return Entry(self.brokers[node], self.issuer)
+
+    def route(self, node: str, shard: ShardId = SHARD) -> Any:
+        fleet = self.brokers[node].fleet
+        assert fleet is not None
+        return fleet.view.snapshot.route(shard)
+
+    def leader(self, shard: ShardId = SHARD) -> str:
+        route = self.route(NODES[0], shard)
+        assert route is not None and route.leader is not None
+        return str(route.leader)
+
+    def settled_on(self, node: str, shard: ShardId = SHARD) -> bool:
+        """Every broker sees `node` leading the shard, active."""
+        for name in self.brokers:
+            route = self.route(name, shard)
+            if route is None or route.leader != node or route.state is not AssignmentState.ACTIVE:
+                return False
+        return True
+
+
+@asynccontextmanager
+async def moving_fleet(
+    tmp: Path, etcd: EtcdProcess, **overrides: Any
+) -> AsyncIterator[MovingFleet]:
+    endpoint = etcd.endpoint
+    fleet_ca = generate_ca("test fleet")
+    issuer = DevIssuer.load_or_create(tmp / "issuer")
+    catalog = StaticCatalog(
+        streams=[
+            StreamSpec(TENANT, NS, STREAM, shards=1, durable=True),
+            StreamSpec(TENANT, NS, MEMORY.name, shards=1, durable=False),
+        ],
+        caches=[CacheSpec(TENANT, NS, CACHE.name, shards=1)],
+    )
+    specs = [
+        ShardSpec(SHARD, durable=True),
+        ShardSpec(MEMORY, durable=False),
+        ShardSpec(CACHE, durable=True),
+    ]
+    place = placer(("127.0.0.1", etcd.client_port), "cp-test", specs)
+    async with AsyncExitStack() as stack:
+        task = asyncio.get_running_loop().create_task(place.run())
+
+        async def stop_placer() -> None:
+            task.cancel()
+            await asyncio.gather(task, return_exceptions=True)
+
+        stack.push_async_callback(stop_placer)
+        brokers: dict[str, Broker] = {}
+        for node in NODES:
+            settings: dict[str, Any] = {
+                "quic_bind": "127.0.0.1:0",
+                "metrics_bind": "127.0.0.1:0",
+                "peer_bind": "127.0.0.1:0",
+                "data_dir": str(tmp / node),
+                "durable_storage_dir": str(tmp / node / "durable"),
+                "quic_impl": default_impl(),
+                "node_id": node,
+                "etcd_endpoints": endpoint,
+                "node_lease_ttl_ms": 3000,
+                "etcd_prefix": PREFIX,
+                **overrides,
+            }
+            config = dataclasses.replace(
+                load_config(environ={}, overrides=settings), catalog=catalog
+            )
+            view = FleetView(RoutingSnapshot(node_id=node))
+            fleet = FleetNode(tls=PeerTls.issue(fleet_ca, node), view=view)
+            broker = Broker(config, verifier=TokenVerifier(issuer.jwks()), fleet=fleet)
+            await broker.start()
+            stack.push_async_callback(broker.stop)
+            brokers[node] = broker
+        moving = MovingFleet(brokers, issuer, place)
+
+        def placed() -> bool:
+            routes = [moving.route(NODES[0], s.shard) for s in specs]
+            return (
+                place.holding
+                and all(r is not None and r.leader is not None for r in routes)
+                and all(
+                    moving.settled_on(r.leader, s.shard) for r, s in zip(routes, specs, strict=True)
+                )
+                and all(
+                    len(b.fleet.view.snapshot.members) == 3 for b in brokers.values() if b.fleet
+                )
+            )
+
+        await eventually(placed, within=30, what="three members and a placed shard")
+        yield moving
+
+
+def publish(payload: bytes, request_id: int) -> Publish:
+    return Publish(
+        tenant_id=TENANT,
+        namespace=NS,
+        stream=STREAM,
+        payload=payload,
+        request_id=request_id,
+        ack=AckMode.PER_MESSAGE,
+    )
+
+
+async def read_all(entry: Entry, start: int, until: int) -> list[tuple[int, bytes]]:
+    """The shard's records [start, until) through a subscription at `entry`."""
+    client = await WireClient.connect(entry)
+    try:
+        control = await client.session()
+        await control.send(
+            Subscribe(
+                tenant_id=TENANT,
+                namespace=NS,
+                stream=STREAM,
+                shard=0,
+                start=StartOffset(offset=start),
+            )
+        )
+        subscribed = await control.recv()
+        assert isinstance(subscribed, Subscribed), subscribed
+        events = await client.event_stream(subscribed.subscription_id)
+        out: list[tuple[int, bytes]] = []
+        while start + len(out) < until:
+            batch = await events.recv(timeout=10)
+            assert isinstance(batch, BATCHES), batch
+            assert batch.base_offset == start + len(out), (batch.base_offset, len(out))
+            out.extend((batch.base_offset + i, p) for i, p in enumerate(batch.payloads))
+        return out
+    finally:
+        client.close()
+
+
+async def test_a_drain_under_load_loses_nothing_and_refuses_nothing(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    async with moving_fleet(tmp_path, etcd_server) as fleet:
+        owner = fleet.leader()
+        others = [n for n in NODES if n != owner]
+
+        # Before the move: records 0..9 and a group that acked 0..4.
+        seed = await WireClient.connect(fleet.entry(owner))
+        control = await seed.session()
+        for i in range(10):
+            await control.send(publish(f"seed-{i}".encode(), i + 1))
+            assert await control.recv() == PublishOk(request_id=i + 1)
+        poll = GroupPoll(
+            tenant_id=TENANT, namespace=NS, stream=STREAM, shard=0, group=GROUP,
+            max_records=5, request_id=100,
+        )  # fmt: skip
+        await control.send(poll)
+        polled = await control.recv()
+        assert isinstance(polled, GroupRecords), polled
+        assert [r.offset for r in polled.records] == [0, 1, 2, 3, 4]
+        for record in polled.records:
+            ack = GroupAck(
+                tenant_id=TENANT, namespace=NS, stream=STREAM, shard=0, group=GROUP,
+                offset=record.offset, request_id=200 + record.offset,
+            )  # fmt: skip
+            await control.send(ack)
+            await control.recv()
+        seed.close()
+
+        # A subscriber on the owner, from the start.
+        sub = await WireClient.connect(fleet.entry(owner))
+        sub_control = await sub.session()
+        await sub_control.send(
+            Subscribe(
+                tenant_id=TENANT, namespace=NS, stream=STREAM, shard=0, start=StartOffset(offset=0)
+            )
+        )
+        subscribed = await sub_control.recv()
+        assert isinstance(subscribed, Subscribed), subscribed
+        events = await sub.event_stream(subscribed.subscription_id)
+
+        # Two publishers: one on the owner, one through a non-owner (forwarded).
+        acked: dict[str, list[bytes]] = {"p1": [], "p2": []}
+        refused: list[Any] = []
+        stop = asyncio.Event()
+
+        async def publisher(name: str, node: str) -> None:
+            client = await WireClient.connect(fleet.entry(node))
+            try:
+                stream = await client.session()
+                n = 0
+                while not stop.is_set() and n < 2000:
+                    n += 1
+                    payload = f"{name}-{n}".encode()
+                    await stream.send(publish(payload, n))
+                    answer = await stream.recv(timeout=15)
+                    if answer == PublishOk(request_id=n):
+                        acked[name].append(payload)
+                    else:
+                        refused.append(answer)
+                    await asyncio.sleep(0.005)
+            finally:
+                client.close()
+
+        tasks = [
+            asyncio.get_running_loop().create_task(publisher("p1", owner)),
+            asyncio.get_running_loop().create_task(publisher("p2", others[0])),
+        ]
+        await eventually(lambda: len(acked["p1"]) >= 20 and len(acked["p2"]) >= 20)
+
+        # Drain the owner: the placer moves its shard to another broker.
+        await fleet.placer.drain(owner, "test")
+        await eventually(
+            lambda: fleet.leader() != owner and fleet.settled_on(fleet.leader()),
+            within=30,
+            what="the shard cut over",
+        )
+        successor = fleet.leader()
+        assert successor in others
+        before = {name: len(done) for name, done in acked.items()}
+        await eventually(lambda: all(len(acked[n]) >= before[n] + 20 for n in acked), within=30)
+        stop.set()
+        await asyncio.gather(*tasks)
+        assert refused == []
+
+        # The subscriber: batches without a gap, then shard_moved naming the successor.
+        delivered: list[tuple[int, bytes]] = []
+        moved: ShardMoved | None = None
+        while moved is None:
+            frame = await events.recv(timeout=10)
+            if isinstance(frame, ShardMoved):
+                moved = frame
+                break
+            assert isinstance(frame, BATCHES), frame
+            assert frame.base_offset == len(delivered), (frame.base_offset, len(delivered))
+            delivered.extend((frame.base_offset + i, p) for i, p in enumerate(frame.payloads))
+        await events.expect_end()
+        assert moved.node_id == successor
+        assert moved.addr == f"127.0.0.1:{fleet.brokers[successor].quic_port}"
+        assert moved.resume_from is not None
+        resume = max(len(delivered), moved.resume_from)
+        assert resume == len(delivered)  # it was offered nothing it did not get
+        sub.close()
+
+        # At the new owner: the rest from the resume point, no gap; altogether every
+        # acknowledged record once, in each publisher's order.
+        total = 10 + sum(len(done) for done in acked.values())
+        rest = await read_all(fleet.entry(successor), resume, total)
+        log = [payload for _, payload in delivered + rest]
+        assert len(log) == total
+        assert log[:10] == [f"seed-{i}".encode() for i in range(10)]
+        for name, done in acked.items():
+            assert [p for p in log if p.startswith(f"{name}-".encode())] == done
+        # Nothing past the acknowledged records (nothing stored twice).
+        await read_more_is_nothing(fleet.entry(successor), total)
+
+        # The group's cursor moved with the shard: the next poll starts at 5.
+        client = await WireClient.connect(fleet.entry(successor))
+        try:
+            stream = await client.session()
+            await stream.send(msgspec.structs.replace(poll, request_id=300))
+            polled = await stream.recv()
+            assert isinstance(polled, GroupRecords), polled
+            assert [r.offset for r in polled.records] == [5, 6, 7, 8, 9]
+        finally:
+            client.close()
+
+
+async def read_more_is_nothing(entry: Entry, end: int) -> None:
+    client = await WireClient.connect(entry)
+    try:
+        control = await client.session()
+        await control.send(
+            Subscribe(
+                tenant_id=TENANT,
+                namespace=NS,
+                stream=STREAM,
+                shard=0,
+                start=StartOffset(offset=end),
+            )
+        )
+        subscribed = await control.recv()
+        assert isinstance(subscribed, Subscribed), subscribed
+        assert subscribed.live_offset == end, subscribed
+    finally:
+        client.close()
+
+
+@pytest.mark.parametrize(
+    "bound",
+    [{"shard_move_hold_ms": 300}, {"shard_move_hold_max": 0}],
+    ids=["past FELIX_SHARD_MOVE_HOLD_MS", "past FELIX_SHARD_MOVE_HOLD_MAX"],
+)
+async def test_a_publish_held_past_the_bound_is_refused_moving_and_not_written(
+    etcd_server: EtcdProcess, tmp_path: Path, bound: dict[str, int]
+) -> None:
+    async with moving_fleet(tmp_path, etcd_server, **bound) as fleet:
+        owner = fleet.leader()
+        client = await WireClient.connect(fleet.entry(owner))
+        try:
+            stream = await client.session()
+            await stream.send(publish(b"before", 1))
+            assert await stream.recv() == PublishOk(request_id=1)
+            # A fence never cuts over: the hold runs out.
+            leader, generation = await fleet.placer.fence(SHARD)
+            assert leader == owner
+            await eventually(
+                lambda: all(
+                    (r := fleet.route(n)) is not None and r.generation == generation for n in NODES
+                )
+            )
+            for node in NODES:  # through the owner and through non-owners
+                other = await WireClient.connect(fleet.entry(node))
+                try:
+                    answer = await other.request(publish(b"refused", 7))
+                finally:
+                    other.close()
+                assert isinstance(answer, PublishError), answer
+                assert answer.code == ErrorCode.SHARD_UNAVAILABLE.wire, answer
+                assert answer.retry == "retry", answer
+                assert answer.detail is not None and answer.detail.reason == "moving", answer
+                assert (answer.detail.retry_after_ms or 0) > 0, answer
+            # Healed (cancelled): the owner serves again at a newer generation, and the
+            # refused publishes were never written.
+            retaken = await fleet.placer.cancel(SHARD)
+            assert retaken > generation
+            await eventually(lambda: fleet.settled_on(owner))
+            await stream.send(publish(b"after", 2))
+            assert await stream.recv() == PublishOk(request_id=2)
+            log = await read_all(fleet.entry(owner), 0, 2)
+            assert [p for _, p in log] == [b"before", b"after"]
+            await read_more_is_nothing(fleet.entry(owner), 2)
+        finally:
+            client.close()
+
+
+async def test_a_move_cancelled_before_its_cut_over_stays_and_a_late_cancel_is_409(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    async with moving_fleet(tmp_path, etcd_server) as fleet:
+        owner = fleet.leader()
+        target = next(n for n in NODES if n != owner)
+        # No move in progress: nothing to cancel.
+        with pytest.raises(MoveError) as nothing:
+            await fleet.placer.cancel(SHARD)
+        assert nothing.value.status == 409
+        # Fenced, then cancelled before the successor's copy can be reported: the
+        # successor is stopped from answering by fencing at a broker that is not it.
+        generation = await fleet.placer.move(SHARD, target)
+        retaken = await fleet.placer.cancel(SHARD)
+        assert retaken > generation
+        await eventually(lambda: fleet.settled_on(owner), what="the old owner serves again")
+        # A whole move, then a cancel after its cut-over: 409.
+        await fleet.placer.move(SHARD, target)
+        await eventually(lambda: fleet.settled_on(target), within=30, what="cut over")
+        with pytest.raises(MoveError) as late:
+            await fleet.placer.cancel(SHARD)
+        assert late.value.status == 409
+
+
+async def open_subscriber(entry: Entry) -> tuple[WireClient, Any]:
+    client = await WireClient.connect(entry)
+    control = await client.session()
+    await control.send(
+        Subscribe(
+            tenant_id=TENANT, namespace=NS, stream=STREAM, shard=0, start=StartOffset(offset=0)
+        )
+    )
+    subscribed = await control.recv()
+    assert isinstance(subscribed, Subscribed), subscribed
+    return client, await client.event_stream(subscribed.subscription_id)
+
+
+async def until_moved(events: Any) -> tuple[int, ShardMoved]:
+    """Records delivered (checked gap-free from 0), then the shard_moved that ends them."""
+    delivered = 0
+    while True:
+        frame = await events.recv(timeout=10)
+        if isinstance(frame, ShardMoved):
+            await events.expect_end()
+            return delivered, frame
+        assert isinstance(frame, BATCHES), frame
+        assert frame.base_offset == delivered, (frame.base_offset, delivered)
+        delivered += len(frame.payloads)
+
+
+async def test_a_member_told_to_stop_hands_its_shards_off_first(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    async with moving_fleet(tmp_path, etcd_server) as fleet:
+        owner = fleet.leader()
+        other = next(n for n in NODES if n != owner)
+        client = await WireClient.connect(fleet.entry(other))
+        sub, events = await open_subscriber(fleet.entry(owner))
+        try:
+            stream = await client.session()
+            for i in range(5):
+                await stream.send(publish(f"r{i}".encode(), i + 1))
+                assert await stream.recv() == PublishOk(request_id=i + 1)
+            # What SIGTERM runs first (felix_broker/cli.py): readiness off, its own
+            # drain asked for, serving on until it leads nothing.
+            handing = asyncio.get_running_loop().create_task(fleet.brokers[owner].hand_off())
+            n = 5
+            while not handing.done():  # publishes through the hand-off: none refused
+                n += 1
+                await stream.send(publish(f"r{n - 1}".encode(), n))
+                assert await stream.recv(timeout=15) == PublishOk(request_id=n)
+            await handing
+            assert fleet.leader() != owner
+            assert fleet.brokers[owner].health.state.value == "draining"
+            delivered, moved = await until_moved(events)
+            assert moved.node_id == fleet.leader()
+            assert moved.resume_from == delivered
+            log = await read_all(fleet.entry(fleet.leader()), 0, n)
+            assert [p for _, p in log] == [f"r{i}".encode() for i in range(n)]
+        finally:
+            client.close()
+            sub.close()
+
+
+async def test_a_lapsed_lease_ends_the_readers_of_every_shard_it_led(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    async with moving_fleet(tmp_path, etcd_server) as fleet:
+        owner = fleet.leader()
+        seed = await WireClient.connect(fleet.entry(owner))
+        sub, events = await open_subscriber(fleet.entry(owner))
+        try:
+            stream = await seed.session()
+            await stream.send(publish(b"one", 1))
+            assert await stream.recv() == PublishOk(request_id=1)
+            # What the membership does when the lease is judged lost (membership.py).
+            broker_fleet = fleet.brokers[owner].fleet
+            assert broker_fleet is not None
+            broker_fleet.view.fence()
+            delivered, moved = await until_moved(events)
+            assert delivered == 1 and moved.resume_from == 1
+            # No owner named: the client finds the shard again.
+            assert moved.node_id is None and moved.addr is None
+            broker_fleet.view.unfence()
+        finally:
+            seed.close()
+            sub.close()
+
+
+async def test_a_cache_shard_moves_with_its_values_and_counters_and_a_memory_shard_moves_empty(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    async with moving_fleet(tmp_path, etcd_server) as fleet:
+        owner = fleet.leader(CACHE)
+        target = next(n for n in NODES if n != owner)
+        kv = {"tenant_id": TENANT, "namespace": NS, "cache": CACHE.name}
+        client = await WireClient.connect(fleet.entry(owner))
+        try:
+            stream = await client.session()
+            await stream.send(CachePut(**kv, key="k", value=b"v1", request_id=1))
+            assert isinstance(await stream.recv(), CacheOk)
+            await stream.send(CounterAdd(**kv, key="hits", delta=5, request_id=2))
+            assert (await stream.recv()).value == 5
+        finally:
+            client.close()
+        # A watch at the old owner: ended with shard_moved naming the successor.
+        watcher = await WireClient.connect(fleet.entry(owner))
+        try:
+            control = await watcher.session()
+            await control.send(CacheWatch(**kv, key="k"))
+            started = await control.recv()
+            assert isinstance(started, CacheWatchStarted), started
+            events = await watcher.event_stream(started.subscription_id)
+            await fleet.placer.move(CACHE, target)
+            moved = await events.recv(timeout=10)
+            assert isinstance(moved, ShardMoved), moved
+            assert moved.node_id == target and moved.subscription_id == started.subscription_id
+            assert moved.resume_from is not None and moved.resume_from >= started.resume_offset
+            await events.expect_end()
+        finally:
+            watcher.close()
+        await eventually(lambda: fleet.settled_on(target, CACHE), within=30, what="cut over")
+        client = await WireClient.connect(fleet.entry(target))
+        try:
+            stream = await client.session()
+            await stream.send(CacheGet(**kv, key="k", request_id=3))
+            got = await stream.recv()
+            assert isinstance(got, CacheValue) and got.value == b"v1", got
+            await stream.send(CounterAdd(**kv, key="hits", delta=1, request_id=4))
+            assert (await stream.recv()).value == 6  # the counter continued
+        finally:
+            client.close()
+
+        # An in-memory shard: nothing to copy; it cuts over and serves at once.
+        mem_owner = fleet.leader(MEMORY)
+        mem_target = next(n for n in NODES if n != mem_owner)
+        await fleet.placer.move(MEMORY, mem_target)
+        await eventually(lambda: fleet.settled_on(mem_target, MEMORY), within=30)
+        client = await WireClient.connect(fleet.entry(mem_target))
+        try:
+            message = msgspec.structs.replace(publish(b"m", 1), stream=MEMORY.name)
+            assert await client.request(message) == PublishOk(request_id=1)
+        finally:
+            client.close()
+
+
+async def test_producer_sequences_move_with_the_shard(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    async with moving_fleet(tmp_path, etcd_server) as fleet:
+        owner = fleet.leader()
+        target = next(n for n in NODES if n != owner)
+
+        def idem(sequence: int, *payloads: bytes, rid: int) -> PublishIdempotent:
+            return PublishIdempotent(
+                tenant_id=TENANT,
+                namespace=NS,
+                stream=STREAM,
+                payloads=list(payloads),
+                request_id=rid,
+                producer_id=0x1234_5678,
+                sequence=sequence,
+            )
+
+        client = await WireClient.connect(fleet.entry(owner))
+        try:
+            stream = await client.session()
+            await stream.send(idem(0, b"a", b"b", rid=1))
+            assert await stream.recv() == PublishOk(request_id=1, offset=0)
+            await stream.send(idem(1, b"c", rid=2))
+            assert await stream.recv() == PublishOk(request_id=2, offset=2)
+        finally:
+            client.close()
+        await fleet.placer.move(SHARD, target)
+        await eventually(lambda: fleet.settled_on(target), within=30, what="cut over")
+        client = await WireClient.connect(fleet.entry(target))
+        try:
+            stream = await client.session()
+            # A resend of the last batch is remembered at the new owner: nothing appended.
+            await stream.send(idem(1, b"c", rid=3))
+            assert await stream.recv() == PublishOk(request_id=3, offset=2)
+            await stream.send(idem(2, b"d", rid=4))
+            assert await stream.recv() == PublishOk(request_id=4, offset=3)
+            await stream.send(idem(4, b"f", rid=5))
+            refused = await stream.recv()
+            assert refused.reason == PublishRefusal(sequence_gap=SequenceGap(expected=3))
+        finally:
+            client.close()
+        log = await read_all(fleet.entry(target), 0, 4)
+        assert [p for _, p in log] == [b"a", b"b", b"c", b"d"]
+        await read_more_is_nothing(fleet.entry(target), 4)
+
+
+async def test_a_group_poll_waiting_when_its_shard_leaves_answers_empty(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    async with moving_fleet(tmp_path, etcd_server) as fleet:
+        owner = fleet.leader()
+        target = next(n for n in NODES if n != owner)
+        client = await WireClient.connect(fleet.entry(owner))
+        try:
+            stream = await client.session()
+            poll = GroupPoll(
+                tenant_id=TENANT, namespace=NS, stream=STREAM, shard=0, group=GROUP,
+                max_records=5, wait_ms=20_000, request_id=1,
+            )  # fmt: skip
+            await stream.send(poll)
+            await stream.nothing(wait=0.3)  # waiting: nothing to take
+            started = asyncio.get_running_loop().time()
+            await fleet.placer.move(SHARD, target)
+            answer = await stream.recv(timeout=10)
+            assert answer == GroupRecords(records=[], request_id=1), answer
+            assert asyncio.get_running_loop().time() - started < 10
+        finally:
+            client.close()
