@@ -12,8 +12,8 @@ which two brokers accepted writes for one shard never overlap in time.
   broker keeps serving what it leads (no publish refused), nothing is re-placed, and
   no broker applies an assignment twice;
 - one broker (the leader of an in-memory shard) cut off from etcd until its lease
-  expires: it stops serving, its
-  in-memory shards are re-placed on the others, its durable shards wait for it.
+  expires: it stops serving, its in-memory shards are re-placed on the others, its
+  durable shards wait for it.
 """
 
 from __future__ import annotations
