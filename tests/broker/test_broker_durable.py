@@ -37,6 +37,7 @@ from felix_wire.messages import (
     SubscriptionLagged,
 )
 
+from ..fleet.harness import THROUGH_LEADER, TOPOLOGIES
 from ..support.wire import (
     NS,
     OFFICIAL_FEATURES,
@@ -84,8 +85,9 @@ async def subscribe(client: WireClient, **kw: object) -> tuple[Subscribed, objec
     return answer, events
 
 
-async def test_offsets_times_and_replay_from_earliest(tmp_path: Path) -> None:
-    async with running_broker(tmp_path, record_publishers=True) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_offsets_times_and_replay_from_earliest(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology, record_publishers=True) as broker:
         client = await WireClient.connect(broker)
         pub, _ = await client.authed()
         for i in range(3):
@@ -109,8 +111,9 @@ async def test_offsets_times_and_replay_from_earliest(tmp_path: Path) -> None:
         client.close()
 
 
-async def test_subscribed_offsets_only_for_offset_clients(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_subscribed_offsets_only_for_offset_clients(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         plain, events = await subscribe(client, flags=int(Flag.BINARY_EVENT_BATCH_SHARED))
         assert (plain.start_offset, plain.live_offset) == (None, None)
@@ -123,8 +126,13 @@ async def test_subscribed_offsets_only_for_offset_clients(tmp_path: Path) -> Non
         client.close()
 
 
-async def test_replay_joins_live_with_no_gap_and_no_duplicate(tmp_path: Path) -> None:
-    async with running_broker(tmp_path, subscriber_queue_capacity=4096) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_replay_joins_live_with_no_gap_and_no_duplicate(
+    tmp_path: Path, topology: str
+) -> None:
+    async with running_broker(
+        tmp_path, topology=topology, subscriber_queue_capacity=4096
+    ) as broker:
         client = await WireClient.connect(broker)
         pub, _ = await client.authed()
         total = 6000
@@ -149,8 +157,9 @@ async def test_replay_joins_live_with_no_gap_and_no_duplicate(tmp_path: Path) ->
         client.close()
 
 
-async def test_cursor_errors(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_cursor_errors(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         pub, _ = await client.authed()
         await pub.send(publish(b"a", b"b", request_id=1, ack_mode=BinaryAckMode.PER_BATCH))
@@ -162,9 +171,10 @@ async def test_cursor_errors(tmp_path: Path) -> None:
         client.close()
 
 
-async def test_acks_after_the_write_carry_the_first_offset(tmp_path: Path) -> None:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_acks_after_the_write_carry_the_first_offset(tmp_path: Path, topology: str) -> None:
     async with running_broker(
-        tmp_path, ack_on_commit=True, durable_fsync_mode="on_commit"
+        tmp_path, topology=topology, ack_on_commit=True, durable_fsync_mode="on_commit"
     ) as broker:
         client = await WireClient.connect(broker)
         binary, _ = await client.authed()
@@ -203,8 +213,9 @@ async def test_acks_after_the_write_carry_the_first_offset(tmp_path: Path) -> No
         client.close()
 
 
-async def test_client_feature_ack_on_commit_asks_for_offsets(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_client_feature_ack_on_commit_asks_for_offsets(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         asked, _ = await client.authed(
             features=OFFICIAL_FEATURES | int(Feature.FEATURE_ACK_ON_COMMIT)
@@ -217,8 +228,11 @@ async def test_client_feature_ack_on_commit_asks_for_offsets(tmp_path: Path) -> 
         client.close()
 
 
-async def test_stream_read_pages_and_offset_for_time(tmp_path: Path) -> None:
-    async with running_broker(tmp_path, durable_max_records_per_read=4) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_stream_read_pages_and_offset_for_time(tmp_path: Path, topology: str) -> None:
+    async with running_broker(
+        tmp_path, topology=topology, durable_max_records_per_read=4
+    ) as broker:
         client = await WireClient.connect(broker)
         stream, answer = await client.authed()
         assert answer.server_features & Feature.FEATURE_STREAM_READ  # type: ignore[union-attr]
@@ -288,9 +302,12 @@ async def test_stream_read_pages_and_offset_for_time(tmp_path: Path) -> None:
         client.close()
 
 
-async def test_a_lagging_subscriber_is_ended_with_subscription_lagged(tmp_path: Path) -> None:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_a_lagging_subscriber_is_ended_with_subscription_lagged(
+    tmp_path: Path, topology: str
+) -> None:
     async with running_broker(
-        tmp_path, subscriber_queue_capacity=1, event_batch_max_events=1
+        tmp_path, topology=topology, subscriber_queue_capacity=1, event_batch_max_events=1
     ) as broker:
         slow = await WireClient.connect(broker)
         _, events = await subscribe(slow)  # offers SUBSCRIPTION_LAGGED and offsets

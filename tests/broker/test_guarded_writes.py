@@ -32,6 +32,7 @@ from felix_wire.messages import (
     StreamRecords,
 )
 
+from ..fleet.harness import THROUGH_LEADER
 from ..support.wire import NS, OFFICIAL_FEATURES, TENANT, Feature, WireClient, WireStream
 from .harness import running_broker
 
@@ -71,8 +72,9 @@ async def opened(client: WireClient, **kw: Any) -> WireStream:
     return stream
 
 
-async def test_producer_init_grants_random_ids(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_producer_init_grants_random_ids(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         assert broker.features & Feature.FEATURE_IDEMPOTENT_PRODUCER
         client = await WireClient.connect(broker)
         stream = await opened(client)
@@ -86,8 +88,9 @@ async def test_producer_init_grants_random_ids(tmp_path: Path) -> None:
         client.close()
 
 
-async def test_every_row_of_the_idempotent_answer_table(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_every_row_of_the_idempotent_answer_table(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         stream = await opened(client)
         # Next expected (an unknown producer starts at 0): appended.
@@ -133,8 +136,9 @@ async def test_every_row_of_the_idempotent_answer_table(tmp_path: Path) -> None:
         client.close()
 
 
-async def test_binary_idempotent_frames_are_answered_in_json(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_binary_idempotent_frames_are_answered_in_json(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         stream = await opened(client)
         frame = PublishBatchFrame(
@@ -215,8 +219,9 @@ def pif(expected: int, *payloads: bytes, rid: int, stream: str = "log") -> Publi
     )
 
 
-async def test_publish_if_rows(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_publish_if_rows(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         assert broker.features & Feature.FEATURE_PUBLISH_CONDITIONAL
         client = await WireClient.connect(broker)
         stream = await opened(client)
@@ -236,8 +241,9 @@ async def test_publish_if_rows(tmp_path: Path) -> None:
         client.close()
 
 
-async def test_of_many_racers_exactly_one_wins_over_quic(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_of_many_racers_exactly_one_wins_over_quic(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         streams = [await opened(client) for _ in range(20)]
 
@@ -335,8 +341,9 @@ async def test_commits_and_state(tmp_path: Path) -> None:
         client.close()
 
 
-async def test_publish_width_and_stale_width(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_publish_width_and_stale_width(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         assert broker.features & Feature.FEATURE_PUBLISH_WIDTH
         client = await WireClient.connect(broker)
         stream = await opened(client)
@@ -371,15 +378,16 @@ async def test_publish_width_and_stale_width(tmp_path: Path) -> None:
         client.close()
 
 
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
 async def test_idempotent_frames_on_a_publish_only_stream_land_once_unanswered(
-    tmp_path: Path,
+    tmp_path: Path, topology: str
 ) -> None:
     from felix_wire.codec import encode_frame
     from felix_wire.gating import client_auth
 
     from ..support.wire import token
 
-    async with running_broker(tmp_path) as broker:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         uni = await client.connection.open_uni_stream()
         await uni.write(
@@ -405,13 +413,14 @@ async def test_idempotent_frames_on_a_publish_only_stream_land_once_unanswered(
         client.close()
 
 
-async def test_subscribers_see_a_commits_event_at_its_offset(tmp_path: Path) -> None:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_subscribers_see_a_commits_event_at_its_offset(tmp_path: Path, topology: str) -> None:
     from felix_wire.binary import EventBatchSharedFrame
     from felix_wire.routing import shard_for_key
 
     from .test_broker_streams import subscribe
 
-    async with running_broker(tmp_path) as broker:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         shard = shard_for_key(b"e-sub", 2, "modulo")  # "log" has two shards, modulo routing
         _, events = await subscribe(client, "log", shard=shard)
@@ -461,13 +470,16 @@ async def test_metrics_count_duplicates_refusals_and_commits(tmp_path: Path) -> 
             )
 
 
-async def test_a_malformed_idempotent_frame_is_answered_in_json(tmp_path: Path) -> None:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_a_malformed_idempotent_frame_is_answered_in_json(
+    tmp_path: Path, topology: str
+) -> None:
     import struct
 
     from felix_wire.frame import encode_header
     from felix_wire.messages import PublishError
 
-    async with running_broker(tmp_path) as broker:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         stream = await opened(client)
         body = struct.pack(">QBQQ", 41, 2, 7, 0)  # the prefixes, then no body at all
