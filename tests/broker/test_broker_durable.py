@@ -9,7 +9,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -38,6 +37,7 @@ from felix_wire.messages import (
 )
 
 from ..fleet.harness import THROUGH_LEADER, TOPOLOGIES
+from ..support.broker_process import broker_process, free_udp_port
 from ..support.wire import (
     NS,
     OFFICIAL_FEATURES,
@@ -359,77 +359,27 @@ async def test_restart_keeps_offsets_and_history(tmp_path: Path) -> None:
         client.close()
 
 
-CRASH_CONFIG = """
-catalog:
-  tenants:
-    t1:
-      namespaces:
-        default:
-          streams:
-            log: {durable: true, shards: 1}
-"""
-
-
 def test_acknowledged_records_survive_kill_9(tmp_path: Path) -> None:
     """on_commit acks: kill -9 the broker at random points, restart, check every
     acknowledged record is there exactly once, in order, offsets unchanged."""
-    config = tmp_path / "broker.yaml"
-    config.write_text(CRASH_CONFIG)
     data = tmp_path / "data"
-    port = _free_udp_port()
-    env = dict(
-        os.environ,
-        FELIX_DURABLE_FSYNC_MODE="on_commit",
-        FELIX_ACK_ON_COMMIT="true",
-        FELIX_DURABLE_STORAGE_DIR=str(data / "durable"),
-    )
+    port = free_udp_port()
     acknowledged: dict[int, bytes] = {}
     rng = random.Random(7)
     for round_ in range(3):
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "felix_broker.cli",
-                "--config",
-                str(config),
-                "--data-dir",
-                str(data),
-                "--quic-bind",
-                f"127.0.0.1:{port}",
-                "--metrics-bind",
-                "127.0.0.1:0",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env=env,
-        )
-        assert process.stdout is not None
-        process.stdout.readline()  # started
-        try:
+        with broker_process(tmp_path, port, FELIX_ACK_ON_COMMIT="true") as process:
             acked = asyncio.run(
                 _publish_until_killed(data, port, process, round_, rng.uniform(0.2, 0.8))
             )
-        finally:
-            process.kill()
-            process.wait(timeout=10)
         for offset, payload in acked:
             assert offset not in acknowledged
             acknowledged[offset] = payload
     assert acknowledged, "nothing was acknowledged"
-    records = asyncio.run(_read_all(data, port, config, env))
+    records = asyncio.run(_read_all(tmp_path, port))
     by_offset = dict(records)
     assert [o for o, _ in records] == list(range(len(records)))  # contiguous, in order, once
     for offset, payload in acknowledged.items():
         assert by_offset[offset] == payload
-
-
-def _free_udp_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _client(data: Path, port: int) -> WireStream:
@@ -465,31 +415,9 @@ async def _publish_until_killed(
     return acked
 
 
-async def _read_all(
-    data: Path, port: int, config: Path, env: dict[str, str]
-) -> list[tuple[int, bytes]]:
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "felix_broker.cli",
-            "--config",
-            str(config),
-            "--data-dir",
-            str(data),
-            "--quic-bind",
-            f"127.0.0.1:{port}",
-            "--metrics-bind",
-            "127.0.0.1:0",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=env,
-    )
-    assert process.stdout is not None
-    process.stdout.readline()
-    try:
-        stream = await _client(data, port)
+async def _read_all(tmp: Path, port: int) -> list[tuple[int, bytes]]:
+    with broker_process(tmp, port, end=signal.SIGTERM, FELIX_ACK_ON_COMMIT="true"):
+        stream = await _client(tmp / "data", port)
         records: list[tuple[int, bytes]] = []
         position = 0
         while True:
@@ -509,6 +437,3 @@ async def _read_all(
                 return records
             records.extend((r.offset, r.payload) for r in page.records)
             position = page.next_offset
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=15)
