@@ -120,6 +120,9 @@ _OFFERED_FEATURES = int(
     | Feature.FEATURE_GROUP_SKIPPED
     | Feature.FEATURE_GROUP_PUBLISHER
     | Feature.FEATURE_RECORD_TIMESTAMPS
+    # The client decodes publish_refused (the idempotent producer's and the
+    # conditional writes' typed refusals); without it they come as plain errors.
+    | Feature.FEATURE_IDEMPOTENT_PRODUCER
     # A reused sequence with other payloads is refused, not silently dropped.
     | Feature.FEATURE_SEQUENCE_REUSED
     # An extended-word bit: offering it sets the marker, so the broker sends its

@@ -635,13 +635,15 @@ class Client:
         answer_type: type[M],
         *,
         timeout: float | None = None,
+        ref: ShardRef | None = None,
     ) -> M:
         """One request on a stream of its own while it is in flight (for requests
         the broker answers out of order, refusing with an `error` that names no
-        request), sent where its shard lives (see `_follow`). Idle streams are
+        request), sent where its shard lives (see `_follow`): `ref` when given (a
+        request routed by a key), else the shard its fields name. Idle streams are
         reused; one whose request was given up on is retired, since its late
         answer would meet the next request."""
-        answer = await self._exclusive_raw(build, timeout=timeout)
+        answer = await self._exclusive_raw(build, timeout=timeout, ref=ref)
         if not isinstance(answer, answer_type):
             raise ProtocolViolationError(
                 f"{message_type(build(0))} answered with {type(answer).__name__}"
@@ -649,11 +651,17 @@ class Client:
         return answer
 
     async def _exclusive_raw(
-        self, build: Callable[[int], Message], *, timeout: float | None = None
+        self,
+        build: Callable[[int], Message],
+        *,
+        timeout: float | None = None,
+        ref: ShardRef | None = None,
     ) -> Message:
         """`_exclusive_call` for a request with several kinds of answer."""
         probe = build(0)
         self._require(probe)
+        if ref is None:
+            ref = _shard_ref(probe)
 
         async def run(target: str | None, attempt: Attempt) -> Message:
             idle = self._exclusive_idle.setdefault(target, [])
@@ -681,9 +689,7 @@ class Client:
             return answer
 
         async with self._exclusive_slots:
-            answer = await self._follow(
-                _shard_ref(probe), run, resend_on_loss=message_type(probe) in _READS
-            )
+            answer = await self._follow(ref, run, resend_on_loss=message_type(probe) in _READS)
         return answer
 
     # -- publishing ------------------------------------------------------------------

@@ -107,6 +107,7 @@ async def publish_if(
             request_id=rid,
         ),
         timeout=timeout,
+        ref=await client._publish_ref(ns, stream, key),  # the key's shard, not shard 0
     )
     if isinstance(answer, PublishRefused):
         raise _refusal("publish_if", expected_offset, answer)
@@ -153,6 +154,7 @@ async def commit(
             expected_offset=expected_offset,
         ),
         timeout=timeout,
+        ref=await client._publish_ref(ns, stream, entity_key),  # the entity's shard
     )
     if isinstance(answer, PublishRefused):
         raise _refusal("commit", expected_offset, answer)
@@ -175,5 +177,6 @@ async def state_get(
         ),
         StateValue,
         timeout=timeout,
+        ref=await client._publish_ref(ns, stream, entity_key),  # the entity's shard
     )
     return StateEntry(answer.value, answer.version, answer.as_of)

@@ -43,6 +43,7 @@ from .errors import (
 __all__ = [
     "Event",
     "Feed",
+    "OpenedByAwait",
     "ShardedFeed",
     "Start",
     "StreamSubscription",
@@ -83,7 +84,33 @@ class Event:
     dropped_before: int = 0
 
 
-class Feed(abc.ABC, Generic[T]):
+class OpenedByAwait(abc.ABC):
+    """Opened by awaiting it or by `async with` (which closes it on the way out)."""
+
+    @abc.abstractmethod
+    async def open(self) -> Self:
+        """Open it (once; opening again returns it as it is)."""
+
+    @abc.abstractmethod
+    async def aclose(self) -> None:
+        """Close it (once; closing again does nothing)."""
+
+    def __await__(self) -> Generator[Any, None, Self]:
+        return self.open().__await__()
+
+    async def __aenter__(self) -> Self:
+        return await self.open()
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.aclose()
+
+
+class Feed(OpenedByAwait, Generic[T]):
     """An event stream the broker opened for one subscription or watch."""
 
     def __init__(self, label: str) -> None:
@@ -125,20 +152,6 @@ class Feed(abc.ABC, Generic[T]):
                     self._accept(item)
                 handoff.items = []
         return self
-
-    def __await__(self) -> Generator[Any, None, Self]:
-        return self.open().__await__()
-
-    async def __aenter__(self) -> Self:
-        return await self.open()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     def _restart(self) -> None:
         """End the current event stream; the next read opens a new one."""
@@ -317,7 +330,7 @@ class Subscription(Feed[Event]):
         self._restart()
 
 
-class ShardedFeed(Generic[T]):
+class ShardedFeed(OpenedByAwait, Generic[T]):
     """One feed per shard, read as one async iterator (the protocol's
     `subscribe_sharded`): items keep their order within a shard, shards
     interleave as their items arrive.
@@ -363,20 +376,6 @@ class ShardedFeed(Generic[T]):
             self.parts = parts
             self._opened = True
         return self
-
-    def __await__(self) -> Generator[Any, None, Self]:
-        return self.open().__await__()
-
-    async def __aenter__(self) -> Self:
-        return await self.open()
-
-    async def __aexit__(
-        self,
-        exc_type: type[BaseException] | None,
-        exc: BaseException | None,
-        tb: TracebackType | None,
-    ) -> None:
-        await self.aclose()
 
     @property
     def shards(self) -> list[int]:

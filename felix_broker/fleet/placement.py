@@ -426,6 +426,12 @@ class ClusterPlacement:
             # deliver one copy.
             rid = request.request_id
             assert rid is not None
+            if not proto.negotiated(Feature.FEATURE_IDEMPOTENT_PRODUCER):
+                # The client does not decode publish_refused: the error it decodes.
+                text = f"not the leader: {leader.node_id} at {addr or 'unknown'} leads this shard"
+                error = proto.publish_answer(rid, binary=False, error=(ErrorCode.NOT_LEADER, text))
+                await ctx.answer_in_order(None, lambda _r: error)
+                return
             refused = PublishRefused(
                 request_id=rid,
                 reason=PublishRefusal(not_leader=NotLeaderHint(node_id=leader.node_id, addr=addr)),

@@ -24,6 +24,16 @@ mode (the guard's check runs where the worker assigns offsets):
   a shard whose log failed answers ``storage`` (retry).
 - ``publish_width``: recorded for the QUIC stream it came on (width.py); never
   answered. Keyed batches routed by another width are refused ``stale_width``.
+
+``publish_refused`` goes only to a client that offered FEATURE_IDEMPOTENT_PRODUCER
+(the bit by which a client says it decodes it). Any other client gets the refusal
+as the error it decodes: ``publish_error`` for an idempotent batch, ``error`` for
+``publish_if`` and ``commit``, code ``invalid_request`` (the same request is
+refused the same way again), the refusal's reason in ``detail.reason``
+(``offset_mismatch``, ``sequence_gap``, ...) and its text in the message.
+
+A shard whose log cannot be opened (the shard is picked first, which opens its
+log) answers ``storage`` before anything is written.
 """
 
 from __future__ import annotations
@@ -37,9 +47,10 @@ from felix_broker.catalog import StreamSpec
 from felix_broker.metrics import BrokerMetrics
 from felix_broker.session.context import RequestContext
 from felix_broker.session.dispatch import DispatchTable
+from felix_broker.session.protocol import StreamProtocol
 from felix_broker.storage import StorageError
 from felix_broker.storage.format import CommitMark, StoredChange
-from felix_broker.streams.engine import Engine, OverloadedError, PublishRequest, publisher_of
+from felix_broker.streams.engine import Engine, OverloadedError, PublishRequest, Shard, publisher_of
 from felix_broker.streams.guards import (
     AppendGuard,
     AppendRefusedError,
@@ -98,6 +109,23 @@ class _Refused:
     frame: bytes
 
 
+def refused_answer(
+    proto: StreamProtocol, request_id: int, admission: Refusal | TailMismatch, *, batch: bool
+) -> bytes:
+    """The answer to a refused guarded write: ``publish_refused`` to a client that
+    offered FEATURE_IDEMPOTENT_PRODUCER, else ``publish_error`` (an idempotent
+    `batch`) or ``error`` with code invalid_request and the reason in the detail."""
+    refused = publish_refused(request_id, admission)
+    if proto.negotiated(Feature.FEATURE_IDEMPOTENT_PRODUCER):
+        return proto.message(refused)
+    reason = admission.reason.value if isinstance(admission, Refusal) else "offset_mismatch"
+    detail = ErrorDetail(reason=reason)
+    error = (ErrorCode.INVALID_REQUEST, refused.message)
+    if batch:
+        return proto.publish_answer(request_id, binary=False, error=error, detail=detail)
+    return proto.error(*error, detail=detail)
+
+
 class GuardedWriteService:
     """Idempotent, conditional and atomic writes over the engine's publish worker."""
 
@@ -143,6 +171,14 @@ class GuardedWriteService:
                 f"stream not found: tenant={tenant_id} namespace={namespace} stream={stream}",
             )
         return spec
+
+    def _shard(self, spec: StreamSpec, key: bytes | None) -> Shard | tuple[ErrorCode, str]:
+        """The shard `key` routes to; picking it opens its log, which can fail (a
+        full disk, a folder that cannot be created): that is a `storage` error."""
+        try:
+            return self._engine.shard_for(spec, key)
+        except StorageError as exc:
+            return ErrorCode.STORAGE, f"the shard's log could not be opened: {exc}"
 
     def _stale_width(
         self, ctx: RequestContext, spec: StreamSpec, key: bytes | None
@@ -254,7 +290,10 @@ class GuardedWriteService:
         if stale is not None:
             await refuse(*stale)
             return
-        shard = self._engine.shard_for(spec, key)
+        shard = self._shard(spec, key)
+        if isinstance(shard, tuple):
+            await refuse(*shard)
+            return
         guard = ProducerGuard(
             shard.marks,
             producer_id=producer_id,
@@ -279,7 +318,7 @@ class GuardedWriteService:
                 admission = failure.admission
                 if isinstance(admission, Refusal):
                     metrics.producer_refusals.labels(reason=admission.reason.value).inc()
-                return proto.message(publish_refused(request_id, admission))
+                return refused_answer(proto, request_id, admission, batch=True)
             if offset is None:
                 return proto.publish_answer(
                     request_id,
@@ -319,7 +358,10 @@ class GuardedWriteService:
         if stale is not None:
             await ctx.write(proto.error(*stale))
             return
-        shard = self._engine.shard_for(spec, request.key)
+        shard = self._shard(spec, request.key)
+        if isinstance(shard, tuple):
+            await ctx.write(proto.error(*shard))
+            return
         guard = ConditionalGuard(request.expected_offset)
         publish = PublishRequest(
             shard,
@@ -348,7 +390,7 @@ class GuardedWriteService:
             if isinstance(exc.admission, TailMismatch):
                 self._metrics.conditional_refusals.labels(type=kind).inc()
             return _Refused(
-                "offset_mismatch", proto.message(publish_refused(request_id, exc.admission))
+                "offset_mismatch", refused_answer(proto, request_id, exc.admission, batch=False)
             )
         except (StorageError, ValueError) as exc:
             # Appended or not: the worker could not confirm it (outcome unknown).
@@ -391,7 +433,9 @@ class GuardedWriteService:
                 return fail(ErrorCode.INVALID_REQUEST, "a state key is at most 65535 bytes")
             value = None if isinstance(change, StateChangeDelete) else change.value
             changes.append(StoredChange(change.key, value))
-        shard = self._engine.shard_for(spec, request.entity_key)
+        shard = self._shard(spec, request.entity_key)
+        if isinstance(shard, tuple):
+            return fail(*shard)
         guard: AppendGuard = CommitGuard(
             shard.marks,
             CommitMark(request.entity_key, tuple(changes)),
@@ -418,7 +462,10 @@ class GuardedWriteService:
                 )
             )
             return
-        shard = self._engine.shard_for(spec, request.entity_key)
+        shard = self._shard(spec, request.entity_key)
+        if isinstance(shard, tuple):
+            await ctx.write(proto.error(*shard, retry=RetryClass.RETRY))  # a read
+            return
         log = shard.log
         assert log is not None
         if log.failed:

@@ -34,12 +34,13 @@ def catalog() -> StaticCatalog:
 async def running_broker(
     tmp: Path, *, topology: str = "one", **overrides: Any
 ) -> AsyncIterator[Broker]:
-    """A broker; with `topology="three"` the broker a client reaches in a fleet of three
-    (tests/fleet/harness.py: a member that leads no shard, so requests are forwarded)."""
-    if topology == "three":
-        from ..fleet.harness import reached_through_non_owner
+    """A broker; with a fleet `topology` (tests/fleet/harness.py TOPOLOGIES) the broker a
+    client reaches in a fleet of three: the owner of every shard, or a member that leads
+    none, so requests are forwarded or redirected."""
+    if topology != "one":
+        from ..fleet.harness import reached_in_fleet
 
-        async with reached_through_non_owner(tmp, catalog(), **overrides) as entry:
+        async with reached_in_fleet(tmp, topology, catalog(), **overrides) as entry:
             yield entry  # type: ignore[misc]
         return
     settings: dict[str, Any] = {

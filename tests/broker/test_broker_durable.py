@@ -9,7 +9,6 @@ import os
 import random
 import signal
 import subprocess
-import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -37,6 +36,8 @@ from felix_wire.messages import (
     SubscriptionLagged,
 )
 
+from ..fleet.harness import THROUGH_LEADER, TOPOLOGIES
+from ..support.broker_process import broker_process, free_udp_port
 from ..support.wire import (
     NS,
     OFFICIAL_FEATURES,
@@ -84,8 +85,9 @@ async def subscribe(client: WireClient, **kw: object) -> tuple[Subscribed, objec
     return answer, events
 
 
-async def test_offsets_times_and_replay_from_earliest(tmp_path: Path) -> None:
-    async with running_broker(tmp_path, record_publishers=True) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_offsets_times_and_replay_from_earliest(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology, record_publishers=True) as broker:
         client = await WireClient.connect(broker)
         pub, _ = await client.authed()
         for i in range(3):
@@ -109,8 +111,9 @@ async def test_offsets_times_and_replay_from_earliest(tmp_path: Path) -> None:
         client.close()
 
 
-async def test_subscribed_offsets_only_for_offset_clients(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_subscribed_offsets_only_for_offset_clients(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         plain, events = await subscribe(client, flags=int(Flag.BINARY_EVENT_BATCH_SHARED))
         assert (plain.start_offset, plain.live_offset) == (None, None)
@@ -123,8 +126,13 @@ async def test_subscribed_offsets_only_for_offset_clients(tmp_path: Path) -> Non
         client.close()
 
 
-async def test_replay_joins_live_with_no_gap_and_no_duplicate(tmp_path: Path) -> None:
-    async with running_broker(tmp_path, subscriber_queue_capacity=4096) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_replay_joins_live_with_no_gap_and_no_duplicate(
+    tmp_path: Path, topology: str
+) -> None:
+    async with running_broker(
+        tmp_path, topology=topology, subscriber_queue_capacity=4096
+    ) as broker:
         client = await WireClient.connect(broker)
         pub, _ = await client.authed()
         total = 6000
@@ -149,8 +157,9 @@ async def test_replay_joins_live_with_no_gap_and_no_duplicate(tmp_path: Path) ->
         client.close()
 
 
-async def test_cursor_errors(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_cursor_errors(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         pub, _ = await client.authed()
         await pub.send(publish(b"a", b"b", request_id=1, ack_mode=BinaryAckMode.PER_BATCH))
@@ -162,9 +171,10 @@ async def test_cursor_errors(tmp_path: Path) -> None:
         client.close()
 
 
-async def test_acks_after_the_write_carry_the_first_offset(tmp_path: Path) -> None:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_acks_after_the_write_carry_the_first_offset(tmp_path: Path, topology: str) -> None:
     async with running_broker(
-        tmp_path, ack_on_commit=True, durable_fsync_mode="on_commit"
+        tmp_path, topology=topology, ack_on_commit=True, durable_fsync_mode="on_commit"
     ) as broker:
         client = await WireClient.connect(broker)
         binary, _ = await client.authed()
@@ -203,8 +213,9 @@ async def test_acks_after_the_write_carry_the_first_offset(tmp_path: Path) -> No
         client.close()
 
 
-async def test_client_feature_ack_on_commit_asks_for_offsets(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_client_feature_ack_on_commit_asks_for_offsets(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         asked, _ = await client.authed(
             features=OFFICIAL_FEATURES | int(Feature.FEATURE_ACK_ON_COMMIT)
@@ -217,8 +228,11 @@ async def test_client_feature_ack_on_commit_asks_for_offsets(tmp_path: Path) -> 
         client.close()
 
 
-async def test_stream_read_pages_and_offset_for_time(tmp_path: Path) -> None:
-    async with running_broker(tmp_path, durable_max_records_per_read=4) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_stream_read_pages_and_offset_for_time(tmp_path: Path, topology: str) -> None:
+    async with running_broker(
+        tmp_path, topology=topology, durable_max_records_per_read=4
+    ) as broker:
         client = await WireClient.connect(broker)
         stream, answer = await client.authed()
         assert answer.server_features & Feature.FEATURE_STREAM_READ  # type: ignore[union-attr]
@@ -288,9 +302,12 @@ async def test_stream_read_pages_and_offset_for_time(tmp_path: Path) -> None:
         client.close()
 
 
-async def test_a_lagging_subscriber_is_ended_with_subscription_lagged(tmp_path: Path) -> None:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_a_lagging_subscriber_is_ended_with_subscription_lagged(
+    tmp_path: Path, topology: str
+) -> None:
     async with running_broker(
-        tmp_path, subscriber_queue_capacity=1, event_batch_max_events=1
+        tmp_path, topology=topology, subscriber_queue_capacity=1, event_batch_max_events=1
     ) as broker:
         slow = await WireClient.connect(broker)
         _, events = await subscribe(slow)  # offers SUBSCRIPTION_LAGGED and offsets
@@ -342,77 +359,27 @@ async def test_restart_keeps_offsets_and_history(tmp_path: Path) -> None:
         client.close()
 
 
-CRASH_CONFIG = """
-catalog:
-  tenants:
-    t1:
-      namespaces:
-        default:
-          streams:
-            log: {durable: true, shards: 1}
-"""
-
-
 def test_acknowledged_records_survive_kill_9(tmp_path: Path) -> None:
     """on_commit acks: kill -9 the broker at random points, restart, check every
     acknowledged record is there exactly once, in order, offsets unchanged."""
-    config = tmp_path / "broker.yaml"
-    config.write_text(CRASH_CONFIG)
     data = tmp_path / "data"
-    port = _free_udp_port()
-    env = dict(
-        os.environ,
-        FELIX_DURABLE_FSYNC_MODE="on_commit",
-        FELIX_ACK_ON_COMMIT="true",
-        FELIX_DURABLE_STORAGE_DIR=str(data / "durable"),
-    )
+    port = free_udp_port()
     acknowledged: dict[int, bytes] = {}
     rng = random.Random(7)
     for round_ in range(3):
-        process = subprocess.Popen(
-            [
-                sys.executable,
-                "-m",
-                "felix_broker.cli",
-                "--config",
-                str(config),
-                "--data-dir",
-                str(data),
-                "--quic-bind",
-                f"127.0.0.1:{port}",
-                "--metrics-bind",
-                "127.0.0.1:0",
-            ],
-            stdout=subprocess.PIPE,
-            stderr=subprocess.DEVNULL,
-            env=env,
-        )
-        assert process.stdout is not None
-        process.stdout.readline()  # started
-        try:
+        with broker_process(tmp_path, port, FELIX_ACK_ON_COMMIT="true") as process:
             acked = asyncio.run(
                 _publish_until_killed(data, port, process, round_, rng.uniform(0.2, 0.8))
             )
-        finally:
-            process.kill()
-            process.wait(timeout=10)
         for offset, payload in acked:
             assert offset not in acknowledged
             acknowledged[offset] = payload
     assert acknowledged, "nothing was acknowledged"
-    records = asyncio.run(_read_all(data, port, config, env))
+    records = asyncio.run(_read_all(tmp_path, port))
     by_offset = dict(records)
     assert [o for o, _ in records] == list(range(len(records)))  # contiguous, in order, once
     for offset, payload in acknowledged.items():
         assert by_offset[offset] == payload
-
-
-def _free_udp_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 async def _client(data: Path, port: int) -> WireStream:
@@ -448,31 +415,9 @@ async def _publish_until_killed(
     return acked
 
 
-async def _read_all(
-    data: Path, port: int, config: Path, env: dict[str, str]
-) -> list[tuple[int, bytes]]:
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "felix_broker.cli",
-            "--config",
-            str(config),
-            "--data-dir",
-            str(data),
-            "--quic-bind",
-            f"127.0.0.1:{port}",
-            "--metrics-bind",
-            "127.0.0.1:0",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=env,
-    )
-    assert process.stdout is not None
-    process.stdout.readline()
-    try:
-        stream = await _client(data, port)
+async def _read_all(tmp: Path, port: int) -> list[tuple[int, bytes]]:
+    with broker_process(tmp, port, end=signal.SIGTERM, FELIX_ACK_ON_COMMIT="true"):
+        stream = await _client(tmp / "data", port)
         records: list[tuple[int, bytes]] = []
         position = 0
         while True:
@@ -492,6 +437,3 @@ async def _read_all(
                 return records
             records.extend((r.offset, r.payload) for r in page.records)
             position = page.next_offset
-    finally:
-        process.send_signal(signal.SIGTERM)
-        process.wait(timeout=15)

@@ -35,7 +35,7 @@ from felix_wire.messages import (
 )
 from felix_wire.routing import shard_for_key
 
-from ..fleet.harness import TOPOLOGIES
+from ..fleet.harness import THROUGH_LEADER, TOPOLOGIES, leader_of, unhinted
 from ..support.wire import NS, TENANT, Feature, Flag, WireClient, token
 from .harness import running_broker
 
@@ -65,20 +65,26 @@ async def subscribe(
     return answer, events
 
 
-async def test_binary_publish_forms_and_their_answers(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_binary_publish_forms_and_their_answers(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
-        _, events = await subscribe(client)
+        subscriber = await WireClient.connect(leader_of(broker))
+        _, events = await subscribe(subscriber)
         pub, _ = await client.authed()
         await pub.send(batch("orders", b"plain"))  # 0x0001: never answered
         await pub.send(batch("orders", b"keyed", key=b"k"))  # 0x0041: never answered
         await pub.nothing()
         await pub.send(batch("orders", b"acked", request_id=7, ack_mode=BinaryAckMode.PER_MESSAGE))
-        assert await pub.recv() == PublishAckFrame(status=AckStatus.OK, request_id=7, message="")
+        assert unhinted(await pub.recv(), broker) == PublishAckFrame(
+            status=AckStatus.OK, request_id=7, message=""
+        )
         await pub.send(
             batch("orders", b"both", request_id=8, ack_mode=BinaryAckMode.PER_BATCH, key=b"")
         )
-        assert await pub.recv() == PublishAckFrame(status=AckStatus.OK, request_id=8, message="")
+        assert unhinted(await pub.recv(), broker) == PublishAckFrame(
+            status=AckStatus.OK, request_id=8, message=""
+        )
         got: list[bytes] = []
         while len(got) < 4:
             frame = await events.recv()  # type: ignore[attr-defined]
@@ -87,12 +93,15 @@ async def test_binary_publish_forms_and_their_answers(tmp_path: Path) -> None:
             got.extend(frame.payloads)
         assert got == [b"plain", b"keyed", b"acked", b"both"]
         client.close()
+        subscriber.close()
 
 
-async def test_json_publishes_and_acks(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_json_publishes_and_acks(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
-        _, events = await subscribe(client)
+        subscriber = await WireClient.connect(leader_of(broker))
+        _, events = await subscribe(subscriber)
         pub, _ = await client.authed()
         await pub.send(Publish(tenant_id=TENANT, namespace=NS, stream="orders", payload=b"one"))
         await pub.send(
@@ -133,6 +142,7 @@ async def test_json_publishes_and_acks(tmp_path: Path) -> None:
             got.extend((await events.recv()).payloads)  # type: ignore[attr-defined]
         assert got == [b"one", b"two", b"3", b"4"]
         client.close()
+        subscriber.close()
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES)
@@ -186,8 +196,11 @@ async def test_binary_ack_carries_only_what_the_client_offered(
         client.close()
 
 
-async def test_malformed_acked_body_is_answered_by_its_request_id(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_malformed_acked_body_is_answered_by_its_request_id(
+    tmp_path: Path, topology: str
+) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         pub, _ = await client.authed()
         body = struct.pack(">QB", 42, 1) + b"\x00\x05t1"  # tenant length runs past the end
@@ -249,10 +262,11 @@ async def test_full_tenant_queue_answers_overloaded_and_queues_nothing(tmp_path:
         stalled.close()
 
 
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
 async def test_subscription_outlives_its_control_stream_and_ends_on_stop_sending(
-    tmp_path: Path,
+    tmp_path: Path, topology: str
 ) -> None:
-    async with running_broker(tmp_path) as broker:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         control, _ = await client.authed()
         await control.send(Subscribe(tenant_id=TENANT, namespace=NS, stream="orders"))
@@ -277,8 +291,9 @@ async def test_subscription_outlives_its_control_stream_and_ends_on_stop_sending
         client.close()
 
 
-async def test_connection_close_ends_its_subscriptions(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_connection_close_ends_its_subscriptions(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         await subscribe(client)
         shard = broker.engine.shard(broker.engine.stream(TENANT, NS, "orders"), 0)  # type: ignore[union-attr, arg-type]
@@ -291,8 +306,9 @@ async def test_connection_close_ends_its_subscriptions(tmp_path: Path) -> None:
         assert shard.subscribers == []
 
 
-async def test_subscribe_refusals(tmp_path: Path) -> None:
-    async with running_broker(tmp_path, max_subscriptions_per_conn=1) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_subscribe_refusals(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology, max_subscriptions_per_conn=1) as broker:
         client = await WireClient.connect(broker)
         control, _ = await client.authed()
         for request, code in [
@@ -320,9 +336,10 @@ async def test_subscribe_refusals(tmp_path: Path) -> None:
         client.close()
 
 
-async def test_queue_capacity_is_clamped_and_echoed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_queue_capacity_is_clamped_and_echoed(tmp_path: Path, topology: str) -> None:
     async with running_broker(
-        tmp_path, subscriber_queue_capacity=50, subscriber_queue_capacity_max=100
+        tmp_path, topology=topology, subscriber_queue_capacity=50, subscriber_queue_capacity_max=100
     ) as broker:
         client = await WireClient.connect(broker)
         answer, _ = await subscribe(client, queue_capacity=5000)
@@ -332,8 +349,11 @@ async def test_queue_capacity_is_clamped_and_echoed(tmp_path: Path) -> None:
         client.close()
 
 
-async def test_delivery_layout_follows_what_the_client_offered(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_delivery_layout_follows_what_the_client_offered(
+    tmp_path: Path, topology: str
+) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         _, legacy = await subscribe(
             client, auth={"flags": int(Flag.BINARY_EVENT_BATCH | Flag.EVENT_BATCH_PUBLISHER)}
@@ -356,9 +376,12 @@ async def test_delivery_layout_follows_what_the_client_offered(tmp_path: Path) -
         client.close()
 
 
-async def test_a_slow_subscriber_drops_and_never_slows_the_others(tmp_path: Path) -> None:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_a_slow_subscriber_drops_and_never_slows_the_others(
+    tmp_path: Path, topology: str
+) -> None:
     async with running_broker(
-        tmp_path, subscriber_queue_capacity=2, event_batch_max_events=1
+        tmp_path, topology=topology, subscriber_queue_capacity=2, event_batch_max_events=1
     ) as broker:
         client = await WireClient.connect(broker)
         slow_client = await WireClient.connect(broker)
@@ -386,8 +409,9 @@ async def test_a_slow_subscriber_drops_and_never_slows_the_others(tmp_path: Path
         slow_client.close()
 
 
-async def test_keyed_publishes_route_by_the_streams_function(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_keyed_publishes_route_by_the_streams_function(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         subs = {}
         for shard in range(4):
@@ -407,8 +431,9 @@ async def test_keyed_publishes_route_by_the_streams_function(tmp_path: Path) -> 
         client.close()
 
 
-async def test_publish_only_unidirectional_stream(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_publish_only_unidirectional_stream(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         _, events = await subscribe(client)
         from felix_wire.codec import encode_frame

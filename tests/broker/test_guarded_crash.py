@@ -4,13 +4,10 @@ random points, restarted, and checked: every batch exactly once, every commit wh
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
 import random
 import signal
 import subprocess
-import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -32,8 +29,8 @@ from felix_wire.messages import (
     StreamRecords,
 )
 
+from ..support.broker_process import broker_process, free_udp_port
 from ..support.wire import NS, TENANT, BrokerProcess, WireClient, WireStream, token
-from .test_broker_durable import CRASH_CONFIG, _free_udp_port
 
 
 async def _client(data: Path, port: int) -> tuple[Connection, str]:
@@ -54,43 +51,6 @@ FEATURES = int(
 )
 PRODUCER = 424242
 WINDOW = 32  # idempotent batches in flight: at a kill, appended batches wait for answers
-
-
-@contextlib.contextmanager
-def broker_process(tmp: Path, port: int) -> Iterator[subprocess.Popen[bytes]]:
-    config = tmp / "broker.yaml"
-    config.write_text(CRASH_CONFIG)
-    data = tmp / "data"
-    env = dict(
-        os.environ,
-        FELIX_DURABLE_FSYNC_MODE="on_commit",
-        FELIX_DURABLE_STORAGE_DIR=str(data / "durable"),
-    )
-    process = subprocess.Popen(
-        [
-            sys.executable,
-            "-m",
-            "felix_broker.cli",
-            "--config",
-            str(config),
-            "--data-dir",
-            str(data),
-            "--quic-bind",
-            f"127.0.0.1:{port}",
-            "--metrics-bind",
-            "127.0.0.1:0",
-        ],
-        stdout=subprocess.PIPE,
-        stderr=subprocess.DEVNULL,
-        env=env,
-    )
-    assert process.stdout is not None
-    process.stdout.readline()  # started
-    try:
-        yield process
-    finally:
-        process.kill()
-        process.wait(timeout=10)
 
 
 async def _stream(data: Path, port: int) -> tuple[Any, WireStream]:
@@ -182,7 +142,7 @@ async def _read_log(stream: WireStream) -> list[tuple[int, bytes]]:
 
 
 def test_idempotent_batches_land_exactly_once_across_kill_9(tmp_path: Path) -> None:
-    port = _free_udp_port()
+    port = free_udp_port()
     rng = random.Random(11)
     data = tmp_path / "data"
     answered: dict[int, int] = {}
@@ -268,7 +228,7 @@ async def _commit_until_killed(
 
 
 def test_commits_are_whole_or_absent_across_kill_9(tmp_path: Path) -> None:
-    port = _free_udp_port()
+    port = free_udp_port()
     rng = random.Random(5)
     data = tmp_path / "data"
     acked: dict[int, tuple[bytes, int]] = {}

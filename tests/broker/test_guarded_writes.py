@@ -17,6 +17,7 @@ from felix_wire.messages import (
     OffsetMismatch,
     ProducerInit,
     ProducerInitOk,
+    PublishError,
     PublishIdempotent,
     PublishIf,
     PublishOk,
@@ -32,6 +33,7 @@ from felix_wire.messages import (
     StreamRecords,
 )
 
+from ..fleet.harness import THROUGH_LEADER
 from ..support.wire import NS, OFFICIAL_FEATURES, TENANT, Feature, WireClient, WireStream
 from .harness import running_broker
 
@@ -71,8 +73,9 @@ async def opened(client: WireClient, **kw: Any) -> WireStream:
     return stream
 
 
-async def test_producer_init_grants_random_ids(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_producer_init_grants_random_ids(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         assert broker.features & Feature.FEATURE_IDEMPOTENT_PRODUCER
         client = await WireClient.connect(broker)
         stream = await opened(client)
@@ -86,8 +89,9 @@ async def test_producer_init_grants_random_ids(tmp_path: Path) -> None:
         client.close()
 
 
-async def test_every_row_of_the_idempotent_answer_table(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_every_row_of_the_idempotent_answer_table(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         stream = await opened(client)
         # Next expected (an unknown producer starts at 0): appended.
@@ -133,8 +137,9 @@ async def test_every_row_of_the_idempotent_answer_table(tmp_path: Path) -> None:
         client.close()
 
 
-async def test_binary_idempotent_frames_are_answered_in_json(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_binary_idempotent_frames_are_answered_in_json(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         stream = await opened(client)
         frame = PublishBatchFrame(
@@ -215,8 +220,9 @@ def pif(expected: int, *payloads: bytes, rid: int, stream: str = "log") -> Publi
     )
 
 
-async def test_publish_if_rows(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_publish_if_rows(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         assert broker.features & Feature.FEATURE_PUBLISH_CONDITIONAL
         client = await WireClient.connect(broker)
         stream = await opened(client)
@@ -236,8 +242,9 @@ async def test_publish_if_rows(tmp_path: Path) -> None:
         client.close()
 
 
-async def test_of_many_racers_exactly_one_wins_over_quic(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_of_many_racers_exactly_one_wins_over_quic(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         streams = [await opened(client) for _ in range(20)]
 
@@ -335,8 +342,9 @@ async def test_commits_and_state(tmp_path: Path) -> None:
         client.close()
 
 
-async def test_publish_width_and_stale_width(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_publish_width_and_stale_width(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         assert broker.features & Feature.FEATURE_PUBLISH_WIDTH
         client = await WireClient.connect(broker)
         stream = await opened(client)
@@ -371,15 +379,16 @@ async def test_publish_width_and_stale_width(tmp_path: Path) -> None:
         client.close()
 
 
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
 async def test_idempotent_frames_on_a_publish_only_stream_land_once_unanswered(
-    tmp_path: Path,
+    tmp_path: Path, topology: str
 ) -> None:
     from felix_wire.codec import encode_frame
     from felix_wire.gating import client_auth
 
     from ..support.wire import token
 
-    async with running_broker(tmp_path) as broker:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         uni = await client.connection.open_uni_stream()
         await uni.write(
@@ -405,13 +414,14 @@ async def test_idempotent_frames_on_a_publish_only_stream_land_once_unanswered(
         client.close()
 
 
-async def test_subscribers_see_a_commits_event_at_its_offset(tmp_path: Path) -> None:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_subscribers_see_a_commits_event_at_its_offset(tmp_path: Path, topology: str) -> None:
     from felix_wire.binary import EventBatchSharedFrame
     from felix_wire.routing import shard_for_key
 
     from .test_broker_streams import subscribe
 
-    async with running_broker(tmp_path) as broker:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         shard = shard_for_key(b"e-sub", 2, "modulo")  # "log" has two shards, modulo routing
         _, events = await subscribe(client, "log", shard=shard)
@@ -461,13 +471,16 @@ async def test_metrics_count_duplicates_refusals_and_commits(tmp_path: Path) -> 
             )
 
 
-async def test_a_malformed_idempotent_frame_is_answered_in_json(tmp_path: Path) -> None:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_a_malformed_idempotent_frame_is_answered_in_json(
+    tmp_path: Path, topology: str
+) -> None:
     import struct
 
     from felix_wire.frame import encode_header
     from felix_wire.messages import PublishError
 
-    async with running_broker(tmp_path) as broker:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         stream = await opened(client)
         body = struct.pack(">QBQQ", 41, 2, 7, 0)  # the prefixes, then no body at all
@@ -475,4 +488,98 @@ async def test_a_malformed_idempotent_frame_is_answered_in_json(tmp_path: Path) 
         answer = await stream.recv()
         assert isinstance(answer, PublishError), answer
         assert (answer.request_id, answer.code) == (41, "invalid_request")
+        client.close()
+
+
+WITHOUT_PRODUCER = OFFICIAL_FEATURES & ~int(
+    Feature.FEATURE_IDEMPOTENT_PRODUCER | Feature.FEATURE_SEQUENCE_REUSED
+)
+
+
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_publish_refused_only_to_clients_that_offered_the_producer_feature(
+    tmp_path: Path, topology: str
+) -> None:
+    """FEATURE_IDEMPOTENT_PRODUCER is how a client says it decodes publish_refused: a
+    client that did not offer it gets each refusal as the error it decodes
+    (publish_error for an idempotent batch, error for publish_if and commit), code
+    invalid_request, the refusal's reason in detail.reason; nothing is written."""
+    async with running_broker(tmp_path, topology=topology) as broker:
+        client = await WireClient.connect(broker)
+        offered = await opened(client)
+        plain = await opened(client, features=WITHOUT_PRODUCER)
+        await offered.send(pif(0, b"first", rid=1))
+        assert await offered.recv() == PublishOk(request_id=1, offset=0)
+        # A conditional publish at a stale tail.
+        await offered.send(pif(0, b"x", rid=2))
+        assert isinstance(await offered.recv(), PublishRefused)
+        await plain.send(pif(0, b"x", rid=3))
+        answer = await plain.recv()
+        assert isinstance(answer, Error), answer
+        assert (answer.code, answer.retry) == ("invalid_request", "fatal")
+        assert answer.detail is not None and answer.detail.reason == "offset_mismatch"
+        assert "next offset is 1" in answer.message
+        # A conditional commit at a stale tail.
+        commit = Commit(
+            tenant_id=TENANT,
+            namespace=NS,
+            stream="log",
+            entity_key=b"e",
+            event=b"ev",
+            changes=[],
+            expected_offset=5,  # its shard is empty
+            request_id=4,
+        )
+        await plain.send(commit)
+        answer = await plain.recv()
+        assert isinstance(answer, Error) and answer.code == "invalid_request", answer
+        assert answer.detail is not None and answer.detail.reason == "offset_mismatch"
+        # An idempotent batch from an unknown producer at sequence 5.
+        await plain.send(idem(5, b"y", rid=5))
+        answer = await plain.recv()
+        assert isinstance(answer, PublishError), answer
+        assert answer.request_id == 5 and answer.code == "invalid_request"
+        assert answer.detail is not None and answer.detail.reason == "unknown_producer"
+        await offered.send(idem(5, b"y", rid=6))
+        refused = await offered.recv()
+        assert isinstance(refused, PublishRefused) and refused.reason == "unknown_producer"
+        assert await read_all(offered) == [b"first"]  # no refusal wrote anything
+        client.close()
+
+
+async def test_a_shard_whose_log_cannot_be_opened_answers_storage(tmp_path: Path) -> None:
+    """The shard of a guarded write is picked (and its log opened) before anything
+    else: a log that cannot be created (a file where the tenant's folder belongs, as
+    on a full disk) answers `storage`, never `internal`, and the broker goes on."""
+    (tmp_path / "durable").mkdir()
+    (tmp_path / "durable" / TENANT).write_bytes(b"")
+    async with running_broker(tmp_path) as broker:
+        client = await WireClient.connect(broker)
+        stream = await opened(client)
+        requests: list[Any] = [
+            pif(0, b"x", rid=1),
+            Commit(
+                tenant_id=TENANT,
+                namespace=NS,
+                stream="log",
+                entity_key=b"e",
+                event=b"ev",
+                changes=[],
+                request_id=2,
+            ),
+            StateGet(
+                tenant_id=TENANT, namespace=NS, stream="log", entity_key=b"e", key="k", request_id=3
+            ),
+        ]
+        for request in requests:
+            await stream.send(request)
+            answer = await stream.recv()
+            assert isinstance(answer, Error), answer
+            assert answer.code == "storage", answer
+        await stream.send(idem(0, b"x", rid=4))
+        answer = await stream.recv()
+        assert isinstance(answer, PublishError) and answer.request_id == 4, answer
+        assert answer.code == "storage"
+        await stream.send(ProducerInit(request_id=5))  # the stream goes on
+        assert isinstance(await stream.recv(), ProducerInitOk)
         client.close()

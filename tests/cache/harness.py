@@ -50,15 +50,16 @@ async def cache_broker(
     topology: str = "one",
     **overrides: Any,
 ) -> AsyncIterator[Broker]:
-    """A broker with caches; with `topology="three"` the broker a client reaches in a
-    fleet of three that leads no shard (tests/fleet/harness.py), so cache ops are forwarded."""
-    if topology == "three":
-        from ..fleet.harness import reached_through_non_owner
+    """A broker with caches; with a fleet `topology` (tests/fleet/harness.py TOPOLOGIES)
+    the broker a client reaches in a fleet of three: the owner of every shard, or one
+    that leads none, so cache ops are forwarded and watches redirected."""
+    if topology != "one":
+        from ..fleet.harness import reached_in_fleet
 
         if not durable:
             overrides["durable_storage_dir"] = ""
-        async with reached_through_non_owner(
-            tmp, catalog(), cache_limits=limits, **overrides
+        async with reached_in_fleet(
+            tmp, topology, catalog(), cache_limits=limits, **overrides
         ) as entry:
             yield entry  # type: ignore[misc]
         return

@@ -28,6 +28,7 @@ from felix_wire.messages import (
     SubscribeCursorError,
 )
 
+from ..fleet.harness import THROUGH_LEADER, TOPOLOGIES
 from ..support.wire import NS, TENANT, WireClient, WireStream
 from .harness import CACHE, MULTI, cache_broker
 
@@ -77,8 +78,9 @@ async def events(frames: WireStream, count: int) -> list[CacheEvent]:
     return got
 
 
-async def test_counters(tmp_path: Path) -> None:
-    async with cache_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_counters(tmp_path: Path, topology: str) -> None:
+    async with cache_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         s = await client.session()
 
@@ -126,8 +128,9 @@ async def test_counters(tmp_path: Path) -> None:
         client.close()
 
 
-async def test_key_watch_live_changes_and_deletes(tmp_path: Path) -> None:
-    async with cache_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_key_watch_live_changes_and_deletes(tmp_path: Path, topology: str) -> None:
+    async with cache_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         s = await client.session()
         await s.send(put("k", b"before", 1))
@@ -163,8 +166,9 @@ async def test_key_watch_live_changes_and_deletes(tmp_path: Path) -> None:
         client.close()
 
 
-async def test_prefix_watch_retained_then_live(tmp_path: Path) -> None:
-    async with cache_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_prefix_watch_retained_then_live(tmp_path: Path, topology: str) -> None:
+    async with cache_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         s = await client.session()
         for rid, key in enumerate(["room/a", "room/b", "hall/x"]):
@@ -189,8 +193,9 @@ async def test_prefix_watch_retained_then_live(tmp_path: Path) -> None:
         client.close()
 
 
-async def test_watch_refusals(tmp_path: Path) -> None:
-    async with cache_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_watch_refusals(tmp_path: Path, topology: str) -> None:
+    async with cache_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         s = await client.session()
         for bad in (
@@ -214,10 +219,11 @@ async def test_watch_refusals(tmp_path: Path) -> None:
         client.close()
 
 
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
 async def test_watch_from_offset_replays_then_goes_live_without_gap_or_duplicate(
-    tmp_path: Path,
+    tmp_path: Path, topology: str
 ) -> None:
-    async with cache_broker(tmp_path) as broker:
+    async with cache_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         s = await client.session()
         start = shard_of(broker).tail
@@ -245,9 +251,10 @@ async def test_watch_from_offset_replays_then_goes_live_without_gap_or_duplicate
         client.close()
 
 
-async def test_ttl_expiry_reaches_a_watcher_as_a_delete(tmp_path: Path) -> None:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_ttl_expiry_reaches_a_watcher_as_a_delete(tmp_path: Path, topology: str) -> None:
     limits = CacheLimits(ttl_pass_interval=0.1)
-    async with cache_broker(tmp_path, limits=limits) as broker:
+    async with cache_broker(tmp_path, topology=topology, limits=limits) as broker:
         client = await WireClient.connect(broker)
         _started, ev = await start_watch(client, watch(key="session"))
         s = await client.session()
@@ -260,9 +267,10 @@ async def test_ttl_expiry_reaches_a_watcher_as_a_delete(tmp_path: Path) -> None:
         client.close()
 
 
-async def test_lagging_watch_gets_lagged_and_its_stream_ends(tmp_path: Path) -> None:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_lagging_watch_gets_lagged_and_its_stream_ends(tmp_path: Path, topology: str) -> None:
     limits = CacheLimits(watch_queue_capacity=4)
-    async with cache_broker(tmp_path, limits=limits) as broker:
+    async with cache_broker(tmp_path, topology=topology, limits=limits) as broker:
         client = await WireClient.connect(broker)
         started, ev = await start_watch(client, watch(key="hot"))
         shard = shard_of(broker)
@@ -282,8 +290,9 @@ async def test_lagging_watch_gets_lagged_and_its_stream_ends(tmp_path: Path) -> 
         client.close()
 
 
-async def test_stop_sending_ends_the_watch(tmp_path: Path) -> None:
-    async with cache_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_stop_sending_ends_the_watch(tmp_path: Path, topology: str) -> None:
+    async with cache_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         _started, ev = await start_watch(client, watch(key="k"))
         shard = shard_of(broker)

@@ -28,7 +28,7 @@ from felix_wire.messages import (
     VersionCondition,
 )
 
-from ..fleet.harness import TOPOLOGIES
+from ..fleet.harness import TOPOLOGIES, leader_of
 from ..support.wire import NS, TENANT, WireClient
 from .harness import CACHE, MULTI, WITHOUT_CONDITIONAL, cache_broker
 
@@ -239,16 +239,20 @@ async def test_racing_absent_puts_exactly_one_wins(
             c.close()
 
 
-async def test_many_in_flight_answered_by_request_id_without_head_of_line(tmp_path: Path) -> None:
-    async with cache_broker(tmp_path, durable=True) as broker:
-        assert broker.cache is not None
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_many_in_flight_answered_by_request_id_without_head_of_line(
+    tmp_path: Path, topology: str
+) -> None:
+    async with cache_broker(tmp_path, topology=topology, durable=True) as broker:
+        owner = leader_of(broker)  # where the writes are made durable
+        assert owner.cache is not None
         client = await WireClient.connect(broker)
         s = await client.session()
         # Make one key's writes slow to become durable: the 31 requests behind it
         # on the same stream must not wait for it.
-        spec = broker.config.catalog.cache(TENANT, NS, CACHE)
+        spec = owner.config.catalog.cache(TENANT, NS, CACHE)
         assert spec is not None
-        shard = broker.cache.shard_of_key(spec, "slow")
+        shard = owner.cache.shard_of_key(spec, "slow")
         real_wait = shard.wait_durable
         release = asyncio.Event()
 
@@ -276,10 +280,10 @@ async def test_many_in_flight_answered_by_request_id_without_head_of_line(tmp_pa
         client.close()
 
 
-async def test_ttl_reads_absent_at_once_and_the_pass_deletes(tmp_path: Path) -> None:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_ttl_reads_absent_at_once_and_the_pass_deletes(tmp_path: Path, topology: str) -> None:
     limits = CacheLimits(ttl_pass_interval=0.1)
-    async with cache_broker(tmp_path, durable=False, limits=limits) as broker:
-        assert broker.cache is not None
+    async with cache_broker(tmp_path, topology=topology, durable=False, limits=limits) as broker:
         client = await WireClient.connect(broker)
         s = await client.session()
         await s.send(put("short", b"v", 1, ttl_ms=200))
@@ -294,19 +298,20 @@ async def test_ttl_reads_absent_at_once_and_the_pass_deletes(tmp_path: Path) -> 
         assert await s.recv() == value("short", None, 5)
         await asyncio.sleep(0.3)
         assert "short" not in _shard(broker).entries  # the pass removed it
-        assert broker.cache.expirations._value.get() >= 1
+        assert leader_of(broker).cache.expirations._value.get() >= 1
         await s.send(get("long", 6))
         assert isinstance(await s.recv(), CacheValue)
         client.close()
 
 
 def _shard(broker: object) -> CacheShard:
-    from felix_broker.app import Broker
-
-    assert isinstance(broker, Broker) and broker.cache is not None
-    spec = broker.config.catalog.cache(TENANT, NS, CACHE)
+    """The cache's shard at the broker that holds it (the leader, in a fleet)."""
+    owner = leader_of(broker)
+    assert owner.cache is not None
+    spec = owner.config.catalog.cache(TENANT, NS, CACHE)
     assert spec is not None
-    return broker.cache.shard(spec, 0)
+    shard: CacheShard = owner.cache.shard(spec, 0)
+    return shard
 
 
 def _version(broker: object, key: str) -> int:
@@ -326,11 +331,13 @@ async def test_ttl_pass_is_bounded_per_shard(tmp_path: Path) -> None:
         assert not shard.entries
 
 
+@pytest.mark.parametrize("topology", TOPOLOGIES)
 @pytest.mark.parametrize("durable", [False, True])
-async def test_memory_bound_evicts_least_recently_used(tmp_path: Path, durable: bool) -> None:
+async def test_memory_bound_evicts_least_recently_used(
+    tmp_path: Path, durable: bool, topology: str
+) -> None:
     limits = CacheLimits(max_shard_bytes=10 * (1000 + 64 + 3))
-    async with cache_broker(tmp_path, durable=durable, limits=limits) as broker:
-        assert broker.cache is not None
+    async with cache_broker(tmp_path, topology=topology, durable=durable, limits=limits) as broker:
         client = await WireClient.connect(broker)
         s = await client.session()
         for i in range(10):
@@ -345,7 +352,7 @@ async def test_memory_bound_evicts_least_recently_used(tmp_path: Path, durable: 
         await s.send(get("k0", 103))
         hit = await s.recv()
         assert isinstance(hit, CacheValue) and hit.value == bytes(1000)
-        assert broker.cache.evictions._value.get() == 1
+        assert leader_of(broker).cache.evictions._value.get() == 1  # at the holder
         # One entry larger than the whole bound is refused.
         await s.send(put("huge", bytes(20_000), 104))
         refused = await s.recv()
@@ -385,23 +392,25 @@ async def test_permissions_and_unknown_cache(tmp_path: Path, topology: str) -> N
         client.close()
 
 
-async def test_keys_route_to_shards_by_cache_mode(tmp_path: Path) -> None:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_keys_route_to_shards_by_cache_mode(tmp_path: Path, topology: str) -> None:
     from felix_wire.routing import CACHE_MODE, shard_for_key
 
-    async with cache_broker(tmp_path, durable=True) as broker:
-        assert broker.cache is not None
+    async with cache_broker(tmp_path, topology=topology, durable=True) as broker:
+        holder = leader_of(broker)  # where the keys are held
+        assert holder.cache is not None
         client = await WireClient.connect(broker)
         s = await client.session()
         keys = [f"user-{i}" for i in range(40)]
         for rid, key in enumerate(keys):
             await s.send(put(key, key.encode(), rid, cache=MULTI))
             assert await s.recv() == CacheOk(request_id=rid)
-        spec = broker.config.catalog.cache(TENANT, NS, MULTI)
+        spec = holder.config.catalog.cache(TENANT, NS, MULTI)
         assert spec is not None
         used = set()
         for key in keys:
             index = shard_for_key(key.encode(), 4, CACHE_MODE)
             used.add(index)
-            assert key in broker.cache.shard(spec, index).entries
+            assert key in holder.cache.shard(spec, index).entries
         assert len(used) > 1
         client.close()

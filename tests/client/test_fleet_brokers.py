@@ -155,3 +155,36 @@ async def test_a_cache_watch_through_a_non_owner_follows_the_redirect(
         assert await cache.get("k") == b"v1"
     finally:
         await client.aclose()
+
+
+async def test_keyed_publish_if_commit_and_state_get_go_to_the_keys_shard(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    """Each shard of `log` has its own owner and generation: shard 0 node-a at 9,
+    shard 1 node-c at 4. A keyed conditional publish, a commit and a state read are
+    about the key's shard: they follow that shard's owner, never shard 0's (whose
+    higher generation would make node-c's redirect look stale)."""
+    log0, log1 = stream_shards("log", 2)
+    fleet.assign([log0], "node-a", 9)
+    fleet.assign([log1], "node-c", 4)
+    client = await connect(fleet, "node-b", tmp_path)
+    try:
+        assert await client.publish_if("log", b"zero", expected_offset=0) == 0  # shard 0
+        held = client._fleet.owner(("stream", NS, "log", 0))
+        assert held is not None and (held.node_id, held.generation) == ("node-a", 9)
+        on_shard_1 = [
+            k for k in (b"k%d" % i for i in range(64)) if await client.shard_for_key("log", k) == 1
+        ]
+        key = on_shard_1.pop()
+        assert await client.publish_if("log", b"one", expected_offset=0, key=key) == 0
+        assert await client.commit("log", key, b"event", changes={"n": b"1"}) == 1
+        state = await client.state_get("log", key, "n")
+        assert (state.value, state.version) == (b"1", 1)
+        owner = client._fleet.owner(("stream", NS, "log", 1))
+        assert owner is not None and (owner.node_id, owner.generation) == ("node-c", 4)
+        held = client._fleet.owner(("stream", NS, "log", 0))  # shard 0's hint untouched
+        assert held is not None and (held.node_id, held.generation) == ("node-a", 9)
+        pages = [p async for p in client.stream_read("log", shard=1, start=0)]
+        assert [r.payload for page in pages for r in page.records] == [b"one", b"event"]
+    finally:
+        await client.aclose()

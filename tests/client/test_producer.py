@@ -18,7 +18,7 @@ import pytest
 import felix_client
 from felix_client import ClientConfig
 
-from ..broker.test_broker_durable import _free_udp_port
+from ..support.broker_process import free_udp_port
 from ..support.wire import NS, TENANT, BrokerProcess, token
 from .conftest import connect_client
 
@@ -158,7 +158,7 @@ async def test_misuse_is_refused_before_sending(felix_fixture: dict[str, Any]) -
 
 class _Broker:
     def __init__(self, tmp: Path) -> None:
-        self.port = _free_udp_port()
+        self.port = free_udp_port()
         self.data = tmp / "data"
         self.config = tmp / "broker.yaml"
         self.config.write_text(CONFIG)

@@ -18,6 +18,8 @@ from pathlib import Path
 from types import MappingProxyType
 from typing import Any
 
+import msgspec
+
 from felix_broker.app import Broker
 from felix_broker.cache.service import CacheLimits
 from felix_broker.catalog import StaticCatalog
@@ -35,6 +37,7 @@ from felix_broker.fleet.routing import (
 from felix_broker.fleet.view import FleetView
 from felix_common.tokens import DevIssuer, TokenVerifier
 from felix_transport import default_impl, generate_ca
+from felix_wire.binary import PublishAckFrame
 
 from ..broker.harness import catalog
 from ..support.wire import NS, TENANT
@@ -48,6 +51,8 @@ class Entry:
 
     broker: Broker
     issuer: DevIssuer
+    leader: Entry | None = None
+    """For a member that leads nothing, the one that leads the tests' shards."""
 
     @property
     def quic_port(self) -> int:
@@ -179,28 +184,66 @@ async def running_fleet(
             await broker.stop()
 
 
-TOPOLOGIES = ("one", "three")
-"""How the broker-visible tests run: against one broker, and against three fleet
-members through a non-owner (every shard led by node-a, the client on node-b)."""
+NON_OWNER = "three-non-owner"
+OWNER = "three-owner"
+TOPOLOGIES = ("one", OWNER, NON_OWNER)
+"""How a client-visible test runs: against one broker, and against a fleet of three
+(every shard led by node-a) through the owner (the client on node-a) and through a
+non-owner (the client on node-b, so publishes and cache ops are forwarded)."""
+
+THROUGH_LEADER = ("one", OWNER)
+"""For requests a non-owner answers `not_leader` (subscribe, cache watch, groups,
+guarded writes: cluster-facts A.3): one broker, and the owner of a fleet of three.
+What a non-owner answers them is tested in tests/fleet/test_cluster.py."""
 
 
 @asynccontextmanager
-async def reached_through_non_owner(
-    tmp: Path, with_catalog: StaticCatalog, **overrides: Any
+async def reached_in_fleet(
+    tmp: Path, topology: str, with_catalog: StaticCatalog, **overrides: Any
 ) -> AsyncIterator[Entry]:
-    """The broker a client talks to in a three-member fleet: one that leads nothing."""
+    """The broker a client talks to in a three-member fleet whose every shard node-a
+    leads: node-a itself (`OWNER`) or node-b, which leads nothing (`NON_OWNER`)."""
+    if topology not in (OWNER, NON_OWNER):
+        raise ValueError(f"not a fleet topology: {topology!r}")
     async with running_fleet(tmp, with_catalog=with_catalog, **overrides) as fleet:
         fleet.assign_all("node-a")
-        yield fleet.entry("node-b")
+        if topology == OWNER:
+            yield fleet.entry("node-a")
+        else:
+            yield dataclasses.replace(fleet.entry("node-b"), leader=fleet.entry("node-a"))
+
+
+def unhinted(ack: PublishAckFrame, through: Any) -> PublishAckFrame:
+    """A binary ack without its owner hint (flag 0x0080), which only a forwarding
+    broker adds, and it only for a client that offered the flag; the hint, when there
+    is one, must name the leader."""
+    leader = through.leader if isinstance(through, Entry) else None
+    if leader is None:
+        assert ack.node_id is None and ack.addr is None and ack.generation is None, ack
+        return ack
+    assert ack.node_id == leader.node_id and ack.addr == f"127.0.0.1:{leader.quic_port}", ack
+    return msgspec.structs.replace(ack, node_id=None, addr=None, generation=None)
+
+
+def leader_of(broker: Any) -> Any:
+    """Where a test subscribes to see what it published through `broker`: the leader
+    of every shard (a subscribe at a non-owner is redirected), else `broker` itself."""
+    leader = broker.leader if isinstance(broker, Entry) else None
+    return leader if leader is not None else broker
 
 
 __all__ = [
     "NODES",
+    "NON_OWNER",
+    "OWNER",
+    "THROUGH_LEADER",
     "TOPOLOGIES",
     "Entry",
     "Fleet",
     "all_shards",
-    "reached_through_non_owner",
+    "leader_of",
+    "reached_in_fleet",
     "running_fleet",
     "stream_shards",
+    "unhinted",
 ]

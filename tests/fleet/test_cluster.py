@@ -522,6 +522,7 @@ async def test_conditional_idempotent_and_atomic_writes_are_never_forwarded(
     from felix_wire.messages import (
         Commit,
         NotLeaderHint,
+        PublishError,
         PublishIdempotent,
         PublishIf,
         PublishRefusal,
@@ -553,6 +554,13 @@ async def test_conditional_idempotent_and_atomic_writes_are_never_forwarded(
         answer = await client.request(idempotent)
         assert isinstance(answer, PublishRefused) and answer.request_id == 3
         assert answer.reason == hint
+        # A client that did not offer the producer feature does not decode
+        # publish_refused: the same refusal as a publish_error coded not_leader.
+        without = OFFICIAL_FEATURES & ~int(Feature.FEATURE_IDEMPOTENT_PRODUCER)
+        answer = await client.request(idempotent, features=without)
+        assert isinstance(answer, PublishError) and answer.request_id == 3, answer
+        assert (answer.code, answer.retry) == ("not_leader", "redirect")
+        assert "node-a" in answer.message and owner_addr in answer.message
         binary = await client.session()
         await binary.send(
             frame(

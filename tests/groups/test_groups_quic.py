@@ -41,6 +41,7 @@ from felix_wire.messages import (
 )
 
 from ..broker.harness import running_broker
+from ..fleet.harness import THROUGH_LEADER
 from ..support.wire import NS, OFFICIAL_FEATURES, TENANT, WireClient, token
 from .session import GroupSession
 
@@ -90,8 +91,9 @@ async def test_groups_are_advertised_only_with_durable_storage(tmp_path: Path) -
         assert not isinstance(await stream.recv(), GroupRecords)
 
 
-async def test_poll_ack_and_the_contiguous_cursor(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_poll_ack_and_the_contiguous_cursor(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         s = await session(broker)
         await s.publish(b"a", b"b", b"c")
         records = await s.poll(10)
@@ -190,10 +192,11 @@ async def test_latency_histograms_see_requests_publishes_fsyncs_and_poll_to_ack(
         assert build == 1.0
 
 
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
 async def test_gated_fields_are_dropped_for_a_client_that_did_not_offer_them(
-    tmp_path: Path,
+    tmp_path: Path, topology: str
 ) -> None:
-    async with running_broker(tmp_path, record_publishers=True) as broker:
+    async with running_broker(tmp_path, topology=topology, record_publishers=True) as broker:
         s = await session(broker, features=int(Feature.FEATURE_ERROR_CODES))
         await s.publish(b"x")
         [record] = await s.poll(1)
@@ -205,8 +208,9 @@ async def test_gated_fields_are_dropped_for_a_client_that_did_not_offer_them(
         assert record.publisher == "tester" and record.timestamp_micros
 
 
-async def test_long_poll_wakes_on_publish_and_is_capped(tmp_path: Path) -> None:
-    async with running_broker(tmp_path, group_max_wait_ms=300) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_long_poll_wakes_on_publish_and_is_capped(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology, group_max_wait_ms=300) as broker:
         s = await session(broker)
         publisher = await session(broker)
         started = time.monotonic()
@@ -219,9 +223,12 @@ async def test_long_poll_wakes_on_publish_and_is_capped(tmp_path: Path) -> None:
         assert [r.payload for r in records] == [b"wake"]
 
 
-async def test_a_lapsed_claim_comes_back_and_max_attempts_dead_letters(tmp_path: Path) -> None:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_a_lapsed_claim_comes_back_and_max_attempts_dead_letters(
+    tmp_path: Path, topology: str
+) -> None:
     async with running_broker(
-        tmp_path, group_visibility_timeout_ms=150, group_max_attempts=2
+        tmp_path, topology=topology, group_visibility_timeout_ms=150, group_max_attempts=2
     ) as broker:
         s = await session(broker)
         await s.publish(b"poison")
@@ -238,8 +245,9 @@ async def test_a_lapsed_claim_comes_back_and_max_attempts_dead_letters(tmp_path:
         assert isinstance(dead, GroupDeadLetterList) and dead.offsets == [0]
 
 
-async def test_nack_now_later_and_by_delivery(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_nack_now_later_and_by_delivery(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         s = await session(broker)
         await s.publish(b"a")
         [record] = await s.poll(1)
@@ -254,9 +262,10 @@ async def test_nack_now_later_and_by_delivery(tmp_path: Path) -> None:
         assert record.attempts == 3 and time.monotonic() - started >= 0.1
 
 
-async def test_extend_keeps_a_claim_and_stale_once_it_lapsed(tmp_path: Path) -> None:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_extend_keeps_a_claim_and_stale_once_it_lapsed(tmp_path: Path, topology: str) -> None:
     async with running_broker(
-        tmp_path, group_visibility_timeout_ms=200, group_max_visibility_ms=400
+        tmp_path, topology=topology, group_visibility_timeout_ms=200, group_max_visibility_ms=400
     ) as broker:
         s = await session(broker)
         await s.publish(b"a")
@@ -273,8 +282,9 @@ async def test_extend_keeps_a_claim_and_stale_once_it_lapsed(tmp_path: Path) -> 
         assert record.attempts == 2
 
 
-async def test_in_flight_cap_answers_empty(tmp_path: Path) -> None:
-    async with running_broker(tmp_path, group_max_in_flight=2) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_in_flight_cap_answers_empty(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology, group_max_in_flight=2) as broker:
         s = await session(broker)
         await s.publish(b"1", b"2", b"3")
         assert len(await s.poll(10)) == 2
@@ -283,8 +293,9 @@ async def test_in_flight_cap_answers_empty(tmp_path: Path) -> None:
         assert [r.offset for r in await s.poll(10)] == [2]
 
 
-async def test_dead_letter_by_hand_redrive_and_discard(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_dead_letter_by_hand_redrive_and_discard(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         s = await session(broker)
         await s.publish(b"a", b"b")
         await s.poll(2)
@@ -303,8 +314,9 @@ async def test_dead_letter_by_hand_redrive_and_discard(tmp_path: Path) -> None:
         assert isinstance(answer, Error) and answer.code == "invalid_request"
 
 
-async def test_seek_describe_delete(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_seek_describe_delete(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         s = await session(broker)
         await s.publish(b"a", b"b", b"c", b"d")
         info = await s.call(GroupDescribe, group="new")
@@ -327,8 +339,9 @@ async def test_seek_describe_delete(tmp_path: Path) -> None:
         assert [r.offset for r in await s.poll(5)] == [0, 1, 2, 3]  # afresh at 0
 
 
-async def test_permissions_and_refusals(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_permissions_and_refusals(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         consume = token(broker, perms=[f"group.consume:group:{TENANT}/{NS}/log/g"])
         s = await session(broker, tok=consume)
         assert await s.poll(1) == []
@@ -352,8 +365,11 @@ async def test_permissions_and_refusals(tmp_path: Path) -> None:
         assert isinstance(answer, Error) and answer.code == "invalid_request"
 
 
-async def test_named_consumer_reclaims_from_an_older_connection(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_named_consumer_reclaims_from_an_older_connection(
+    tmp_path: Path, topology: str
+) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         old = await session(broker)
         await old.publish(b"a", b"b", b"c")
         held = await old.poll(2, consumer="w1")
@@ -366,8 +382,11 @@ async def test_named_consumer_reclaims_from_an_older_connection(tmp_path: Path) 
         assert stale(await old.call(GroupNack, offset=0, attempts=1), "fatal")
 
 
-async def test_idle_state_is_dropped_without_losing_the_cursor(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", THROUGH_LEADER)
+async def test_idle_state_is_dropped_without_losing_the_cursor(
+    tmp_path: Path, topology: str
+) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         s = await session(broker)
         await s.publish(b"a", b"b")
         await s.poll(1)

@@ -23,6 +23,7 @@ from felix_wire.messages import (
     GroupRecords,
 )
 
+from ..support.broker_process import free_udp_port
 from ..support.wire import NS, TENANT, BrokerProcess, WireClient, token
 from .session import GroupSession
 
@@ -44,14 +45,6 @@ SCOPE: dict[str, Any] = {
     "shard": 0,
     "group": "g",
 }
-
-
-def _free_udp_port() -> int:
-    import socket
-
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _start(tmp: Path, port: int) -> subprocess.Popen[bytes]:
@@ -117,7 +110,7 @@ async def _after_restart(tmp: Path, port: int) -> tuple[Any, list[int], list[int
 
 
 def test_acknowledged_records_are_never_redelivered_after_kill_9(tmp_path: Path) -> None:
-    port = _free_udp_port()
+    port = free_udp_port()
     process = _start(tmp_path, port)
     try:
         acked = asyncio.run(_before_crash(tmp_path, port))
