@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 3b22a86fd946ca8be2965db3df93ba303a1b3a80be4946590df9e61812aed651
+# spec sha256: 342fbaf644cf67fc4982e74746c34883851b2d004ebb95c5729683112385e98c
 """Read-only index of the catalogue: every name the generated layer knows.
 
 Tests count these against tests/vectors/protocol-tables.yaml; tools (the conformance
@@ -30,7 +30,7 @@ __all__ = [
     "COUNTS",
 ]
 
-SPEC_SHA256 = "3b22a86fd946ca8be2965db3df93ba303a1b3a80be4946590df9e61812aed651"
+SPEC_SHA256 = "342fbaf644cf67fc4982e74746c34883851b2d004ebb95c5729683112385e98c"
 
 
 class Decision(NamedTuple):
@@ -152,6 +152,11 @@ DECISIONS: Mapping[str, Decision] = MappingProxyType(
             "error quorum_timeout with retry class outcome_unknown after FELIX_PUBLISH_QUORUM_TIMEOUT_MS; the record may still commit later; a write waiting when leadership moves or the lease lapses gets leadership_lost (outcome_unknown)",
             "the wire table and the protocol are authoritative, and a record durable on the leader can be committed by a later majority, so nothing-applied would be a lie",
         ),
+        "publish-refused-without-producer-feature": Decision(
+            "a refusal publish_refused would carry, to a client that did not offer FEATURE_IDEMPOTENT_PRODUCER",
+            "publish_error (or error) with code invalid_request and the refusal's reason in detail.reason; a non-owner's refusal is publish_error not_leader",
+            "the feature bit is how a client says it decodes publish_refused; an answer is still owed, and the generic error shapes are the ones every client decodes",
+        ),
     }
 )
 
@@ -175,6 +180,6 @@ COUNTS: Mapping[str, int] = MappingProxyType(
         "error_codes": 17,
         "retry_classes": 5,
         "shapes": 25,
-        "decisions": 23,
+        "decisions": 24,
     }
 )

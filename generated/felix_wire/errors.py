@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 3b22a86fd946ca8be2965db3df93ba303a1b3a80be4946590df9e61812aed651
+# spec sha256: 342fbaf644cf67fc4982e74746c34883851b2d004ebb95c5729683112385e98c
 """Error codes and retry classes, and one exception class per error code.
 
 These are *remote* errors: what a broker said when it refused a request (JSON

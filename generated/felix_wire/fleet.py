@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: d526b14747a32a9110db0adcaaf6e4a46fbe6929f4b30e738bdb9ef588ee04f7
+# spec sha256: b845f72e3fd0c73c978bd76bd6bf30261b0134d6d56d27d3f5d996595d61f6a0
 """The fleet catalogue: etcd record shapes and broker-to-broker messages.
 
 Broker-to-broker QUIC (TLS 1.3, mutual TLS): each broker's peer certificate is signed by the fleet CA and names its node id as a DNS SAN; both sides check it, and the listener checks it against hello.

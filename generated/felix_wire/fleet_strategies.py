@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: d526b14747a32a9110db0adcaaf6e4a46fbe6929f4b30e738bdb9ef588ee04f7
+# spec sha256: b845f72e3fd0c73c978bd76bd6bf30261b0134d6d56d27d3f5d996595d61f6a0
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
