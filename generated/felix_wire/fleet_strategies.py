@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 54127759cf2d4cce68471d6c96996a9a1e373858025c401bbeb2101d26c2c8b0
+# spec sha256: e21aebf7598271206819874ac1afd61dcdd5f5bed6a561ab7246e975b97b212d
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
@@ -95,6 +95,20 @@ FLEET_SHAPE_STRATEGIES["ForwardRefusal"] = st.one_of(
         _f.ForwardRefusal, stale_route=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["StaleRoute"])
     ),
 )
+FLEET_SHAPE_STRATEGIES["ReplicaShard"] = st.builds(
+    _f.ReplicaShard,
+    kind=st.sampled_from(_f.AssignmentKind),
+    tenant=_TEXT,
+    namespace=_TEXT,
+    name=_TEXT,
+    shard=_U32,
+)
+FLEET_SHAPE_STRATEGIES["ReplicaEntry"] = st.builds(
+    _f.ReplicaEntry,
+    generation=_U64,
+    payload=_BLOB,
+    start=st.booleans(),
+)
 FLEET_SHAPE_STRATEGIES["CacheOp"] = st.one_of(
     _CLIENT_MESSAGES["cache_get"],
     _CLIENT_MESSAGES["cache_put"],
@@ -171,6 +185,58 @@ PEER_MESSAGE_STRATEGIES: Mapping[str, st.SearchStrategy[Any]] = MappingProxyType
             _f.PeerUnsupported,
             request_type=_TEXT,
             request_id=(st.none() | _U64),
+        ),
+        "replica_ship": st.builds(
+            _f.ReplicaShip,
+            shard=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["ReplicaShard"]),
+            generation=_U64,
+            leader=_TEXT,
+            offset=_U64,
+            prev_generation=_U64,
+            entries=st.lists(
+                st.deferred(lambda: FLEET_SHAPE_STRATEGIES["ReplicaEntry"]), max_size=3
+            ),
+            commit=_U64,
+        ),
+        "replica_ship_ok": st.builds(
+            _f.ReplicaShipOk,
+            shard=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["ReplicaShard"]),
+            generation=_U64,
+            sender=_TEXT,
+            durable=_U64,
+            matched=_U64,
+        ),
+        "replica_ship_refused": st.builds(
+            _f.ReplicaShipRefused,
+            shard=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["ReplicaShard"]),
+            generation=_U64,
+            sender=_TEXT,
+            refusal=st.sampled_from(_f.ShipRefusal),
+            resume_at=_U64,
+        ),
+        "replica_fence": st.builds(
+            _f.ReplicaFence,
+            shard=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["ReplicaShard"]),
+            generation=_U64,
+            candidate=_TEXT,
+        ),
+        "replica_fence_ok": st.builds(
+            _f.ReplicaFenceOk,
+            shard=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["ReplicaShard"]),
+            generation=_U64,
+            sender=_TEXT,
+            last_generation=_U64,
+            length=_U64,
+        ),
+        "replica_fence_refused": st.builds(
+            _f.ReplicaFenceRefused,
+            shard=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["ReplicaShard"]),
+            generation=_U64,
+            sender=_TEXT,
+        ),
+        "replica_received": st.builds(
+            _f.ReplicaReceived,
+            held=st.booleans(),
         ),
     }
 )
