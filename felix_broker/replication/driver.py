@@ -14,7 +14,11 @@ effects, in order:
   fsyncs (one fsync covers every write before it: group commit) and tells the
   core `synced(length)`. A truncation during an fsync caps the length reported.
 - `Truncate` / `PersistBallot`: synchronous, fsynced before the next effect.
-- `Acked` / `Refused`: resolve the client write waiting in `append`.
+- `Acked` / `Refused`: resolve the client write waiting in `append`. With an
+  `Applier` (a stream shard's storage, `apply.StreamApplier`), every entry below
+  the replica's commit mark is applied to it in log order by the apply task, on
+  leader and followers alike, and an acknowledgement waits for its entry to be
+  applied (it then carries the stream offset).
 - `PromotionRefused` / `Halted`: kept (`promotion_refused`, `halted`) and passed
   to `on_event` for the fleet (the shard stays unavailable).
 
@@ -34,7 +38,7 @@ import logging
 import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Protocol
 
 from felix_common.fleet import ShardId
 from felix_wire.errors import ErrorCode, RetryClass
@@ -43,6 +47,7 @@ from .core import (
     Acked,
     Config,
     Effect,
+    Entry,
     Halted,
     Message,
     PersistBallot,
@@ -58,12 +63,31 @@ from .core import (
 from .disk import ReplicaDisk
 from .wire import WireMessage, to_wire
 
-__all__ = ["ReplicaDriver", "ReplicationRefusedError", "Sender"]
+__all__ = ["Applier", "ReplicaDriver", "ReplicationRefusedError", "Sender", "Written"]
 
 _log = logging.getLogger(__name__)
 
 Sender = Callable[[str, WireMessage], Awaitable[None]]
 """Delivers one peer message to a node (raises when it cannot: the message is dropped)."""
+
+
+class Applier(Protocol):
+    """Where committed entries go (a stream shard's storage)."""
+
+    def applied_entries(self, entries: Sequence[Entry]) -> int: ...
+
+    async def apply(self, entries: Sequence[Entry]) -> list[int | None]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """A committed client write: where it is in the replication log, at which
+    generation, and (with an applier) the stream offset of its first record."""
+
+    generation: int
+    first_offset: int
+    count: int
+    stream_offset: int | None = None
 
 
 class ReplicationRefusedError(Exception):
@@ -100,6 +124,7 @@ class ReplicaDriver:
         outbox_items: int = 256,
         outbox_bytes: int = 8 * 1024 * 1024,
         on_event: Callable[[ShardId, Effect], None] | None = None,
+        applier: Applier | None = None,
     ) -> None:
         self.shard = shard
         self.replica = replica
@@ -113,7 +138,11 @@ class ReplicaDriver:
         self._want_sync = asyncio.Event()
         self._cut: int | None = None  # the shortest truncation during the running fsync
         self._outboxes: dict[str, _Outbox] = {}
-        self._waiting: dict[int, asyncio.Future[Acked]] = {}
+        self._waiting: dict[int, asyncio.Future[Written]] = {}
+        self._applier = applier
+        self._acked: dict[int, Acked] = {}  # committed, waiting to be applied
+        self._commit_moved = asyncio.Event()
+        self.applied = applier.applied_entries(replica.log) if applier is not None else 0
         self._next_request = 1
         self._tasks: list[asyncio.Task[None]] = []
         self.dropped = 0
@@ -156,6 +185,8 @@ class ReplicaDriver:
             self._outboxes[peer] = box
             self._tasks.append(loop.create_task(self._drain(peer, box)))
         self._tasks.append(loop.create_task(self._syncer()))
+        if self._applier is not None:
+            self._tasks.append(loop.create_task(self._apply_committed()))
         self._tasks.append(loop.create_task(self._ticker()))
 
     async def close(self) -> None:
@@ -175,12 +206,12 @@ class ReplicaDriver:
 
     # -- inputs
 
-    async def append(self, payloads: Sequence[bytes]) -> Acked:
+    async def append(self, payloads: Sequence[bytes]) -> Written:
         """A client's Quorum write: returns once a majority holds it durably; raises
         ReplicationRefusedError (not_leader, fenced, quorum_timeout, leadership_lost)."""
         request_id = self._next_request
         self._next_request += 1
-        future: asyncio.Future[Acked] = asyncio.get_running_loop().create_future()
+        future: asyncio.Future[Written] = asyncio.get_running_loop().create_future()
         self._waiting[request_id] = future
         try:
             await self._run(lambda now: self.replica.append(request_id, payloads, now))
@@ -205,6 +236,17 @@ class ReplicaDriver:
     def read(self, offset: int, limit: int) -> ReadResult:
         return self.replica.read(offset, limit)
 
+    def refusal(self) -> tuple[ErrorCode, str | None] | None:
+        """Why readers of this shard are refused here (not_leader, fenced, not_ready
+        while a just-promoted leader settles, or until its stream log has caught up
+        with the mark), or None when they are served."""
+        result = self.replica.read(0, 0)
+        if result.code is not None:
+            return result.code, result.reason
+        if self._applier is not None and self.applied < (self.replica.mark or 0):
+            return ErrorCode.SHARD_UNAVAILABLE, "not_ready"
+        return None
+
     # -- carrying out effects
 
     async def _run(self, step: Callable[[int], list[Effect]]) -> None:
@@ -217,6 +259,8 @@ class ReplicaDriver:
             try:
                 for effect in effects:
                     self._effects[type(effect)](effect)
+                if self.replica.commit > self.applied:
+                    self._commit_moved.set()
             except Exception as exc:  # a disk failure: this replica stops, loudly
                 self._stop(exc)
                 raise ReplicationRefusedError(
@@ -253,9 +297,12 @@ class ReplicaDriver:
         self._disk.persist_ballot(effect.generation, effect.leader)
 
     def _do_acked(self, effect: Acked) -> None:
+        if self._applier is not None and self.applied < effect.first_offset + effect.count:
+            self._acked[effect.request_id] = effect
+            return
         future = self._waiting.get(effect.request_id)
         if future is not None and not future.done():
-            future.set_result(effect)
+            future.set_result(Written(effect.generation, effect.first_offset, effect.count))
 
     def _do_refused(self, effect: Refused) -> None:
         future = self._waiting.get(effect.request_id)
@@ -305,6 +352,31 @@ class ReplicaDriver:
                 length = min(length, cut)
             with contextlib.suppress(ReplicationRefusedError):
                 await self._run(functools.partial(self._synced, length))
+
+    async def _apply_committed(self) -> None:
+        applier = self._applier
+        assert applier is not None
+        while True:
+            await self._commit_moved.wait()
+            self._commit_moved.clear()
+            while self.replica.commit > self.applied:
+                low, high = self.applied, self.replica.commit
+                try:
+                    bases = await applier.apply(self.replica.log[low:high])
+                except Exception as exc:  # the stream log failed: this replica stops
+                    self._stop(exc)
+                    return
+                self.applied = high
+                at = dict(zip(range(low, high), bases, strict=True))
+                for request_id, acked in list(self._acked.items()):
+                    if acked.first_offset + acked.count <= high:
+                        del self._acked[request_id]
+                        future = self._waiting.get(request_id)
+                        if future is not None and not future.done():
+                            base = at.get(acked.first_offset)
+                            future.set_result(
+                                Written(acked.generation, acked.first_offset, acked.count, base)
+                            )
 
     def _synced(self, length: int, _now: int) -> list[Effect]:
         return self.replica.synced(length)

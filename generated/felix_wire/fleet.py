@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: e21aebf7598271206819874ac1afd61dcdd5f5bed6a561ab7246e975b97b212d
+# spec sha256: ffa48bdac70fe05542a8870abd01fdb015ed3f889e963231a509f62a9792862e
 """The fleet catalogue: etcd record shapes and broker-to-broker messages.
 
 Broker-to-broker QUIC (TLS 1.3, mutual TLS): each broker's peer certificate is signed by the fleet CA and names its node id as a DNS SAN; both sides check it, and the listener checks it against hello.
@@ -73,6 +73,7 @@ __all__ = [
     "ForwardRefusal",
     "ReplicaShard",
     "ReplicaEntry",
+    "ReplicatedBatch",
     "CacheOp",
     "CacheOpAnswer",
     "Hello",
@@ -321,6 +322,33 @@ class ReplicaEntry(msgspec.Struct, omit_defaults=True, kw_only=True):
 
     def __post_init__(self) -> None:
         _check_u64(self, ("generation",), ())
+
+
+class ReplicatedBatch(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """The payload of a stream shard's ReplicaEntry: one publish batch as the leader stored it. Every replica applies committed batches in log order to the shard's stream log, so offsets (assigned in that order), append times, publishers and marks are the leader's on every replica."""
+
+    timestamp_us: U64
+    """the leader's append time (one per batch)"""
+    publisher: str | None = None
+    """the stored publisher principal (record_publishers on)"""
+    payloads: list[bytes]
+    """non-empty"""
+    producer_id: U64 | None = None
+    """the idempotent producer mark, when the batch is one"""
+    sequence: U64 | None = None
+    digest: U64 | None = None
+
+    def __post_init__(self) -> None:
+        _check_u64(
+            self,
+            (
+                "timestamp_us",
+                "producer_id",
+                "sequence",
+                "digest",
+            ),
+            (),
+        )
 
 
 CacheOp = Union[

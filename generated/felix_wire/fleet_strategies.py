@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: e21aebf7598271206819874ac1afd61dcdd5f5bed6a561ab7246e975b97b212d
+# spec sha256: ffa48bdac70fe05542a8870abd01fdb015ed3f889e963231a509f62a9792862e
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
@@ -108,6 +108,15 @@ FLEET_SHAPE_STRATEGIES["ReplicaEntry"] = st.builds(
     generation=_U64,
     payload=_BLOB,
     start=st.booleans(),
+)
+FLEET_SHAPE_STRATEGIES["ReplicatedBatch"] = st.builds(
+    _f.ReplicatedBatch,
+    timestamp_us=_U64,
+    publisher=(st.none() | _TEXT),
+    payloads=st.lists(_BLOB, max_size=3),
+    producer_id=(st.none() | _U64),
+    sequence=(st.none() | _U64),
+    digest=(st.none() | _U64),
 )
 FLEET_SHAPE_STRATEGIES["CacheOp"] = st.one_of(
     _CLIENT_MESSAGES["cache_get"],

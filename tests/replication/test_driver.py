@@ -11,19 +11,27 @@ from pathlib import Path
 
 import pytest
 
+from felix_broker.catalog import StaticCatalog, StreamSpec
+from felix_broker.config import load_config
 from felix_broker.fleet.peer import PeerDialer, PeerLimits, PeerListener, PeerTls
+from felix_broker.metrics import BrokerMetrics
+from felix_broker.replication.apply import StreamApplier, encode_batch
 from felix_broker.replication.core import Config, Entry, Phase
 from felix_broker.replication.disk import ReplicaDisk
 from felix_broker.replication.driver import ReplicaDriver, ReplicationRefusedError
 from felix_broker.replication.service import ReplicationService, peer_sender
+from felix_broker.storage import FsyncMode, LogConfig, LogStore
+from felix_broker.streams.engine import Engine
 from felix_common.fleet import ShardId, ShardKind
 from felix_transport import CertKeyPair, generate_ca
 from felix_wire.errors import ErrorCode, RetryClass
+from felix_wire.fleet import ReplicatedBatch
 
 SHARD = ShardId(ShardKind.STREAM, "t1", "ns", "orders", 0)
 NODES = ("b1", "b2", "b3")
 LIMITS = PeerLimits(request_timeout=1.0, connect_timeout=0.5)
 CONFIG = Config(quorum_timeout_ms=1500, retransmit_ms=100)
+STREAM = StreamSpec("t1", "ns", "orders", durable=True, replication_factor=3)
 
 
 @dataclass
@@ -38,11 +46,14 @@ class Broker:
     dialer: PeerDialer | None = None
     service: ReplicationService = field(default_factory=ReplicationService)
     driver: ReplicaDriver | None = None
+    engine: Engine | None = None
+    store: LogStore | None = None
 
 
 class Fleet:
-    def __init__(self, root: Path, ca: CertKeyPair) -> None:
+    def __init__(self, root: Path, ca: CertKeyPair, *, streams: bool = False) -> None:
         self.root = root
+        self.streams = streams
         self.brokers = {n: Broker(n, root / n, PeerTls.issue(ca, n)) for n in NODES}
 
     def address_of(self, node: str) -> str | None:
@@ -58,9 +69,25 @@ class Fleet:
         host, port = b.listener.address
         b.address = f"{host}:{port}"
         b.dialer = PeerDialer(b.tls, LIMITS)
-        disk = ReplicaDisk(b.folder)
+        disk = ReplicaDisk(b.folder / "replication")
+        applier = None
+        if self.streams:  # the shard's real stream storage, fed committed batches
+            config = load_config(environ={}, overrides={"data_dir": str(b.folder)}, cwd=b.folder)
+            assert config.durable_storage_dir is not None
+            b.store = LogStore(
+                config.durable_storage_dir, config=LogConfig(fsync_mode=FsyncMode.ON_COMMIT)
+            )
+            catalog = StaticCatalog(streams=[STREAM], caches=[])
+            b.engine = Engine(catalog, config, BrokerMetrics(), b.store)
+            applier = StreamApplier(b.engine.shard(STREAM, 0))
         b.driver = ReplicaDriver.open(
-            SHARD, node, NODES, disk, peer_sender(b.dialer, self.address_of), config=CONFIG
+            SHARD,
+            node,
+            NODES,
+            disk,
+            peer_sender(b.dialer, self.address_of),
+            config=CONFIG,
+            applier=applier,
         )
         b.service.add(b.driver)
         b.driver.start()
@@ -78,6 +105,12 @@ class Fleet:
         if b.dialer is not None:
             await b.dialer.close()
             b.dialer = None
+        if b.engine is not None:
+            b.engine.close()
+            b.engine = None
+        if b.store is not None:
+            await b.store.aclose()
+            b.store = None
 
     async def cut(self, node: str) -> None:
         """`node` stays up but nobody can reach it (its listener is gone)."""
@@ -93,7 +126,7 @@ class Fleet:
 
     def on_disk(self, node: str) -> tuple[Entry, ...]:
         """What `node`'s files hold, read by a separate reader (as after a crash)."""
-        disk = ReplicaDisk(self.brokers[node].folder)
+        disk = ReplicaDisk(self.brokers[node].folder / "replication")
         try:
             return disk.recover().entries
         finally:
@@ -104,9 +137,18 @@ class Fleet:
             await self.stop(node)
 
 
+def stream_files(self: Fleet, node: str) -> dict[str, bytes]:
+    """The bytes of `node`'s stream log files (segments and indexes), by name."""
+    root = self.brokers[node].folder / "durable"
+    found = {p.name: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    assert found, f"no stream files under {root}"
+    return found
+
+
 @pytest.fixture
-async def fleet(tmp_path: Path) -> AsyncIterator[Fleet]:
-    f = Fleet(tmp_path, generate_ca("replication test fleet"))
+async def fleet(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Fleet]:
+    streams = bool(getattr(request, "param", False))
+    f = Fleet(tmp_path, generate_ca("replication test fleet"), streams=streams)
     for node in NODES:
         await f.start(node)
     try:
@@ -248,3 +290,52 @@ async def test_a_replication_message_naming_another_sender_is_dropped(fleet: Fle
     assert answer.held is False  # type: ignore[union-attr]
     assert fleet.brokers["b2"].service.spoofed == 1
     assert fleet.driver("b2").replica.generation == 0
+
+
+def batch(i: int) -> bytes:
+    return encode_batch(
+        ReplicatedBatch(
+            timestamp_us=1_000_000 + i, publisher="svc" if i % 2 else None, payloads=[b"p%d" % i]
+        )
+    )
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("fleet", [True], indirect=True)
+async def test_stream_storage_gets_committed_batches_only_and_is_the_leaders_byte_for_byte(
+    fleet: Fleet,
+) -> None:
+    leader = await opened(fleet, "b1", 1)
+    written = [await leader.append([batch(i)]) for i in range(12)]
+    assert [w.stream_offset for w in written] == list(range(12))
+    shard = fleet.brokers["b1"].engine.shard(STREAM, 0)  # type: ignore[union-attr]
+    assert shard.log is not None
+    records = shard.log.read(0, max_records=100, max_bytes=1 << 20)
+    assert [(r.offset, r.timestamp_us, r.payload) for r in records] == [
+        (i, 1_000_000 + i, b"p%d" % i) for i in range(12)
+    ]
+    await until(lambda: all(fleet.brokers[n].driver.applied == 13 for n in NODES))  # type: ignore[union-attr]
+    await fleet.close()  # everything on disk, files closed
+    want = stream_files(fleet, "b1")
+    assert stream_files(fleet, "b2") == want and stream_files(fleet, "b3") == want
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("fleet", [True], indirect=True)
+async def test_readers_stop_at_the_mark_and_a_restarted_replica_does_not_apply_twice(
+    fleet: Fleet,
+) -> None:
+    leader = await opened(fleet, "b1", 1)
+    await leader.append([batch(0)])
+    await until(lambda: fleet.driver("b2").applied == 2)  # the mark reached b2 too
+    await fleet.cut("b2")
+    await fleet.cut("b3")
+    with pytest.raises(ReplicationRefusedError):
+        await leader.append([batch(1)])  # on b1's replication log only
+    shard = fleet.brokers["b1"].engine.shard(STREAM, 0)  # type: ignore[union-attr]
+    assert shard.next_offset == 1  # the stream log, what readers read, holds the committed one
+    await fleet.stop("b2")
+    await fleet.start("b2")
+    again = fleet.driver("b2")
+    assert again.applied == 2  # its start entry and batch 0 were applied before the restart
+    assert fleet.brokers["b2"].engine.shard(STREAM, 0).next_offset == 1  # type: ignore[union-attr]
