@@ -48,6 +48,7 @@ if TYPE_CHECKING:  # the fleet (and so etcd) is imported only by a broker that j
     from felix_broker.fleet.etcd_node import EtcdNode
     from felix_broker.fleet.node import FleetNode
     from felix_broker.fleet.peer import PeerDialer, PeerListener
+    from felix_broker.replication.manager import ReplicationManager
 
 __all__ = ["SERVER_FEATURES", "SERVER_FLAGS", "Broker", "Verifier"]
 
@@ -91,6 +92,7 @@ class Broker:
         self.fleet = fleet
         self.peer_listener: PeerListener | None = None
         self.peer_dialer: PeerDialer | None = None
+        self.replication: ReplicationManager | None = None  # a fleet member's replicas
         self._cache_limits = cache_limits
         self.metrics = BrokerMetrics(quic_impl=config.quic_impl.value)
         self.health = Health()
@@ -376,7 +378,24 @@ class Broker:
             max_frame_bytes=config.max_frame_bytes,
             metrics=self.metrics,
         )
-        self.peer_listener = PeerListener(fleet.tls, owner.handle, fleet.limits)
+        from felix_broker.replication.core import Config as ReplicationConfig
+        from felix_broker.replication.manager import ReplicationManager
+        from felix_broker.replication.service import with_replication
+
+        assert self.peer_dialer is not None and self.engine is not None
+        self.replication = ReplicationManager(
+            fleet.view,
+            lambda: self.catalog,
+            self._engine,
+            self.peer_dialer,
+            config.data_dir / "replication",
+            ReplicationConfig(quorum_timeout_ms=config.publish_quorum_timeout_ms),
+            record_publishers=config.record_publishers,
+        )
+        self.engine.replication_hook = self.replication.publish
+        self.replication.start()
+        handler = with_replication(owner.handle, self.replication.service)
+        self.peer_listener = PeerListener(fleet.tls, handler, fleet.limits)
         await self.peer_listener.start(fleet.peer_host, fleet.peer_port)
 
     def _engine(self) -> Engine:
@@ -437,6 +456,8 @@ class Broker:
             await self.etcd.stop()  # revokes the lease: the placer re-places at once
         if self.peer_listener is not None:
             await self.peer_listener.close()
+        if self.replication is not None:
+            await self.replication.close()
         if self.peer_dialer is not None:
             await self.peer_dialer.close()
         if self._server is not None:

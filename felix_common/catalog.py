@@ -120,6 +120,11 @@ class StreamSpec:
                 "(its acknowledgement promises the record on disk on a majority)"
             )
 
+    @property
+    def replicated(self) -> bool:
+        """Whether a fleet runs this stream's writes through replication (Quorum, RF > 1)."""
+        return self.consistency is Consistency.QUORUM and self.replication_factor > 1
+
 
 @dataclass(frozen=True, slots=True)
 class CacheSpec:

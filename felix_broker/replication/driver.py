@@ -94,9 +94,15 @@ class ReplicationRefusedError(Exception):
     """A write answered without an acknowledgement: `code` and `retry` as the client
     sees them (`outcome_unknown` when the record may still commit)."""
 
-    def __init__(self, code: ErrorCode, retry: RetryClass, reason: str | None = None) -> None:
-        text = code.wire + (f"/{reason}" if reason else "")
-        super().__init__(text)
+    def __init__(
+        self,
+        code: ErrorCode,
+        retry: RetryClass,
+        reason: str | None = None,
+        *,
+        message: str | None = None,
+    ) -> None:
+        super().__init__(message or code.wire + (f"/{reason}" if reason else ""))
         self.code = code
         self.retry = retry
         self.reason = reason
@@ -307,7 +313,15 @@ class ReplicaDriver:
     def _do_refused(self, effect: Refused) -> None:
         future = self._waiting.get(effect.request_id)
         if future is not None and not future.done():
-            future.set_exception(ReplicationRefusedError(effect.code, effect.retry, effect.reason))
+            message = None
+            if effect.code is ErrorCode.QUORUM_TIMEOUT:
+                seconds = self.replica.config.quorum_timeout_ms / 1000
+                message = (
+                    f"the batch is durable here but did not reach a majority within {seconds:g}s"
+                )
+            future.set_exception(
+                ReplicationRefusedError(effect.code, effect.retry, effect.reason, message=message)
+            )
 
     def _do_promotion_refused(self, effect: PromotionRefused) -> None:
         self.promotion_refused = effect

@@ -35,7 +35,7 @@ from felix_wire.fleet import (
 from .driver import ReplicaDriver, Sender
 from .wire import WireMessage, from_wire
 
-__all__ = ["ReplicationService", "peer_sender"]
+__all__ = ["ReplicationService", "peer_sender", "with_replication"]
 
 _log = logging.getLogger(__name__)
 
@@ -93,3 +93,18 @@ def peer_sender(dialer: PeerDialer, address_of: Callable[[str], str | None]) -> 
         await dialer.request(node_id, address, message)
 
     return send
+
+
+def with_replication(
+    fallback: Callable[[PeerMessage, PeerOrigin], Awaitable[Any]], service: ReplicationService
+) -> Callable[[PeerMessage, PeerOrigin], Awaitable[Any]]:
+    """The peer listener's handler: replication messages to `service` (its table),
+    every other peer message to `fallback` (forwarding, moves, ...)."""
+
+    async def handle(message: PeerMessage, origin: PeerOrigin) -> Any:
+        handler = service.handlers.get(type(message))
+        if handler is None:
+            return await fallback(message, origin)
+        return await handler(message, origin)
+
+    return handle

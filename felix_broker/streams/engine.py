@@ -661,6 +661,9 @@ class Engine:
         self._pipelines: dict[str, _TenantPipeline] = {}
         self._subscription_ids = itertools.count(1)
         self.queued_bytes = QueuedBytes(config.subscriber_queued_bytes_max, metrics)
+        # A fleet member's replication (felix_broker.replication.manager): takes the
+        # publishes of replicated shards (a future), None for every other shard.
+        self.replication_hook: Callable[[PublishRequest], asyncio.Future[int] | None] | None = None
 
     # -- lookup ------------------------------------------------------------------
 
@@ -726,6 +729,10 @@ class Engine:
     async def publish(self, request: PublishRequest, *, acked: bool) -> asyncio.Future[int]:
         """Queue a batch for its shard; the future resolves to its base offset once
         appended. Raises OverloadedError when the tenant's queue has no room."""
+        if self.replication_hook is not None:
+            replicated = self.replication_hook(request)
+            if replicated is not None:
+                return replicated
         tenant_id = request.shard.spec.tenant_id
         pipeline = self._pipelines.get(tenant_id)
         if pipeline is None:
