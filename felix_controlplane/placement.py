@@ -23,6 +23,9 @@ current assignments):
   (rendezvous order among equals), written in ``Assignment.replicas``; with
   fewer than N live members it waits ``unavailable/not_assigned``. A placed
   replica set is kept as it is (through the leader's loss and return);
+- a replicated (Quorum) shard whose leader is gone, with a majority of its
+  replica set live: a live replica is promoted (``active``, a new generation);
+  the replica's core decides whether it is caught up (it refuses otherwise);
 - a shard whose leader is gone: an in-memory stream shard is re-placed at once;
   a durable one (durable streams, and caches, whose logs live on their broker)
   becomes ``unavailable/owner_unavailable`` with its leader kept, and turns
@@ -110,6 +113,7 @@ class ShardSpec:
     shard: ShardId
     durable: bool
     replication_factor: int = 1
+    replicated: bool = False  # Quorum with RF > 1: its replicas hold its log (promotable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -186,6 +190,14 @@ def plan(
                 back = _record(_ACTIVE, record.leader, replicas=record.replicas)
                 writes.append(Write(shard, back, held.mod_revision))
             continue
+        successor = _successor(spec, record, members)
+        if successor is not None:
+            # A replicated shard's leader is gone: a live replica takes over at a new
+            # generation (this write's revision). Its core fences a majority and opens
+            # only if none is ahead of it, so a lagging one refuses, never serves short.
+            promoted = _record(_ACTIVE, successor, replicas=record.replicas)
+            writes.append(Write(shard, promoted, held.mod_revision))
+            continue
         if spec.durable and record.leader is not None:
             if record.state != _UNAVAILABLE or record.reason != OWNER_UNAVAILABLE:
                 kept = _record(
@@ -200,6 +212,18 @@ def plan(
     for shard in sorted(set(current) - set(wanted)):
         writes.append(Write(shard, None, current[shard].mod_revision))
     return writes
+
+
+def _successor(spec: ShardSpec, record: Assignment, members: Sequence[str]) -> str | None:
+    """The live replica to promote when a replicated shard's leader is gone: only while
+    a majority of its replica set is live (the promotion's fence needs one)."""
+    if not spec.replicated or not record.replicas:
+        return None
+    live = [n for n in record.replicas if n in members and n != record.leader]
+    if len(live) < len(record.replicas) // 2 + 1:
+        return None
+    shard = spec.shard
+    return max(live, key=lambda n: (rendezvous(shard, n), n))
 
 
 def _replica_set(
@@ -414,18 +438,21 @@ def shard_specs(
     streams: Iterable[tuple[str, str, str, int, bool]],
     caches: Iterable[tuple[str, str, str, int]],
     replication: Mapping[tuple[ShardKind, str, str, str], int] | None = None,
+    replicated: frozenset[tuple[ShardKind, str, str, str]] = frozenset(),
 ) -> list[ShardSpec]:
     """Every shard of the given streams (tenant, namespace, name, shards, durable) and
     caches (tenant, namespace, name, shards). Caches count as durable: their logs
     live on their leader, so they are never served empty elsewhere. `replication`
-    gives a replication factor per (kind, tenant, namespace, name); 1 otherwise."""
+    gives a replication factor per (kind, tenant, namespace, name); 1 otherwise;
+    `replicated` names those whose writes run through replication (Quorum)."""
     factors = replication or {}
     out: list[ShardSpec] = []
     for tenant, namespace, name, count, durable in streams:
-        factor = factors.get((ShardKind.STREAM, tenant, namespace, name), 1)
+        named = (ShardKind.STREAM, tenant, namespace, name)
+        factor = factors.get(named, 1)
         for index in range(count):
             shard = ShardId(ShardKind.STREAM, tenant, namespace, name, index)
-            out.append(ShardSpec(shard, durable, factor))
+            out.append(ShardSpec(shard, durable, factor, named in replicated))
     for tenant, namespace, name, count in caches:
         factor = factors.get((ShardKind.CACHE, tenant, namespace, name), 1)
         for index in range(count):
@@ -446,19 +473,22 @@ def store_catalog(store: _CatalogStore) -> CatalogShards:
         streams: list[tuple[str, str, str, int, bool]] = []
         caches: list[tuple[str, str, str, int]] = []
         factors: dict[tuple[ShardKind, str, str, str], int] = {}
+        quorum: set[tuple[ShardKind, str, str, str]] = set()
         for key, body in snap.resources:
             if key.kind == "stream":
                 spec = stream_spec(key.tenant, key.namespace, body)
                 streams.append((key.tenant, key.namespace, key.name, spec.shards, spec.durable))
                 named = (ShardKind.STREAM, key.tenant, key.namespace, key.name)
                 factors[named] = spec.replication_factor
+                if spec.replicated:
+                    quorum.add(named)
             elif key.kind == "cache":
                 cache = cache_spec(key.tenant, key.namespace, body)
                 caches.append((key.tenant, key.namespace, key.name, cache.shards))
                 factors[(ShardKind.CACHE, key.tenant, key.namespace, key.name)] = (
                     cache.replication_factor
                 )
-        return shard_specs(streams, caches, factors)
+        return shard_specs(streams, caches, factors, frozenset(quorum))
 
     return read
 

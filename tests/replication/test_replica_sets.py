@@ -144,3 +144,31 @@ def test_the_replica_set_is_kept_through_the_leaders_loss_and_return() -> None:
     back = plan(_specs(1, 3), ["a", "b", "c"], {shard: Held(lost[0].record, 8)})
     assert back[0].record is not None
     assert (back[0].record.state, back[0].record.replicas) == ("active", ["a", "b", "c"])
+
+
+def _quorum_specs() -> list:
+    named = (ShardKind.STREAM, "t", "ns", "q")
+    return shard_specs([("t", "ns", "q", 1, True)], [], {named: 3}, frozenset({named}))
+
+
+def test_a_replicated_shards_lost_leader_is_succeeded_by_a_live_replica() -> None:
+    shard = ShardId(ShardKind.STREAM, "t", "ns", "q", 0)
+    record = Assignment(replicas=["a", "b", "c"], state=RecordState.ACTIVE, leader="a")
+    writes = plan(_quorum_specs(), ["b", "c"], {shard: Held(record, 7)})
+    assert len(writes) == 1 and writes[0].record is not None and writes[0].expected == 7
+    promoted = writes[0].record
+    assert (promoted.state, promoted.replicas) == ("active", ["a", "b", "c"])
+    assert promoted.leader in ("b", "c")
+    # The old leader returns: the successor keeps the shard.
+    assert plan(_quorum_specs(), ["a", "b", "c"], {shard: Held(promoted, 8)}) == []
+
+
+def test_no_promotion_without_a_live_majority_or_for_a_leader_consistency_shard() -> None:
+    shard = ShardId(ShardKind.STREAM, "t", "ns", "q", 0)
+    record = Assignment(replicas=["a", "b", "c"], state=RecordState.ACTIVE, leader="a")
+    alone = plan(_quorum_specs(), ["b"], {shard: Held(record, 7)})
+    assert alone[0].record is not None
+    assert (alone[0].record.state, alone[0].record.leader) == ("unavailable", "a")
+    leader_level = plan(_specs(1, 3), ["b", "c"], {shard: Held(record, 7)})
+    assert leader_level[0].record is not None
+    assert (leader_level[0].record.state, leader_level[0].record.leader) == ("unavailable", "a")
