@@ -393,6 +393,7 @@ class Broker:
             record_publishers=config.record_publishers,
         )
         self.engine.replication_hook = self.replication.publish
+        self.engine.read_gate = self.replication.read_refusal
         self.replication.start()
         handler = with_replication(owner.handle, self.replication.service)
         self.peer_listener = PeerListener(fleet.tls, handler, fleet.limits)

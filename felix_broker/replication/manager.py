@@ -46,6 +46,10 @@ __all__ = ["ReplicationManager"]
 
 _log = logging.getLogger(__name__)
 
+# A replica the routing view names leader that is not open (fencing, or its promotion
+# was refused): nobody serves the shard, and a redirect would point back here.
+_SETTLING: tuple[ErrorCode, str | None] = (ErrorCode.SHARD_UNAVAILABLE, "not_ready")
+
 
 class ReplicationManager:
     def __init__(
@@ -93,6 +97,21 @@ class ReplicationManager:
     def driver(self, shard: ShardId) -> ReplicaDriver | None:
         return self.service.drivers.get(shard)
 
+    def read_refusal(self, spec: StreamSpec, index: int) -> tuple[ErrorCode, str | None] | None:
+        """The engine's read gate: readers of a replicated shard are served only by its
+        open leader (a just-promoted one is settling: not_ready until its mark)."""
+        shard = ShardId(ShardKind.STREAM, spec.tenant_id, spec.namespace, spec.name, index)
+        driver = self.driver(shard)
+        refused = (ErrorCode.NOT_LEADER, None) if driver is None else driver.refusal()
+        if refused is not None and refused[0] is ErrorCode.NOT_LEADER and self._named_leader(shard):
+            return _SETTLING  # the view says we lead: still fencing, or promotion refused
+        return refused
+
+    def _named_leader(self, shard: ShardId) -> bool:
+        snapshot = self._view.snapshot
+        route = snapshot.route(shard)
+        return route is not None and route.leader == snapshot.node_id
+
     def publish(self, request: PublishRequest) -> asyncio.Future[int] | None:
         """The engine's hook: None when the shard is not replicated (the engine
         publishes as usual); otherwise the future of the batch's stream offset."""
@@ -127,6 +146,11 @@ class ReplicationManager:
             try:
                 written = await driver.append([encode_batch(batch)])
             except ReplicationRefusedError as exc:
+                if exc.code is ErrorCode.NOT_LEADER and self._named_leader(shard):
+                    # Named leader but not open yet: nothing written, retry here soon.
+                    exc = ReplicationRefusedError(
+                        ErrorCode.SHARD_UNAVAILABLE, RetryClass.RETRY, _SETTLING[1]
+                    )
                 if not done.done():
                     done.set_exception(exc)
                 return

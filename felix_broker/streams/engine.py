@@ -67,6 +67,7 @@ from felix_wire.binary import (
     encode_event_batch_shared_frame,
 )
 from felix_wire.codec import encode_frame
+from felix_wire.errors import ErrorCode
 from felix_wire.features import Capabilities
 from felix_wire.flags import Flag
 from felix_wire.messages import EventBatch
@@ -643,6 +644,9 @@ class _TenantPipeline:
                 queue.task_done()
 
 
+ReadGate = Callable[[StreamSpec, int], "tuple[ErrorCode, str | None] | None"]
+
+
 class Engine:
     """Every stream shard this broker serves, and the tenants' publish pipelines."""
 
@@ -664,6 +668,15 @@ class Engine:
         # A fleet member's replication (felix_broker.replication.manager): takes the
         # publishes of replicated shards (a future), None for every other shard.
         self.replication_hook: Callable[[PublishRequest], asyncio.Future[int] | None] | None = None
+        # And why readers of a replicated shard are refused on this broker (a settling
+        # leader: not_ready; not the leader: not_leader), None when they are served.
+        self.read_gate: ReadGate | None = None
+
+    def read_refusal(self, spec: StreamSpec, index: int) -> tuple[ErrorCode, str | None] | None:
+        """Why a read of a replicated shard is refused here (None: read on)."""
+        if self.read_gate is None or not spec.replicated:
+            return None
+        return self.read_gate(spec, index)
 
     # -- lookup ------------------------------------------------------------------
 

@@ -384,6 +384,10 @@ class StreamService:
                 )
             )
             return
+        gated = _gated(proto, self._engine.read_refusal(spec, index))
+        if gated is not None:  # a replicated shard this broker cannot serve reads of yet
+            await ctx.write(gated)
+            return
         principal = ctx.principal
         identity = f"{principal.tenant_id}/{principal.subject}"
         config = self._config
@@ -502,6 +506,9 @@ class StreamService:
             )
         if not spec.durable:
             return proto.error(ErrorCode.INVALID_REQUEST, f"stream {name} is in memory: no log")
+        gated = _gated(proto, self._engine.read_refusal(spec, index))
+        if gated is not None:
+            return gated
         try:
             return self._engine.shard(spec, index)
         except StorageError as exc:
@@ -603,3 +610,12 @@ def _replication_refusal(done: asyncio.Future[int]) -> ReplicationRefusedError |
         return None
     error = done.exception()
     return error if isinstance(error, ReplicationRefusedError) else None
+
+
+def _gated(proto: StreamProtocol, refused: tuple[ErrorCode, str | None] | None) -> bytes | None:
+    """The error frame for a read the replication gate refuses, or None."""
+    if refused is None:
+        return None
+    code, reason = refused
+    text = f"{code.wire}: {reason}" if reason else code.wire
+    return proto.error(code, text, detail=ErrorDetail(reason=reason) if reason else None)

@@ -14,7 +14,7 @@ from felix_broker.catalog import StaticCatalog, StreamSpec
 from felix_broker.fleet.routing import AssignmentState, Route, ShardId, ShardKind
 from felix_broker.replication.driver import ReplicaDriver
 from felix_common.catalog import Consistency
-from felix_wire.messages import AckMode, Publish, PublishError, PublishOk
+from felix_wire.messages import AckMode, Error, Publish, PublishError, PublishOk, StreamRead
 
 from ..fleet.harness import NODES, Fleet, running_fleet
 from ..support.wire import NS, TENANT, WireClient
@@ -148,4 +148,28 @@ async def test_the_leaders_loss_promotes_a_successor_holding_every_acked_record(
         assert isinstance(await pub.recv(), PublishOk)
         payloads = [p for _, _, p in stream_records(fleet, "node-b")]
         assert payloads == [*(b"k%d" % i for i in range(6)), b"after"]
+        client.close()
+
+
+async def test_a_named_leader_without_a_majority_is_settling_for_readers_and_writers(
+    tmp_path: Path,
+) -> None:
+    async with running_fleet(tmp_path, with_catalog=CATALOG) as fleet:
+        fleet.down.update({"node-b", "node-c"})  # no peer address: its fence reaches nobody
+        lead(fleet, "node-a", 1)
+        replication = fleet.brokers["node-a"].replication
+        assert replication is not None
+        await until(lambda: replication.driver(SHARD) is not None)
+        client = await WireClient.connect(fleet.entry("node-a"))
+        read = await client.request(
+            StreamRead(tenant_id=TENANT, namespace=NS, stream="q", shard=0, from_=0, request_id=1)
+        )
+        assert isinstance(read, Error), read
+        assert (read.code, read.detail and read.detail.reason) == ("shard_unavailable", "not_ready")
+        pub = await client.session()
+        await pub.send(publish(b"early", 1))
+        answer = await pub.recv()
+        assert isinstance(answer, PublishError), answer
+        assert (answer.code, answer.retry) == ("shard_unavailable", "retry")
+        assert stream_records(fleet, "node-a") == []
         client.close()
