@@ -31,24 +31,8 @@ from felix_broker.replication.core import (
     Truncate,
     WriteRecords,
 )
-from felix_broker.replication.wire import REPLICATION_MESSAGE_TYPES, from_wire, to_wire
-from felix_common.fleet import ShardId, ShardKind
-from felix_wire.fleet import decode_peer_message, encode_peer_message
 
 KEY = "s"
-WIRE_SHARD = ShardId(ShardKind.STREAM, "t1", "ns", "orders", 0)
-
-
-def over_the_wire(message: Message) -> Message:
-    """What the receiver decodes: the core's message as the catalogued peer message's
-    bytes (spec/fleet.yaml), so every simulated delivery crosses the real wire shape."""
-    decoded = decode_peer_message(encode_peer_message(to_wire(WIRE_SHARD, message)))
-    assert isinstance(decoded, REPLICATION_MESSAGE_TYPES), decoded
-    shard, back = from_wire(decoded)
-    assert shard == WIRE_SHARD and back == message, (message, back)
-    return back
-
-
 MAX_IN_FLIGHT = 64  # the network's bound: a message sent past it is lost
 MAX_DELIVERIES = 2000  # per settle round: a replica pair that never converges stops here
 
@@ -187,7 +171,7 @@ class Cluster:
         to, message = self.network[index] if keep else self.network.pop(index)
         replica = self.nodes[to]
         if replica is not None:
-            self.apply(to, replica.receive(over_the_wire(message), self.now))
+            self.apply(to, replica.receive(message, self.now))
 
     def flush(self, limit: int = MAX_DELIVERIES, apart: str | None = None) -> None:
         """Deliver what is in flight, and what that sends, oldest first (bounded);
