@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # the fleet (and so etcd) is imported only by a broker that j
     from felix_broker.fleet.node import FleetNode
     from felix_broker.fleet.peer import PeerDialer, PeerListener
     from felix_broker.fleet.placement import ClusterPlacement
+    from felix_broker.replication.manager import ReplicationManager
 
 __all__ = ["SERVER_FEATURES", "SERVER_FLAGS", "Broker", "Verifier"]
 
@@ -97,6 +98,7 @@ class Broker:
         self.move_hold: MoveHold | None = None  # writes held for a move's cut-over
         self.moves: MoveService | None = None  # this broker's part in planned moves
         self.cluster_placement: ClusterPlacement | None = None
+        self.replication: ReplicationManager | None = None  # a fleet member's replicas
         self._cache_limits = cache_limits
         self.metrics = BrokerMetrics(quic_impl=config.quic_impl.value)
         self.health = Health()
@@ -453,6 +455,23 @@ class Broker:
         table.register(ForwardCacheOp, owner.handle)
         table.register(MoveChunk, self.moves.handle)
         table.register(MoveDone, self.moves.handle)
+        from felix_broker.replication.core import Config as ReplicationConfig
+        from felix_broker.replication.manager import ReplicationManager
+
+        assert self.engine is not None
+        self.replication = ReplicationManager(
+            fleet.view,
+            lambda: self.catalog,
+            self._engine,
+            self.peer_dialer,
+            config.data_dir / "replication",
+            ReplicationConfig(quorum_timeout_ms=config.publish_quorum_timeout_ms),
+        )
+        self.engine.replication_hook = self.replication.publish
+        self.engine.read_gate = self.replication.read_refusal
+        self.replication.start()
+        for kind, handler in self.replication.service.handlers.items():
+            table.register(kind, handler)
         self.peer_listener = PeerListener(fleet.tls, table.handle, fleet.limits)
         await self.peer_listener.start(fleet.peer_host, fleet.peer_port)
 
@@ -581,6 +600,8 @@ class Broker:
             await self.etcd.stop()  # revokes the lease: the placer re-places at once
         if self.peer_listener is not None:
             await self.peer_listener.close()
+        if self.replication is not None:
+            await self.replication.close()
         if self.peer_dialer is not None:
             await self.peer_dialer.close()
         if self._server is not None:

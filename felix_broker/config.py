@@ -736,6 +736,15 @@ class BrokerConfig:
         "and keeps serving until it leads nothing, for at most this long; whatever it still "
         "leads then fails over. 0 stops at once.",
     )
+    publish_quorum_timeout_ms: int = _int(
+        5000,
+        "FELIX_PUBLISH_QUORUM_TIMEOUT_MS",
+        minimum=1,
+        maximum=600_000,
+        doc="How long a publish to a Quorum stream waits for a majority of its replica set "
+        "to hold it durably; past it the publish is answered quorum_timeout (outcome "
+        "unknown: the batch may still commit).",
+    )
     client_advertise_addr: str = _text(
         "",
         "FELIX_CLIENT_ADVERTISE_ADDR",

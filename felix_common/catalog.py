@@ -20,12 +20,16 @@ from felix_wire.names import (
 )
 
 __all__ = [
+    "MAX_REPLICATION_FACTOR",
     "MAX_SHARDS",
     "NAME_RULE",
     "CacheSpec",
+    "Consistency",
     "Routing",
     "StreamSpec",
+    "check_replication",
     "is_name",
+    "parse_consistency",
 ]
 
 # Names become path segments of permission objects ("stream:t1/ns/orders") and
@@ -37,6 +41,10 @@ NAME_RULE = (
     "and never '.' or '..'"
 )
 MAX_SHARDS = 65536
+# A replica set is every broker holding a shard's log, the leader included. 1 is a
+# shard without replicas; 3 survives the loss of one broker (a majority is 2); more
+# is allowed (5 survives two). The cap bounds a ship's fan-out per write.
+MAX_REPLICATION_FACTOR = 9
 
 
 def is_name(value: object) -> bool:
@@ -51,9 +59,46 @@ class Routing(StrEnum):
     JUMP_HASH = "jump_hash"
 
 
+class Consistency(StrEnum):
+    """What a write's acknowledgement promises (cluster-facts A.9): `leader`, once the
+    leader took it (replicas catch up asynchronously); `quorum`, once a majority of the
+    replica set, the leader included, holds it durably (readers stop at that mark)."""
+
+    LEADER = "leader"
+    QUORUM = "quorum"
+
+
+def parse_consistency(value: object) -> Consistency:
+    """`leader`/`quorum`, also in upstream's spelling `Leader`/`Quorum`. Raises
+    ValueError naming the levels for anything else (never a default for an unknown
+    level: a broker that cannot keep a promise refuses it)."""
+    if isinstance(value, str):
+        for level in Consistency:
+            if value in (level.value, level.value.capitalize()):
+                return level
+    raise ValueError(f"consistency must be Leader or Quorum, got {value!r}")
+
+
+def check_replication(replication_factor: object, consistency: Consistency) -> None:
+    """Raises ValueError for a replication factor outside 1..MAX_REPLICATION_FACTOR."""
+    if (
+        isinstance(replication_factor, bool)
+        or not isinstance(replication_factor, int)
+        or not 1 <= replication_factor <= MAX_REPLICATION_FACTOR
+    ):
+        raise ValueError(
+            f"replication_factor must be an integer between 1 and {MAX_REPLICATION_FACTOR}"
+            f", got {replication_factor!r}"
+        )
+    if not isinstance(consistency, Consistency):
+        raise ValueError(f"consistency must be Leader or Quorum, got {consistency!r}")
+
+
 @dataclass(frozen=True, slots=True)
 class StreamSpec:
-    """One stream: durable or in-memory, its shard count, routing and retention."""
+    """One stream: durable or in-memory, its shard count, routing and retention, and
+    its replica set's size and consistency level. A Quorum stream is durable (its
+    acknowledgement promises records on disk on a majority)."""
 
     tenant_id: str
     namespace: str
@@ -63,22 +108,38 @@ class StreamSpec:
     routing: Routing = Routing.MODULO
     retention_max_age_ms: int | None = None
     retention_max_bytes: int | None = None
+    replication_factor: int = 1
+    consistency: Consistency = Consistency.LEADER
 
     def __post_init__(self) -> None:
         _check_names(self.tenant_id, self.namespace, ("stream", self.name))
+        check_replication(self.replication_factor, self.consistency)
+        if self.consistency is Consistency.QUORUM and not self.durable:
+            raise ValueError(
+                f"stream {self.name!r}: Quorum consistency needs a durable stream "
+                "(its acknowledgement promises the record on disk on a majority)"
+            )
+
+    @property
+    def replicated(self) -> bool:
+        """Whether a fleet runs this stream's writes through replication (Quorum, RF > 1)."""
+        return self.consistency is Consistency.QUORUM and self.replication_factor > 1
 
 
 @dataclass(frozen=True, slots=True)
 class CacheSpec:
-    """One cache and its shard count."""
+    """One cache: its shard count, its replica set's size and consistency level."""
 
     tenant_id: str
     namespace: str
     name: str
     shards: int = 1
+    replication_factor: int = 1
+    consistency: Consistency = Consistency.LEADER
 
     def __post_init__(self) -> None:
         _check_names(self.tenant_id, self.namespace, ("cache", self.name))
+        check_replication(self.replication_factor, self.consistency)
 
 
 def _check_names(tenant: str, namespace: str, named: tuple[NameKind, str]) -> None:

@@ -23,7 +23,15 @@ from urllib.parse import quote
 
 import msgspec
 
-from felix_common.catalog import MAX_SHARDS, CacheSpec, Routing, StreamSpec
+from felix_common.catalog import (
+    MAX_REPLICATION_FACTOR,
+    MAX_SHARDS,
+    CacheSpec,
+    Consistency,
+    Routing,
+    StreamSpec,
+    parse_consistency,
+)
 from felix_wire.names import name_problem
 
 __all__ = [
@@ -56,7 +64,7 @@ CHANGES_PATH = "/v1/catalog/changes"
 DURABILITIES = ("memory", "durable")
 # Stored and served with the stream; a standalone broker has one replica, so it
 # only matters to a clustered broker.
-CONSISTENCIES = ("leader", "quorum")
+CONSISTENCIES = tuple(level.value for level in Consistency)
 
 
 def jwks_path(tenant: str) -> str:
@@ -163,7 +171,27 @@ def _choice(value: object, choices: tuple[str, ...], what: str) -> str:
     return value
 
 
-_STREAM_FIELDS = frozenset({"name", "shards", "durability", "retention", "consistency", "routing"})
+_STREAM_FIELDS = frozenset(
+    {"name", "shards", "durability", "retention", "consistency", "routing", "replication_factor"}
+)
+_CACHE_FIELDS = frozenset({"name", "shards", "consistency", "replication_factor"})
+
+
+def _replication(fields: Mapping[str, Any], what: str) -> tuple[int, Consistency]:
+    """The replica set's size (1 default) and consistency level (leader default)."""
+    factor = _int(
+        fields.get("replication_factor", 1),
+        f"{what}.replication_factor",
+        minimum=1,
+        maximum=MAX_REPLICATION_FACTOR,
+    )
+    try:
+        consistency = parse_consistency(fields.get("consistency", Consistency.LEADER.value))
+    except ValueError as exc:
+        raise InvalidDefinition(f"{what}.consistency: {exc}") from None
+    return factor, consistency
+
+
 _RETENTION_FIELDS = frozenset({"max_age_ms", "max_bytes"})
 
 
@@ -179,7 +207,12 @@ def validate_stream(tenant: str, namespace: str, body: object) -> StreamDefiniti
     name = check_name(fields.get("name"), "stream.name")
     shards = _int(fields.get("shards", 1), "stream.shards", minimum=1, maximum=MAX_SHARDS)
     durability = _choice(fields.get("durability", "memory"), DURABILITIES, "stream.durability")
-    consistency = _choice(fields.get("consistency", "leader"), CONSISTENCIES, "stream.consistency")
+    factor, consistency = _replication(fields, "stream")
+    if consistency is Consistency.QUORUM and durability != "durable":
+        raise InvalidDefinition(
+            "stream.consistency: Quorum needs durability durable (its acknowledgement "
+            "promises the record on disk on a majority of the replica set)"
+        )
     routing = _choice(
         fields.get("routing", Routing.MODULO.value),
         tuple(r.value for r in Routing),
@@ -201,8 +234,10 @@ def validate_stream(tenant: str, namespace: str, body: object) -> StreamDefiniti
         retention_max_bytes=None
         if max_bytes is None
         else _int(max_bytes, "stream.retention.max_bytes", minimum=1),
+        replication_factor=factor,
+        consistency=consistency,
     )
-    return StreamDefinition(spec, consistency)
+    return StreamDefinition(spec, consistency.value)
 
 
 def stream_body(definition: StreamDefinition) -> dict[str, Any]:
@@ -218,6 +253,7 @@ def stream_body(definition: StreamDefinition) -> dict[str, Any]:
         },
         "consistency": definition.consistency,
         "routing": spec.routing.value,
+        "replication_factor": spec.replication_factor,
     }
 
 
@@ -227,14 +263,27 @@ def stream_spec(tenant: str, namespace: str, body: Mapping[str, Any]) -> StreamS
 
 
 def validate_cache(tenant: str, namespace: str, body: object) -> CacheSpec:
-    fields = _object(body, frozenset({"name", "shards"}), "cache")
+    fields = _object(body, _CACHE_FIELDS, "cache")
     name = check_name(fields.get("name"), "cache.name")
     shards = _int(fields.get("shards", 1), "cache.shards", minimum=1, maximum=MAX_SHARDS)
-    return CacheSpec(tenant_id=tenant, namespace=namespace, name=name, shards=shards)
+    factor, consistency = _replication(fields, "cache")
+    return CacheSpec(
+        tenant_id=tenant,
+        namespace=namespace,
+        name=name,
+        shards=shards,
+        replication_factor=factor,
+        consistency=consistency,
+    )
 
 
 def cache_body(spec: CacheSpec) -> dict[str, Any]:
-    return {"name": spec.name, "shards": spec.shards}
+    return {
+        "name": spec.name,
+        "shards": spec.shards,
+        "consistency": spec.consistency.value,
+        "replication_factor": spec.replication_factor,
+    }
 
 
 def cache_spec(tenant: str, namespace: str, body: Mapping[str, Any]) -> CacheSpec:

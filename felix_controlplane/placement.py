@@ -18,6 +18,14 @@ current assignments):
 - every shard of every catalog stream and cache gets an ``active`` leader among
   the live members, spread by count (at most ceil(shards / members) each,
   rendezvous hashing choosing among those under the cap);
+- a shard with a replication factor N > 1 gets a replica set of N distinct live
+  members, the leader first, the others those holding the fewest replicas
+  (rendezvous order among equals), written in ``Assignment.replicas``; with
+  fewer than N live members it waits ``unavailable/not_assigned``. A placed
+  replica set is kept as it is (through the leader's loss and return);
+- a replicated (Quorum) shard whose leader is gone, with a majority of its
+  replica set live: a live replica is promoted (``active``, a new generation);
+  the replica's core decides whether it is caught up (it refuses otherwise);
 - a shard whose leader is gone: an in-memory stream shard is re-placed at once;
   a durable one (durable streams, and caches, whose logs live on their broker)
   becomes ``unavailable/owner_unavailable`` with its leader kept, and turns
@@ -103,16 +111,24 @@ _UNAVAILABLE = AssignmentState.UNAVAILABLE
 _IN_A_MOVE = frozenset({AssignmentState.DRAINING, AssignmentState.MOVING})
 
 
-def _record(state: AssignmentState, leader: str | None, reason: str | None = None) -> Assignment:
-    return Assignment(state=state, leader=leader, replicas=[], reason=reason)
+def _record(
+    state: AssignmentState,
+    leader: str | None,
+    reason: str | None = None,
+    replicas: Sequence[str] = (),
+) -> Assignment:
+    return Assignment(state=state, leader=leader, replicas=list(replicas), reason=reason)
 
 
 @dataclass(frozen=True, slots=True)
 class ShardSpec:
-    """One shard the catalog has, and whether its data lives on its leader."""
+    """One shard the catalog has, whether its data lives on its leader, and the size
+    of its replica set (1: the leader alone, no replicas listed)."""
 
     shard: ShardId
     durable: bool
+    replication_factor: int = 1
+    replicated: bool = False  # Quorum with RF > 1: its replicas hold its log (promotable)
 
 
 @dataclass(frozen=True, slots=True)
@@ -167,15 +183,22 @@ def plan(
         if shard in wanted and held.record.leader in members
     )
     cap = math.ceil(len(wanted) / len(members)) if members else 0
+    held_by: Counter[str] = Counter(  # replicas per member, to spread followers
+        node for held in current.values() for node in held.record.replicas if node in members
+    )
     writes: list[Write] = []
 
     def place(shard: ShardId, expected: int) -> None:
-        if not members:
+        factor = wanted[shard].replication_factor
+        if not members or len(members) < factor:
+            # A replica set is never smaller than asked: it waits for enough brokers.
             record = _record(_UNAVAILABLE, None, NOT_ASSIGNED)
         else:
             leader = _pick(shard, members, load, cap)
             load[leader] += 1
-            record = _record(_ACTIVE, leader)
+            replicas = _replica_set(shard, leader, members, held_by, factor)
+            held_by.update(replicas)
+            record = _record(_ACTIVE, leader, replicas=replicas)
         writes.append(Write(shard, record, expected))
 
     for shard in sorted(wanted):
@@ -203,15 +226,26 @@ def plan(
             continue
         if record.leader is not None and record.leader in members:
             if record.state == _UNAVAILABLE:  # its broker is back
-                back = _record(_ACTIVE, record.leader)
+                back = _record(_ACTIVE, record.leader, replicas=record.replicas)
                 writes.append(Write(shard, back, held.mod_revision))
+            continue
+        promoted_to = _successor(spec, record, members)
+        if promoted_to is not None:
+            # A replicated shard's leader is gone: a live replica takes over at a new
+            # generation (this write's revision). Its core fences a majority and opens
+            # only if none is ahead of it, so a lagging one refuses, never serves short.
+            promoted = _record(_ACTIVE, promoted_to, replicas=record.replicas)
+            writes.append(Write(shard, promoted, held.mod_revision))
             continue
         if spec.durable and record.leader is not None:
             if record.state != _UNAVAILABLE or record.reason != OWNER_UNAVAILABLE:
-                kept = _record(_UNAVAILABLE, record.leader, OWNER_UNAVAILABLE)
+                kept = _record(
+                    _UNAVAILABLE, record.leader, OWNER_UNAVAILABLE, replicas=record.replicas
+                )
                 writes.append(Write(shard, kept, held.mod_revision))
             continue
-        if not members and record.state == _UNAVAILABLE and record.reason == NOT_ASSIGNED:
+        too_few = len(members) < max(1, spec.replication_factor)
+        if too_few and record.state == _UNAVAILABLE and record.reason == NOT_ASSIGNED:
             continue
         place(shard, held.mod_revision)
     for shard in sorted(set(current) - set(wanted)):
@@ -237,6 +271,32 @@ def _move_step(
     if copied.get((successor, shard)) == held.mod_revision:
         return Write(shard, _record(_ACTIVE, successor), held.mod_revision)
     return None
+
+
+def _successor(spec: ShardSpec, record: Assignment, members: Sequence[str]) -> str | None:
+    """The live replica to promote when a replicated shard's leader is gone: only while
+    a majority of its replica set is live (the promotion's fence needs one)."""
+    if not spec.replicated or not record.replicas:
+        return None
+    live = [n for n in record.replicas if n in members and n != record.leader]
+    if len(live) < len(record.replicas) // 2 + 1:
+        return None
+    shard = spec.shard
+    return max(live, key=lambda n: (rendezvous(shard, n), n))
+
+
+def _replica_set(
+    shard: ShardId, leader: str, members: Sequence[str], held_by: Counter[str], factor: int
+) -> list[str]:
+    """The leader and `factor - 1` other distinct members (fewest replicas held first,
+    then rendezvous order); empty for a shard without replicas (factor 1)."""
+    if factor <= 1:
+        return []
+    others = sorted(
+        (n for n in members if n != leader),
+        key=lambda n: (held_by[n], -rendezvous(shard, n), n),
+    )
+    return [leader, *others[: factor - 1]]
 
 
 CatalogShards = Callable[[], Awaitable[list[ShardSpec]]]
@@ -579,20 +639,29 @@ def _shard_text(shard: ShardId) -> str:
 
 
 def shard_specs(
-    streams: Iterable[tuple[str, str, str, int, bool]], caches: Iterable[tuple[str, str, str, int]]
+    streams: Iterable[tuple[str, str, str, int, bool]],
+    caches: Iterable[tuple[str, str, str, int]],
+    replication: Mapping[tuple[ShardKind, str, str, str], int] | None = None,
+    replicated: frozenset[tuple[ShardKind, str, str, str]] = frozenset(),
 ) -> list[ShardSpec]:
     """Every shard of the given streams (tenant, namespace, name, shards, durable) and
     caches (tenant, namespace, name, shards). Caches count as durable: their logs
-    live on their leader, so they are never served empty elsewhere."""
+    live on their leader, so they are never served empty elsewhere. `replication`
+    gives a replication factor per (kind, tenant, namespace, name); 1 otherwise;
+    `replicated` names those whose writes run through replication (Quorum)."""
+    factors = replication or {}
     out: list[ShardSpec] = []
     for tenant, namespace, name, count, durable in streams:
+        named = (ShardKind.STREAM, tenant, namespace, name)
+        factor = factors.get(named, 1)
         for index in range(count):
-            out.append(
-                ShardSpec(ShardId(ShardKind.STREAM, tenant, namespace, name, index), durable)
-            )
+            shard = ShardId(ShardKind.STREAM, tenant, namespace, name, index)
+            out.append(ShardSpec(shard, durable, factor, named in replicated))
     for tenant, namespace, name, count in caches:
+        factor = factors.get((ShardKind.CACHE, tenant, namespace, name), 1)
         for index in range(count):
-            out.append(ShardSpec(ShardId(ShardKind.CACHE, tenant, namespace, name, index), True))
+            shard = ShardId(ShardKind.CACHE, tenant, namespace, name, index)
+            out.append(ShardSpec(shard, True, factor))
     return out
 
 
@@ -607,14 +676,23 @@ def store_catalog(store: _CatalogStore) -> CatalogShards:
         snap = await asyncio.to_thread(store.snapshot)
         streams: list[tuple[str, str, str, int, bool]] = []
         caches: list[tuple[str, str, str, int]] = []
+        factors: dict[tuple[ShardKind, str, str, str], int] = {}
+        quorum: set[tuple[ShardKind, str, str, str]] = set()
         for key, body in snap.resources:
             if key.kind == "stream":
                 spec = stream_spec(key.tenant, key.namespace, body)
                 streams.append((key.tenant, key.namespace, key.name, spec.shards, spec.durable))
+                named = (ShardKind.STREAM, key.tenant, key.namespace, key.name)
+                factors[named] = spec.replication_factor
+                if spec.replicated:
+                    quorum.add(named)
             elif key.kind == "cache":
                 cache = cache_spec(key.tenant, key.namespace, body)
                 caches.append((key.tenant, key.namespace, key.name, cache.shards))
-        return shard_specs(streams, caches)
+                factors[(ShardKind.CACHE, key.tenant, key.namespace, key.name)] = (
+                    cache.replication_factor
+                )
+        return shard_specs(streams, caches, factors, frozenset(quorum))
 
     return read
 

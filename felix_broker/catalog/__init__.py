@@ -23,9 +23,13 @@ YAML shape (every key optional except the names)::
                   retention:
                     max_age_ms: 86400000  # default none (unbounded)
                     max_bytes: 1073741824 # default none (unbounded)
+                  replication_factor: 1 # replicas in a fleet: 1 (default), 3, more
+                  consistency: Leader   # Leader (default) | Quorum (durable streams only)
               caches:
                 primary:
                   shards: 1
+                  replication_factor: 1
+                  consistency: Leader
 
 Validation errors name the full path of the bad entry, e.g.
 ``catalog.tenants.t1.namespaces.ns.streams.orders.shards``. When the config
@@ -36,9 +40,17 @@ declares no catalog, :func:`default_catalog` gives tenant ``t1``, namespace
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
-from felix_common.catalog import MAX_SHARDS, CacheSpec, Routing, StreamSpec
+from felix_common.catalog import (
+    MAX_REPLICATION_FACTOR,
+    MAX_SHARDS,
+    CacheSpec,
+    Consistency,
+    Routing,
+    StreamSpec,
+    parse_consistency,
+)
 from felix_wire.names import name_problem
 
 __all__ = [
@@ -175,7 +187,13 @@ def _optional_int(value: object, path: str) -> int | None:
 
 
 def _stream(tenant: str, ns: str, name: str, raw: object, path: str) -> StreamSpec:
-    body = _mapping(raw, path, allowed=frozenset({"durable", "shards", "routing", "retention"}))
+    body = _mapping(
+        raw,
+        path,
+        allowed=frozenset(
+            {"durable", "shards", "routing", "retention", "replication_factor", "consistency"}
+        ),
+    )
     durable = body.get("durable", False)
     if not isinstance(durable, bool):
         raise CatalogError(f"{path}.durable", f"expected true or false, got {durable!r}")
@@ -200,13 +218,40 @@ def _stream(tenant: str, ns: str, name: str, raw: object, path: str) -> StreamSp
         retention_max_bytes=_optional_int(
             retention.get("max_bytes"), f"{path}.retention.max_bytes"
         ),
+        **_replication(body, path, durable=durable),
     )
 
 
+def _replication(body: Mapping[str, object], path: str, *, durable: bool) -> dict[str, Any]:
+    """`replication_factor` (1..MAX_REPLICATION_FACTOR, default 1) and `consistency`
+    (Leader default, or Quorum: durable streams only)."""
+    factor = _int(
+        body.get("replication_factor", 1),
+        f"{path}.replication_factor",
+        minimum=1,
+        maximum=MAX_REPLICATION_FACTOR,
+    )
+    try:
+        consistency = parse_consistency(body.get("consistency", Consistency.LEADER.value))
+    except ValueError as exc:
+        raise CatalogError(f"{path}.consistency", str(exc)) from None
+    if consistency is Consistency.QUORUM and not durable:
+        raise CatalogError(
+            f"{path}.consistency", "Quorum needs durable: true (acks promise disk on a majority)"
+        )
+    return {"replication_factor": factor, "consistency": consistency}
+
+
 def _cache(tenant: str, ns: str, name: str, raw: object, path: str) -> CacheSpec:
-    body = _mapping(raw, path, allowed=frozenset({"shards"}))
+    body = _mapping(raw, path, allowed=frozenset({"shards", "replication_factor", "consistency"}))
     shards = _int(body.get("shards", 1), f"{path}.shards", minimum=1, maximum=MAX_SHARDS)
-    return CacheSpec(tenant_id=tenant, namespace=ns, name=name, shards=shards)
+    return CacheSpec(
+        tenant_id=tenant,
+        namespace=ns,
+        name=name,
+        shards=shards,
+        **_replication(body, path, durable=True),
+    )
 
 
 def load_catalog(section: object, path: str = "catalog") -> StaticCatalog:

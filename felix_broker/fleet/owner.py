@@ -39,6 +39,7 @@ from felix_broker.fleet.placement import CACHE_ROUTING
 from felix_broker.fleet.routing import ShardId, ShardKind
 from felix_broker.fleet.view import FleetView
 from felix_broker.metrics import BrokerMetrics
+from felix_broker.replication.driver import ReplicationRefusedError
 from felix_broker.session.context import ConnectionState, RequestContext, StreamIO
 from felix_broker.session.dispatch import DispatchTable
 from felix_broker.session.protocol import Authenticated, AuthRefusedError, StreamProtocol
@@ -267,7 +268,7 @@ class OwnerService:
                 detail=ErrorDetail(reason="publish_queue_full", retry_after_ms=exc.retry_after_ms),
             )
             raise _Refusal(ForwardRefusal(error=error)) from None
-        if message.ack is ForwardAck.ENQUEUED:
+        if message.ack is ForwardAck.ENQUEUED and not spec.replicated:
             done.add_done_callback(_consume)  # answered at enqueue, as a standalone broker does
             return ForwardPublishOk(request_id=message.request_id)
         return asyncio.ensure_future(self._written(message.request_id, done, shard.durable))
@@ -277,6 +278,9 @@ class OwnerService:
     ) -> PeerMessage:
         try:
             offset = await asyncio.shield(done)
+        except ReplicationRefusedError as exc:  # quorum_timeout, not_leader, fenced, ...
+            refused = _error(exc.code, str(exc), exc.retry, reason=exc.reason)
+            return ForwardRefused(request_id=request_id, refusal=refused.refusal)
         except Exception:
             refused = _error(
                 ErrorCode.STORAGE, "the write could not be confirmed", RetryClass.OUTCOME_UNKNOWN

@@ -63,6 +63,7 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from felix_wire.errors import ErrorCode, RetryClass
+from felix_wire.fleet import ShipRefusal  # the catalogued refusal reasons (spec/fleet.yaml)
 
 __all__ = [
     "Acked",
@@ -126,11 +127,6 @@ class ShipOk:
     sender: str
     durable: int
     matched: int
-
-
-class ShipRefusal(enum.Enum):
-    FENCED = "fenced"  # the follower knows a newer generation (`generation` says which)
-    RESUME = "resume"  # the follower lacks the record before the ship: resume at `resume_at`
 
 
 @dataclass(frozen=True, slots=True)

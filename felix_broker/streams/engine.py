@@ -67,6 +67,7 @@ from felix_wire.binary import (
     encode_event_batch_shared_frame,
 )
 from felix_wire.codec import encode_frame
+from felix_wire.errors import ErrorCode
 from felix_wire.features import Capabilities
 from felix_wire.flags import Flag
 from felix_wire.messages import EventBatch
@@ -664,6 +665,9 @@ class _TenantPipeline:
                 queue.task_done()
 
 
+ReadGate = Callable[[StreamSpec, int], "tuple[ErrorCode, str | None] | None"]
+
+
 class Engine:
     """Every stream shard this broker serves, and the tenants' publish pipelines."""
 
@@ -683,6 +687,18 @@ class Engine:
         self._subscription_ids = itertools.count(1)
         self.queued_bytes = QueuedBytes(config.subscriber_queued_bytes_max, metrics)
         self._record_publishers = config.record_publishers
+        # A fleet member's replication (felix_broker.replication.manager): takes the
+        # publishes of replicated shards (a future), None for every other shard.
+        self.replication_hook: Callable[[PublishRequest], asyncio.Future[int] | None] | None = None
+        # And why readers of a replicated shard are refused on this broker (a settling
+        # leader: not_ready; not the leader: not_leader), None when they are served.
+        self.read_gate: ReadGate | None = None
+
+    @property
+    def record_publishers(self) -> bool:
+        """Whether durable logs store publishers now (a fleet member: once the fleet
+        finalized publisher_principal)."""
+        return self._record_publishers
 
     def set_record_publishers(self, on: bool) -> None:
         """Store publishers in durable logs from the next append on (every shard, and
@@ -691,6 +707,12 @@ class Engine:
         self._record_publishers = on
         for shard in self._shards.values():
             shard.record_publishers = on
+
+    def read_refusal(self, spec: StreamSpec, index: int) -> tuple[ErrorCode, str | None] | None:
+        """Why a read of a replicated shard is refused here (None: read on)."""
+        if self.read_gate is None or not spec.replicated:
+            return None
+        return self.read_gate(spec, index)
 
     # -- lookup ------------------------------------------------------------------
 
@@ -779,6 +801,10 @@ class Engine:
     async def publish(self, request: PublishRequest, *, acked: bool) -> asyncio.Future[int]:
         """Queue a batch for its shard; the future resolves to its base offset once
         appended. Raises OverloadedError when the tenant's queue has no room."""
+        if self.replication_hook is not None:
+            replicated = self.replication_hook(request)
+            if replicated is not None:
+                return replicated
         tenant_id = request.shard.spec.tenant_id
         pipeline = self._pipelines.get(tenant_id)
         if pipeline is None:

@@ -31,6 +31,7 @@ from collections.abc import Awaitable, Callable
 from felix_broker.catalog import StreamSpec
 from felix_broker.config import BrokerConfig
 from felix_broker.metrics import BrokerMetrics
+from felix_broker.replication.driver import ReplicationRefusedError
 from felix_broker.session.context import ConnectionState, RequestContext
 from felix_broker.session.dispatch import DispatchTable
 from felix_broker.session.protocol import StreamProtocol
@@ -283,7 +284,12 @@ class StreamService:
             return
         # Acknowledged when queued, unless the broker or this client asked for acks
         # after the write (A5). In-memory streams never report offsets.
-        after_write = self._config.ack_on_commit or proto.negotiated(Feature.FEATURE_ACK_ON_COMMIT)
+        # A replicated (Quorum) shard acknowledges only at the quorum mark.
+        after_write = (
+            self._config.ack_on_commit
+            or proto.negotiated(Feature.FEATURE_ACK_ON_COMMIT)
+            or spec.replicated
+        )
         rid = request_id
         durable = shard.durable
         ack_seconds = self._metrics.publish_ack_seconds
@@ -291,6 +297,16 @@ class StreamService:
         def answer(offset: int | None) -> bytes:
             # Built just before it is written: received -> (appended, synced) -> answered.
             ack_seconds.observe(time.perf_counter() - started)
+            refused = _replication_refusal(done) if offset is None else None
+            if refused is not None:  # quorum_timeout, not_leader, fenced, leadership_lost
+                reason = ErrorDetail(reason=refused.reason) if refused.reason else None
+                return proto.publish_answer(
+                    rid,
+                    binary=binary,
+                    error=(refused.code, str(refused)),
+                    retry=refused.retry,
+                    detail=reason,
+                )
             if offset is None and after_write:
                 # The write failed after the publish was queued: it may or may not be on disk.
                 return proto.publish_answer(
@@ -367,6 +383,10 @@ class StreamService:
                     f"stream {name} has {spec.shards} shard(s), not {index + 1}",
                 )
             )
+            return
+        gated = _gated(proto, self._engine.read_refusal(spec, index))
+        if gated is not None:  # a replicated shard this broker cannot serve reads of yet
+            await ctx.write(gated)
             return
         principal = ctx.principal
         identity = f"{principal.tenant_id}/{principal.subject}"
@@ -505,6 +525,9 @@ class StreamService:
             )
         if not spec.durable:
             return proto.error(ErrorCode.INVALID_REQUEST, f"stream {name} is in memory: no log")
+        gated = _gated(proto, self._engine.read_refusal(spec, index))
+        if gated is not None:
+            return gated
         try:
             return self._engine.shard(spec, index)
         except StorageError as exc:
@@ -598,3 +621,20 @@ def _start_position(shard: Shard, request: Subscribe) -> int | SubscribeCursorEr
             )
         return start.offset
     return oldest if start == "earliest" else tail
+
+
+def _replication_refusal(done: asyncio.Future[int]) -> ReplicationRefusedError | None:
+    """The replication refusal a failed publish of a replicated shard ended with."""
+    if not done.done() or done.cancelled():
+        return None
+    error = done.exception()
+    return error if isinstance(error, ReplicationRefusedError) else None
+
+
+def _gated(proto: StreamProtocol, refused: tuple[ErrorCode, str | None] | None) -> bytes | None:
+    """The error frame for a read the replication gate refuses, or None."""
+    if refused is None:
+        return None
+    code, reason = refused
+    text = f"{code.wire}: {reason}" if reason else code.wire
+    return proto.error(code, text, detail=ErrorDetail(reason=reason) if reason else None)

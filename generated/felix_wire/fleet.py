@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: b845f72e3fd0c73c978bd76bd6bf30261b0134d6d56d27d3f5d996595d61f6a0
+# spec sha256: 4618c385f4250cde969bdad29d2b46f506151adba7e490563d82480793a9cfa2
 """The fleet catalogue: etcd record shapes and broker-to-broker messages.
 
 Broker-to-broker QUIC (TLS 1.3, mutual TLS): each broker's peer certificate is signed by the fleet CA and names its node id as a DNS SAN; both sides check it, and the listener checks it against hello.
@@ -72,6 +72,7 @@ __all__ = [
     "AssignmentState",
     "AssignmentKind",
     "ForwardAck",
+    "ShipRefusal",
     "Member",
     "Assignment",
     "FinalizedFeature",
@@ -81,6 +82,9 @@ __all__ = [
     "StaleRoute",
     "PeerError",
     "ForwardRefusal",
+    "ReplicaShard",
+    "ReplicaEntry",
+    "ReplicatedBatch",
     "CacheOp",
     "CacheOpAnswer",
     "Hello",
@@ -96,6 +100,13 @@ __all__ = [
     "MoveChunkOk",
     "MoveDone",
     "MoveDoneOk",
+    "ReplicaShip",
+    "ReplicaShipOk",
+    "ReplicaShipRefused",
+    "ReplicaFence",
+    "ReplicaFenceOk",
+    "ReplicaFenceRefused",
+    "ReplicaReceived",
     "PeerMessage",
     "PEER_MESSAGE_CLASSES",
     "DIALER_TO_LISTENER",
@@ -299,6 +310,13 @@ class ForwardAck(enum.StrEnum):
     WRITTEN = "written"
 
 
+class ShipRefusal(enum.StrEnum):
+    """why a follower refused a ship: fenced (it holds a newer generation, named in the refusal) or resume (it lacks the record before the ship: resume at resume_at)"""
+
+    FENCED = "fenced"
+    RESUME = "resume"
+
+
 class Member(msgspec.Struct, omit_defaults=True, kw_only=True):
     """A live broker's registration."""
 
@@ -429,6 +447,54 @@ class ForwardRefusal(msgspec.Struct, omit_defaults=True, kw_only=True):
             raise ValueError(
                 f"exactly one of error, not_leader, stale_route must be present, got {present or 'none'}"
             )
+
+
+class ReplicaShard(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """The shard a replication message is about (its assignment key's parts)."""
+
+    kind: AssignmentKind
+    tenant: str
+    namespace: str
+    name: str
+    shard: U32
+
+
+class ReplicaEntry(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One log record as the replicas hold it: the generation that wrote it (kept when shipped), its bytes (the stored record whole: offset, append time, publisher and producer marks, so a follower's record is the leader's byte for byte), and whether it is a generation-start record (takes an offset, never delivered)."""
+
+    generation: U64
+    payload: bytes
+    start: bool = False
+
+    def __post_init__(self) -> None:
+        _check_u64(self, ("generation",), ())
+
+
+class ReplicatedBatch(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """The payload of a stream shard's ReplicaEntry: one publish batch as the leader stored it. Every replica applies committed batches in log order to the shard's stream log, so offsets (assigned in that order), append times, publishers and marks are the leader's on every replica."""
+
+    timestamp_us: U64
+    """the leader's append time (one per batch)"""
+    publisher: str | None = None
+    """the stored publisher principal (record_publishers on)"""
+    payloads: list[bytes]
+    """non-empty"""
+    producer_id: U64 | None = None
+    """the idempotent producer mark, when the batch is one"""
+    sequence: U64 | None = None
+    digest: U64 | None = None
+
+    def __post_init__(self) -> None:
+        _check_u64(
+            self,
+            (
+                "timestamp_us",
+                "producer_id",
+                "sequence",
+                "digest",
+            ),
+            (),
+        )
 
 
 CacheOp = Union[
@@ -721,6 +787,164 @@ class MoveDoneOk(
         _check_u64(self, ("request_id",), ())
 
 
+class ReplicaShip(
+    msgspec.Struct, tag_field="type", tag="replica_ship", omit_defaults=True, kw_only=True
+):
+    """Leader to follower: records from offset; prev_generation labels the record at offset - 1 (0 when offset is 0); commit is the leader's quorum mark.
+
+    Direction: dialer_to_listener.
+    Answered by: replica_received.
+    """
+
+    shard: ReplicaShard
+    generation: U64
+    leader: str
+    offset: U64
+    prev_generation: U64
+    entries: list[ReplicaEntry]
+    """may be empty (a heartbeat carrying the mark)"""
+    commit: U64
+
+    def __post_init__(self) -> None:
+        _check_u64(
+            self,
+            (
+                "generation",
+                "offset",
+                "prev_generation",
+                "commit",
+            ),
+            (),
+        )
+
+
+class ReplicaShipOk(
+    msgspec.Struct, tag_field="type", tag="replica_ship_ok", omit_defaults=True, kw_only=True
+):
+    """Follower to leader: it holds the leader's log up to matched, and durably (fsynced) up to durable (never more than matched).
+
+    Direction: dialer_to_listener.
+    Answered by: replica_received.
+    """
+
+    shard: ReplicaShard
+    generation: U64
+    sender: str
+    durable: U64
+    matched: U64
+
+    def __post_init__(self) -> None:
+        _check_u64(
+            self,
+            (
+                "generation",
+                "durable",
+                "matched",
+            ),
+            (),
+        )
+
+
+class ReplicaShipRefused(
+    msgspec.Struct, tag_field="type", tag="replica_ship_refused", omit_defaults=True, kw_only=True
+):
+    """Follower to leader: the ship was not taken (refusal says why).
+
+    Direction: dialer_to_listener.
+    Answered by: replica_received.
+    """
+
+    shard: ReplicaShard
+    generation: U64
+    """the follower's generation (newer than the leader's when fenced)"""
+    sender: str
+    refusal: ShipRefusal
+    resume_at: U64 = 0
+
+    def __post_init__(self) -> None:
+        _check_u64(
+            self,
+            (
+                "generation",
+                "resume_at",
+            ),
+            (),
+        )
+
+
+class ReplicaFence(
+    msgspec.Struct, tag_field="type", tag="replica_fence", omit_defaults=True, kw_only=True
+):
+    """A candidate at generation asks a replica to persist the ballot and refuse older leaders.
+
+    Direction: dialer_to_listener.
+    Answered by: replica_received.
+    """
+
+    shard: ReplicaShard
+    generation: U64
+    candidate: str
+
+    def __post_init__(self) -> None:
+        _check_u64(self, ("generation",), ())
+
+
+class ReplicaFenceOk(
+    msgspec.Struct, tag_field="type", tag="replica_fence_ok", omit_defaults=True, kw_only=True
+):
+    """The replica persisted the ballot; its log's last record generation and length (how far ahead it is).
+
+    Direction: dialer_to_listener.
+    Answered by: replica_received.
+    """
+
+    shard: ReplicaShard
+    generation: U64
+    sender: str
+    last_generation: U64
+    length: U64
+
+    def __post_init__(self) -> None:
+        _check_u64(
+            self,
+            (
+                "generation",
+                "last_generation",
+                "length",
+            ),
+            (),
+        )
+
+
+class ReplicaFenceRefused(
+    msgspec.Struct, tag_field="type", tag="replica_fence_refused", omit_defaults=True, kw_only=True
+):
+    """The replica holds a newer generation (or this one under another leader).
+
+    Direction: dialer_to_listener.
+    Answered by: replica_received.
+    """
+
+    shard: ReplicaShard
+    generation: U64
+    """the generation the replica holds"""
+    sender: str
+
+    def __post_init__(self) -> None:
+        _check_u64(self, ("generation",), ())
+
+
+class ReplicaReceived(
+    msgspec.Struct, tag_field="type", tag="replica_received", omit_defaults=True, kw_only=True
+):
+    """The receiver fed the replication message to its replica of the shard, or has none (held false: it does not replicate that shard, and the message was dropped).
+
+    Direction: listener_to_dialer.
+    """
+
+    held: bool
+
+
 PeerMessage = Union[
     Hello,
     HelloOk,
@@ -735,6 +959,13 @@ PeerMessage = Union[
     MoveChunkOk,
     MoveDone,
     MoveDoneOk,
+    ReplicaShip,
+    ReplicaShipOk,
+    ReplicaShipRefused,
+    ReplicaFence,
+    ReplicaFenceOk,
+    ReplicaFenceRefused,
+    ReplicaReceived,
 ]
 """Any known peer message."""
 
@@ -753,6 +984,13 @@ PEER_MESSAGE_CLASSES: Mapping[str, type[PeerMessage]] = MappingProxyType(
         "move_chunk_ok": MoveChunkOk,
         "move_done": MoveDone,
         "move_done_ok": MoveDoneOk,
+        "replica_ship": ReplicaShip,
+        "replica_ship_ok": ReplicaShipOk,
+        "replica_ship_refused": ReplicaShipRefused,
+        "replica_fence": ReplicaFence,
+        "replica_fence_ok": ReplicaFenceOk,
+        "replica_fence_refused": ReplicaFenceRefused,
+        "replica_received": ReplicaReceived,
     }
 )
 DIALER_TO_LISTENER = frozenset(
@@ -762,6 +1000,12 @@ DIALER_TO_LISTENER = frozenset(
         "forward_cache_op",
         "move_chunk",
         "move_done",
+        "replica_ship",
+        "replica_ship_ok",
+        "replica_ship_refused",
+        "replica_fence",
+        "replica_fence_ok",
+        "replica_fence_refused",
     }
 )
 LISTENER_TO_DIALER = frozenset(
@@ -774,6 +1018,7 @@ LISTENER_TO_DIALER = frozenset(
         "peer_unsupported",
         "move_chunk_ok",
         "move_done_ok",
+        "replica_received",
     }
 )
 RECORD_CLASSES: Mapping[str, type[msgspec.Struct]] = MappingProxyType(

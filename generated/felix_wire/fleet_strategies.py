@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: b845f72e3fd0c73c978bd76bd6bf30261b0134d6d56d27d3f5d996595d61f6a0
+# spec sha256: 4618c385f4250cde969bdad29d2b46f506151adba7e490563d82480793a9cfa2
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
@@ -113,6 +113,29 @@ FLEET_SHAPE_STRATEGIES["ForwardRefusal"] = st.one_of(
         _f.ForwardRefusal, stale_route=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["StaleRoute"])
     ),
 )
+FLEET_SHAPE_STRATEGIES["ReplicaShard"] = st.builds(
+    _f.ReplicaShard,
+    kind=st.sampled_from(_f.AssignmentKind),
+    tenant=_TEXT,
+    namespace=_TEXT,
+    name=_TEXT,
+    shard=_U32,
+)
+FLEET_SHAPE_STRATEGIES["ReplicaEntry"] = st.builds(
+    _f.ReplicaEntry,
+    generation=_U64,
+    payload=_BLOB,
+    start=st.booleans(),
+)
+FLEET_SHAPE_STRATEGIES["ReplicatedBatch"] = st.builds(
+    _f.ReplicatedBatch,
+    timestamp_us=_U64,
+    publisher=(st.none() | _TEXT),
+    payloads=st.lists(_BLOB, max_size=3),
+    producer_id=(st.none() | _U64),
+    sequence=(st.none() | _U64),
+    digest=(st.none() | _U64),
+)
 FLEET_SHAPE_STRATEGIES["CacheOp"] = st.one_of(
     _CLIENT_MESSAGES["cache_get"],
     _CLIENT_MESSAGES["cache_put"],
@@ -223,6 +246,58 @@ PEER_MESSAGE_STRATEGIES: Mapping[str, st.SearchStrategy[Any]] = MappingProxyType
         "move_done_ok": st.builds(
             _f.MoveDoneOk,
             request_id=_U64,
+        ),
+        "replica_ship": st.builds(
+            _f.ReplicaShip,
+            shard=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["ReplicaShard"]),
+            generation=_U64,
+            leader=_TEXT,
+            offset=_U64,
+            prev_generation=_U64,
+            entries=st.lists(
+                st.deferred(lambda: FLEET_SHAPE_STRATEGIES["ReplicaEntry"]), max_size=3
+            ),
+            commit=_U64,
+        ),
+        "replica_ship_ok": st.builds(
+            _f.ReplicaShipOk,
+            shard=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["ReplicaShard"]),
+            generation=_U64,
+            sender=_TEXT,
+            durable=_U64,
+            matched=_U64,
+        ),
+        "replica_ship_refused": st.builds(
+            _f.ReplicaShipRefused,
+            shard=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["ReplicaShard"]),
+            generation=_U64,
+            sender=_TEXT,
+            refusal=st.sampled_from(_f.ShipRefusal),
+            resume_at=_U64,
+        ),
+        "replica_fence": st.builds(
+            _f.ReplicaFence,
+            shard=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["ReplicaShard"]),
+            generation=_U64,
+            candidate=_TEXT,
+        ),
+        "replica_fence_ok": st.builds(
+            _f.ReplicaFenceOk,
+            shard=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["ReplicaShard"]),
+            generation=_U64,
+            sender=_TEXT,
+            last_generation=_U64,
+            length=_U64,
+        ),
+        "replica_fence_refused": st.builds(
+            _f.ReplicaFenceRefused,
+            shard=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["ReplicaShard"]),
+            generation=_U64,
+            sender=_TEXT,
+        ),
+        "replica_received": st.builds(
+            _f.ReplicaReceived,
+            held=st.booleans(),
         ),
     }
 )

@@ -48,6 +48,7 @@ async def test_stream_and_cache_lifecycle(tmp_path: Path) -> None:
             "retention": {"max_age_ms": 60000, "max_bytes": 1048576},
             "consistency": "quorum",
             "routing": "jump_hash",
+            "replication_factor": 3,
         }
         status, body = await call("POST", streams, token=admin, body=definition)
         assert status == 201 and body == definition
@@ -64,7 +65,7 @@ async def test_stream_and_cache_lifecycle(tmp_path: Path) -> None:
         caches = plane.t("acme", "/namespaces/prod/caches")
         assert (await call("POST", caches, token=admin, body={"name": "c", "shards": 2}))[0] == 201
         status, body = await call("GET", f"{caches}/c", token=admin)
-        assert body == {"name": "c", "shards": 2}
+        assert body == {"name": "c", "shards": 2, "consistency": "leader", "replication_factor": 1}
         assert (await call("DELETE", f"{streams}/clicks", token=admin))[0] == 204
         assert (await call("DELETE", f"{streams}/clicks", token=admin))[0] == 404
         assert (await call("GET", f"{streams}/clicks", token=admin))[0] == 404

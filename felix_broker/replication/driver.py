@@ -1,0 +1,404 @@
+"""The adapter that runs one shard's replication core in a broker.
+
+`ReplicaDriver` feeds the sans-IO core (`core.Replica`) and carries out its
+effects, in order:
+
+- `Send`: onto the peer's outbox, drained by one sender task per peer through
+  the broker-to-broker channel (a `Sender`, normally `peer_sender` over the
+  mTLS `PeerDialer`). The outbox is bounded in messages (`outbox_items`) and
+  bytes (`outbox_bytes`, payload bytes of ships); a message past either bound
+  is dropped and counted (`dropped`): the core resends unanswered ships and
+  fences, so a drop costs time, never a record. A send that fails (peer
+  unreachable, no answer in time) is dropped the same way.
+- `WriteRecords`: onto the replica's disk (`ReplicaDisk`), then the sync task
+  fsyncs (one fsync covers every write before it: group commit) and tells the
+  core `synced(length)`. A truncation during an fsync caps the length reported.
+- `Truncate` / `PersistBallot`: synchronous, fsynced before the next effect.
+- `Acked` / `Refused`: resolve the client write waiting in `append`. With an
+  `Applier` (a stream shard's storage, `apply.StreamApplier`), every entry below
+  the replica's commit mark is applied to it in log order by the apply task, on
+  leader and followers alike, and an acknowledgement waits for its entry to be
+  applied (it then carries the stream offset).
+- `PromotionRefused` / `Halted`: kept (`promotion_refused`, `halted`) and passed
+  to `on_event` for the fleet (the shard stays unavailable).
+
+Every input (client append, peer message, fsync completion, tick, promotion,
+lease signal) runs the core and its effects under one lock, so effects are
+carried out in the order the core produced them. Ticks come from a timer every
+`tick_ms` (retransmissions and `quorum_timeout`). Time is the monotonic clock in
+milliseconds.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import functools
+import logging
+import time
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+from felix_common.fleet import ShardId
+from felix_wire.errors import ErrorCode, RetryClass
+
+from .core import (
+    Acked,
+    Config,
+    Effect,
+    Entry,
+    Halted,
+    Message,
+    PersistBallot,
+    PromotionRefused,
+    ReadResult,
+    Refused,
+    Replica,
+    Send,
+    Ship,
+    Truncate,
+    WriteRecords,
+)
+from .disk import ReplicaDisk
+from .wire import WireMessage, to_wire
+
+__all__ = ["Applier", "ReplicaDriver", "ReplicationRefusedError", "Sender", "Written"]
+
+_log = logging.getLogger(__name__)
+
+Sender = Callable[[str, WireMessage], Awaitable[None]]
+"""Delivers one peer message to a node (raises when it cannot: the message is dropped)."""
+
+
+class Applier(Protocol):
+    """Where committed entries go (a stream shard's storage)."""
+
+    def applied_entries(self, entries: Sequence[Entry]) -> int: ...
+
+    async def apply(self, entries: Sequence[Entry]) -> list[int | None]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Written:
+    """A committed client write: where it is in the replication log, at which
+    generation, and (with an applier) the stream offset of its first record."""
+
+    generation: int
+    first_offset: int
+    count: int
+    stream_offset: int | None = None
+
+
+class ReplicationRefusedError(Exception):
+    """A write answered without an acknowledgement: `code` and `retry` as the client
+    sees them (`outcome_unknown` when the record may still commit)."""
+
+    def __init__(
+        self,
+        code: ErrorCode,
+        retry: RetryClass,
+        reason: str | None = None,
+        *,
+        message: str | None = None,
+    ) -> None:
+        super().__init__(message or code.wire + (f"/{reason}" if reason else ""))
+        self.code = code
+        self.retry = retry
+        self.reason = reason
+
+
+@dataclass(slots=True)
+class _Outbox:
+    queue: asyncio.Queue[WireMessage]
+    bytes: int = 0
+
+
+def _weight(message: Message) -> int:
+    return sum(len(e.payload) for e in message.entries) if isinstance(message, Ship) else 0
+
+
+class ReplicaDriver:
+    def __init__(
+        self,
+        shard: ShardId,
+        replica: Replica,
+        disk: ReplicaDisk,
+        send: Sender,
+        *,
+        tick_ms: int | None = None,
+        outbox_items: int = 256,
+        outbox_bytes: int = 8 * 1024 * 1024,
+        on_event: Callable[[ShardId, Effect], None] | None = None,
+        applier: Applier | None = None,
+    ) -> None:
+        self.shard = shard
+        self.replica = replica
+        self._disk = disk
+        self._send = send
+        self._tick_ms = tick_ms or max(10, replica.config.retransmit_ms // 2)
+        self._outbox_items = outbox_items
+        self._outbox_bytes = outbox_bytes
+        self._on_event = on_event
+        self._lock = asyncio.Lock()
+        self._want_sync = asyncio.Event()
+        self._cut: int | None = None  # the shortest truncation during the running fsync
+        self._outboxes: dict[str, _Outbox] = {}
+        self._waiting: dict[int, asyncio.Future[Written]] = {}
+        self._applier = applier
+        self._acked: dict[int, Acked] = {}  # committed, waiting to be applied
+        self._commit_moved = asyncio.Event()
+        self.applied = applier.applied_entries(replica.log) if applier is not None else 0
+        self._next_request = 1
+        self._tasks: list[asyncio.Task[None]] = []
+        self.dropped = 0
+        self.promotion_refused: PromotionRefused | None = None
+        self.halted: Halted | None = None
+        self.failure: BaseException | None = None
+        self._effects: dict[type, Callable[[Any], None]] = {
+            Send: self._do_send,
+            WriteRecords: self._do_write,
+            Truncate: self._do_truncate,
+            PersistBallot: self._do_ballot,
+            Acked: self._do_acked,
+            Refused: self._do_refused,
+            PromotionRefused: self._do_promotion_refused,
+            Halted: self._do_halted,
+        }
+
+    @classmethod
+    def open(
+        cls,
+        shard: ShardId,
+        node_id: str,
+        replicas: Sequence[str],
+        disk: ReplicaDisk,
+        send: Sender,
+        *,
+        config: Config | None = None,
+        **options: Any,
+    ) -> ReplicaDriver:
+        """A driver for the replica `disk` holds (recovered: a follower at its ballot)."""
+        replica = Replica.recover(node_id, replicas, disk.recover(), config)
+        return cls(shard, replica, disk, send, **options)
+
+    # -- life
+
+    def start(self) -> None:
+        loop = asyncio.get_running_loop()
+        for peer in self.replica.followers:
+            box = _Outbox(asyncio.Queue(self._outbox_items))
+            self._outboxes[peer] = box
+            self._tasks.append(loop.create_task(self._drain(peer, box)))
+        self._tasks.append(loop.create_task(self._syncer()))
+        if self._applier is not None:
+            self._tasks.append(loop.create_task(self._apply_committed()))
+        self._tasks.append(loop.create_task(self._ticker()))
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        await asyncio.gather(*self._tasks, return_exceptions=True)
+        self._tasks = []
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(
+                    ReplicationRefusedError(
+                        ErrorCode.LEADERSHIP_LOST, RetryClass.OUTCOME_UNKNOWN, "stopping"
+                    )
+                )
+        self._waiting.clear()
+        self._disk.close()
+
+    # -- inputs
+
+    async def append(self, payloads: Sequence[bytes]) -> Written:
+        """A client's Quorum write: returns once a majority holds it durably; raises
+        ReplicationRefusedError (not_leader, fenced, quorum_timeout, leadership_lost)."""
+        request_id = self._next_request
+        self._next_request += 1
+        future: asyncio.Future[Written] = asyncio.get_running_loop().create_future()
+        self._waiting[request_id] = future
+        try:
+            await self._run(lambda now: self.replica.append(request_id, payloads, now))
+            return await future
+        finally:
+            self._waiting.pop(request_id, None)
+
+    async def promote(self, generation: int) -> None:
+        """The fleet made this replica leader at `generation` (a new assignment)."""
+        self.promotion_refused = None
+        await self._run(lambda now: self.replica.promote(generation, now))
+
+    async def receive(self, message: Message) -> None:
+        await self._run(lambda now: self.replica.receive(message, now))
+
+    async def lease_expired(self) -> None:
+        await self._run(lambda _now: self.replica.lease_expired())
+
+    async def lease_renewed(self) -> None:
+        await self._run(lambda _now: self.replica.lease_renewed())
+
+    def read(self, offset: int, limit: int) -> ReadResult:
+        return self.replica.read(offset, limit)
+
+    def refusal(self) -> tuple[ErrorCode, str | None] | None:
+        """Why readers of this shard are refused here (not_leader, fenced, not_ready
+        while a just-promoted leader settles, or until its stream log has caught up
+        with the mark), or None when they are served."""
+        result = self.replica.read(0, 0)
+        if result.code is not None:
+            return result.code, result.reason
+        if self._applier is not None and self.applied < (self.replica.mark or 0):
+            return ErrorCode.SHARD_UNAVAILABLE, "not_ready"
+        return None
+
+    # -- carrying out effects
+
+    async def _run(self, step: Callable[[int], list[Effect]]) -> None:
+        if self.failure is not None:  # nothing is written: the client may retry elsewhere
+            raise ReplicationRefusedError(
+                ErrorCode.SHARD_UNAVAILABLE, RetryClass.RETRY, "owner_unavailable"
+            )
+        async with self._lock:
+            effects = step(int(time.monotonic() * 1000))
+            try:
+                for effect in effects:
+                    self._effects[type(effect)](effect)
+                if self.replica.commit > self.applied:
+                    self._commit_moved.set()
+            except Exception as exc:  # a disk failure: this replica stops, loudly
+                self._stop(exc)
+                raise ReplicationRefusedError(
+                    ErrorCode.LEADERSHIP_LOST, RetryClass.OUTCOME_UNKNOWN
+                ) from exc
+
+    def _stop(self, exc: BaseException) -> None:
+        _log.error("replica of %s stopped: %s", self.shard, exc)
+        self.failure = exc
+        for future in self._waiting.values():
+            if not future.done():
+                future.set_exception(
+                    ReplicationRefusedError(ErrorCode.LEADERSHIP_LOST, RetryClass.OUTCOME_UNKNOWN)
+                )
+
+    def _do_send(self, effect: Send) -> None:
+        box = self._outboxes.get(effect.to)
+        weight = _weight(effect.message)
+        if box is None or box.queue.full() or box.bytes + weight > self._outbox_bytes:
+            self.dropped += 1
+            return
+        box.bytes += weight
+        box.queue.put_nowait(to_wire(self.shard, effect.message))
+
+    def _do_write(self, effect: WriteRecords) -> None:
+        self._disk.write(effect.offset, effect.entries)
+        self._want_sync.set()
+
+    def _do_truncate(self, effect: Truncate) -> None:
+        self._disk.truncate(effect.length)
+        self._cut = effect.length if self._cut is None else min(self._cut, effect.length)
+
+    def _do_ballot(self, effect: PersistBallot) -> None:
+        self._disk.persist_ballot(effect.generation, effect.leader)
+
+    def _do_acked(self, effect: Acked) -> None:
+        if self._applier is not None and self.applied < effect.first_offset + effect.count:
+            self._acked[effect.request_id] = effect
+            return
+        future = self._waiting.get(effect.request_id)
+        if future is not None and not future.done():
+            future.set_result(Written(effect.generation, effect.first_offset, effect.count))
+
+    def _do_refused(self, effect: Refused) -> None:
+        future = self._waiting.get(effect.request_id)
+        if future is not None and not future.done():
+            message = None
+            if effect.code is ErrorCode.QUORUM_TIMEOUT:
+                seconds = self.replica.config.quorum_timeout_ms / 1000
+                message = (
+                    f"the batch is durable here but did not reach a majority within {seconds:g}s"
+                )
+            future.set_exception(
+                ReplicationRefusedError(effect.code, effect.retry, effect.reason, message=message)
+            )
+
+    def _do_promotion_refused(self, effect: PromotionRefused) -> None:
+        self.promotion_refused = effect
+        _log.warning(
+            "%s: promotion at %d refused, ahead: %s", self.shard, effect.generation, effect.ahead
+        )
+        if self._on_event is not None:
+            self._on_event(self.shard, effect)
+
+    def _do_halted(self, effect: Halted) -> None:
+        self.halted = effect
+        _log.error("%s: replica halted at offset %d", self.shard, effect.offset)
+        if self._on_event is not None:
+            self._on_event(self.shard, effect)
+
+    # -- tasks
+
+    async def _drain(self, peer: str, box: _Outbox) -> None:
+        while True:
+            message = await box.queue.get()
+            box.bytes -= sum(len(e.payload) for e in getattr(message, "entries", ()))
+            try:
+                await self._send(peer, message)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # unreachable or slow: the core resends
+                self.dropped += 1
+                _log.debug("%s: send to %s dropped: %s", self.shard, peer, exc)
+
+    async def _syncer(self) -> None:
+        while True:
+            await self._want_sync.wait()
+            self._want_sync.clear()
+            self._cut = None
+            try:
+                length = await self._disk.sync()
+            except Exception as exc:
+                self._stop(exc)
+                return
+            cut, self._cut = self._cut, None
+            if cut is not None:
+                length = min(length, cut)
+            with contextlib.suppress(ReplicationRefusedError):
+                await self._run(functools.partial(self._synced, length))
+
+    async def _apply_committed(self) -> None:
+        applier = self._applier
+        assert applier is not None
+        while True:
+            await self._commit_moved.wait()
+            self._commit_moved.clear()
+            while self.replica.commit > self.applied:
+                low, high = self.applied, self.replica.commit
+                try:
+                    bases = await applier.apply(self.replica.log[low:high])
+                except Exception as exc:  # the stream log failed: this replica stops
+                    self._stop(exc)
+                    return
+                self.applied = high
+                at = dict(zip(range(low, high), bases, strict=True))
+                for request_id, acked in list(self._acked.items()):
+                    if acked.first_offset + acked.count <= high:
+                        del self._acked[request_id]
+                        future = self._waiting.get(request_id)
+                        if future is not None and not future.done():
+                            base = at.get(acked.first_offset)
+                            future.set_result(
+                                Written(acked.generation, acked.first_offset, acked.count, base)
+                            )
+
+    def _synced(self, length: int, _now: int) -> list[Effect]:
+        return self.replica.synced(length)
+
+    async def _ticker(self) -> None:
+        while True:
+            await asyncio.sleep(self._tick_ms / 1000)
+            try:
+                await self._run(self.replica.tick)
+            except ReplicationRefusedError:
+                return

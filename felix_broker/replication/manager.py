@@ -1,0 +1,222 @@
+"""A fleet member's replicas: which shards it replicates, and their publishes.
+
+`ReplicationManager` follows the broker's routing view. For every stream shard
+whose stream is durable with `consistency: Quorum` and a replication factor
+above 1, and whose assignment lists this broker among its replicas, it keeps a
+`ReplicaDriver` (replication log under ``{data_dir}/replication/...``, committed
+batches applied to the engine's shard). When the assignment names this broker
+leader, active, at a generation newer than the replica's ballot, it promotes the
+replica at that generation (the core fences a majority and opens only if no
+replica is ahead: `PromotionRefused` keeps the shard unavailable). The view's
+fence (the broker's lease lapsed) is the core's `lease_expired`.
+
+`publish` is the engine's hook: a batch for a replicated shard becomes one
+`ReplicatedBatch` (the leader's append time, stored publisher) appended through
+the core, answered with its stream offset once a majority holds it and it is
+applied, or failed with `ReplicationRefusedError` (quorum_timeout past
+FELIX_PUBLISH_QUORUM_TIMEOUT_MS, not_leader, fenced, leadership_lost).
+
+Not yet here (reported as unfinished): Leader-consistency replica sets (async
+shipping), caches, group logs, and the placer's promotion of a replica when a
+leader's lease lapses (the placer keeps the leader, unavailable, as before).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from pathlib import Path
+
+from felix_broker.catalog import Catalog, StreamSpec
+from felix_broker.fleet.peer import PeerDialer
+from felix_broker.fleet.routing import AssignmentState, RoutingSnapshot, ShardId, ShardKind
+from felix_broker.fleet.view import FleetView
+from felix_broker.streams.engine import Engine, PublishRequest, now_micros
+from felix_wire.errors import ErrorCode, RetryClass
+from felix_wire.fleet import ReplicatedBatch
+
+from .apply import StreamApplier, encode_batch
+from .core import Config
+from .disk import ReplicaDisk
+from .driver import ReplicaDriver, ReplicationRefusedError
+from .service import ReplicationService, peer_sender
+
+__all__ = ["ReplicationManager"]
+
+_log = logging.getLogger(__name__)
+
+# A replica the routing view names leader that is not open (fencing, or its promotion
+# was refused): nobody serves the shard, and a redirect would point back here.
+_SETTLING: tuple[ErrorCode, str | None] = (ErrorCode.SHARD_UNAVAILABLE, "not_ready")
+
+
+class ReplicationManager:
+    def __init__(
+        self,
+        view: FleetView,
+        catalog: Callable[[], Catalog],
+        engine: Callable[[], Engine],
+        dialer: PeerDialer,
+        root: Path,
+        config: Config,
+    ) -> None:
+        self._view = view
+        self._catalog = catalog
+        self._engine = engine
+        self._dialer = dialer
+        self._root = root
+        self._config = config
+        self.service = ReplicationService()
+        self._task: asyncio.Task[None] | None = None
+        self._wake = asyncio.Event()
+        self._writes: set[asyncio.Task[None]] = set()
+
+    @property
+    def node_id(self) -> str:
+        return self._view.snapshot.node_id
+
+    def start(self) -> None:
+        self._view.add_listener(lambda _old, _new: self._wake.set())
+        self._task = asyncio.get_running_loop().create_task(self._follow(), name="replication")
+        self._wake.set()
+
+    async def close(self) -> None:
+        if self._task is not None:
+            self._task.cancel()
+            await asyncio.gather(self._task, return_exceptions=True)
+            self._task = None
+        for shard in list(self.service.drivers):
+            driver = self.service.remove(shard)
+            if driver is not None:
+                await driver.close()
+
+    def driver(self, shard: ShardId) -> ReplicaDriver | None:
+        return self.service.drivers.get(shard)
+
+    def read_refusal(self, spec: StreamSpec, index: int) -> tuple[ErrorCode, str | None] | None:
+        """The engine's read gate: readers of a replicated shard are served only by its
+        open leader (a just-promoted one is settling: not_ready until its mark)."""
+        shard = ShardId(ShardKind.STREAM, spec.tenant_id, spec.namespace, spec.name, index)
+        driver = self.driver(shard)
+        refused = (ErrorCode.NOT_LEADER, None) if driver is None else driver.refusal()
+        if refused is not None and refused[0] is ErrorCode.NOT_LEADER and self._named_leader(shard):
+            return _SETTLING  # the view says we lead: still fencing, or promotion refused
+        return refused
+
+    def _named_leader(self, shard: ShardId) -> bool:
+        snapshot = self._view.snapshot
+        route = snapshot.route(shard)
+        return route is not None and route.leader == snapshot.node_id
+
+    def publish(self, request: PublishRequest) -> asyncio.Future[int] | None:
+        """The engine's hook: None when the shard is not replicated (the engine
+        publishes as usual); otherwise the future of the batch's stream offset."""
+        spec = request.shard.spec
+        if not spec.replicated:
+            return None
+        shard = ShardId(
+            ShardKind.STREAM, spec.tenant_id, spec.namespace, spec.name, request.shard.index
+        )
+        done: asyncio.Future[int] = request.done
+        driver = self.driver(shard)
+        if driver is None:  # not a replica here: the routing view says who is
+            done.set_exception(ReplicationRefusedError(ErrorCode.NOT_LEADER, RetryClass.REDIRECT))
+            return done
+        if request.guard is not None:
+            done.set_exception(
+                ReplicationRefusedError(
+                    ErrorCode.INVALID_REQUEST,
+                    RetryClass.FATAL,
+                    message="idempotent, conditional and commit publishes are not replicated "
+                    "yet: use a Leader stream for them",
+                )
+            )
+            return done
+        batch = ReplicatedBatch(
+            timestamp_us=now_micros(),
+            publisher=request.publisher if self._engine().record_publishers else None,
+            payloads=list(request.payloads),
+        )
+
+        async def write() -> None:
+            try:
+                written = await driver.append([encode_batch(batch)])
+            except ReplicationRefusedError as exc:
+                if exc.code is ErrorCode.NOT_LEADER and self._named_leader(shard):
+                    # Named leader but not open yet: nothing written, retry here soon.
+                    exc = ReplicationRefusedError(
+                        ErrorCode.SHARD_UNAVAILABLE, RetryClass.RETRY, _SETTLING[1]
+                    )
+                if not done.done():
+                    done.set_exception(exc)
+                return
+            if not done.done():
+                assert written.stream_offset is not None
+                done.set_result(written.stream_offset)
+
+        task = asyncio.get_running_loop().create_task(write())
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+        return done
+
+    # -- following the view
+
+    async def _follow(self) -> None:
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            try:
+                await self._reconcile(self._view.snapshot)
+            except Exception:
+                _log.exception("replication: reconciling with the routing view failed")
+
+    async def _reconcile(self, snapshot: RoutingSnapshot) -> None:
+        me = snapshot.node_id
+        catalog = self._catalog()
+        wanted: set[ShardId] = set()
+        for shard, route in snapshot.routes.items():
+            if shard.kind is not ShardKind.STREAM or me not in route.replicas:
+                continue
+            spec = catalog.stream(shard.tenant, shard.namespace, shard.name)
+            if spec is None or not spec.replicated:
+                continue
+            wanted.add(shard)
+            driver = self.driver(shard) or self._open(shard, spec, route.replicas)
+            fenced = route.state is AssignmentState.UNAVAILABLE and route.reason == "fenced"
+            if fenced and route.leader == me and not driver.replica.lease_lapsed:
+                await driver.lease_expired()
+            elif not fenced and driver.replica.lease_lapsed:
+                await driver.lease_renewed()
+            if (
+                route.leader == me
+                and route.state is AssignmentState.ACTIVE
+                and route.generation > driver.replica.generation
+            ):
+                await driver.promote(route.generation)
+        for shard in set(self.service.drivers) - wanted:
+            gone = self.service.remove(shard)
+            if gone is not None:
+                await gone.close()
+
+    def _open(self, shard: ShardId, spec: StreamSpec, replicas: tuple[str, ...]) -> ReplicaDriver:
+        folder = self._root / shard.tenant / shard.namespace / shard.name / str(shard.shard)
+        members = self._view.snapshot.members
+
+        def address_of(node: str) -> str | None:
+            member = self._view.snapshot.members.get(node) or members.get(node)
+            return member.peer_addr if member is not None else None
+
+        applier = StreamApplier(self._engine().shard(spec, shard.shard))
+        driver = ReplicaDriver.open(
+            shard,
+            self.node_id,
+            replicas,
+            ReplicaDisk(folder),
+            peer_sender(self._dialer, address_of),
+            config=self._config,
+            applier=applier,
+        )
+        self.service.add(driver)
+        driver.start()
+        return driver

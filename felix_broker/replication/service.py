@@ -1,0 +1,110 @@
+"""Replication on the broker-to-broker channel: the listener's handlers and the sender.
+
+`ReplicationService` holds this broker's replica drivers (one per replicated
+shard it holds) and serves the six `replica_*` peer messages through one
+dispatch table (message type to handler). A message is fed to the shard's
+driver only when the node it names as its sender (`leader`, `candidate` or
+`sender`) is the node the peer certificate and hello proved: a broker cannot
+speak for another. The answer is `replica_received {held}`: whether a replica
+of that shard is here (delivery, not outcome: the core's answers travel as
+messages of their own, the other way).
+
+`peer_sender` turns a `PeerDialer` and an address book (node id to peer
+address, from the routing snapshot's members) into the drivers' `Sender`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, Mapping
+from typing import Any
+
+from felix_broker.fleet.peer import PeerDialer, PeerOrigin, PeerUnavailableError
+from felix_common.fleet import ShardId
+from felix_wire.fleet import (
+    PeerMessage,
+    ReplicaFence,
+    ReplicaFenceOk,
+    ReplicaFenceRefused,
+    ReplicaReceived,
+    ReplicaShip,
+    ReplicaShipOk,
+    ReplicaShipRefused,
+)
+
+from .driver import ReplicaDriver, Sender
+from .wire import WireMessage, from_wire
+
+__all__ = ["ReplicationService", "peer_sender", "with_replication"]
+
+_log = logging.getLogger(__name__)
+
+# Which field of each message names the node that sent it.
+_SENDER_FIELD: Mapping[type, str] = {
+    ReplicaShip: "leader",
+    ReplicaShipOk: "sender",
+    ReplicaShipRefused: "sender",
+    ReplicaFence: "candidate",
+    ReplicaFenceOk: "sender",
+    ReplicaFenceRefused: "sender",
+}
+
+
+class ReplicationService:
+    def __init__(self) -> None:
+        self.drivers: dict[ShardId, ReplicaDriver] = {}
+        self.handlers: dict[type, Callable[[Any, PeerOrigin], Awaitable[PeerMessage]]] = {
+            kind: self._deliver for kind in _SENDER_FIELD
+        }
+        self.spoofed = 0
+
+    def add(self, driver: ReplicaDriver) -> None:
+        self.drivers[driver.shard] = driver
+
+    def remove(self, shard: ShardId) -> ReplicaDriver | None:
+        return self.drivers.pop(shard, None)
+
+    async def handle(self, message: PeerMessage, origin: PeerOrigin) -> PeerMessage:
+        """The peer listener's handler for replication messages (see `handlers`)."""
+        return await self.handlers[type(message)](message, origin)
+
+    async def _deliver(self, message: WireMessage, origin: PeerOrigin) -> PeerMessage:
+        named = getattr(message, _SENDER_FIELD[type(message)])
+        if named != origin.node_id:
+            self.spoofed += 1
+            _log.warning("replication message from %s names %s: dropped", origin.node_id, named)
+            return ReplicaReceived(held=False)
+        shard, core_message = from_wire(message)
+        driver = self.drivers.get(shard)
+        if driver is None:
+            return ReplicaReceived(held=False)
+        await driver.receive(core_message)
+        return ReplicaReceived(held=True)
+
+
+def peer_sender(dialer: PeerDialer, address_of: Callable[[str], str | None]) -> Sender:
+    """Sends over the peer channel; raises PeerUnavailableError for a node with no
+    known peer address or one that cannot be reached (the driver drops the message)."""
+
+    async def send(node_id: str, message: WireMessage) -> None:
+        address = address_of(node_id)
+        if address is None:
+            raise PeerUnavailableError(f"{node_id}: no peer address known", sent=False)
+        await dialer.request(node_id, address, message)
+
+    return send
+
+
+def with_replication(
+    fallback: Callable[[PeerMessage, PeerOrigin], Awaitable[Any]], service: ReplicationService
+) -> Callable[[PeerMessage, PeerOrigin], Awaitable[Any]]:
+    """The peer listener's handler: replication messages to `service` (its table),
+    every other peer message to `fallback` (forwarding, moves, ...)."""
+
+    async def handle(message: PeerMessage, origin: PeerOrigin) -> Any:
+        handler = service.handlers.get(type(message))
+        if handler is None:
+            return await fallback(message, origin)
+        return await handler(message, origin)
+
+    return handle

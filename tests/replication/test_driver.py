@@ -1,0 +1,341 @@
+"""Three replicas of one shard over the real peer channel (QUIC, mutual TLS, loopback)
+with real files: the driver carries out the core's effects, and what clients and disks
+see is what the protocol promises."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from felix_broker.catalog import StaticCatalog, StreamSpec
+from felix_broker.config import load_config
+from felix_broker.fleet.peer import PeerDialer, PeerLimits, PeerListener, PeerTls
+from felix_broker.metrics import BrokerMetrics
+from felix_broker.replication.apply import StreamApplier, encode_batch
+from felix_broker.replication.core import Config, Entry, Phase
+from felix_broker.replication.disk import ReplicaDisk
+from felix_broker.replication.driver import ReplicaDriver, ReplicationRefusedError
+from felix_broker.replication.service import ReplicationService, peer_sender
+from felix_broker.storage import FsyncMode, LogConfig, LogStore
+from felix_broker.streams.engine import Engine
+from felix_common.fleet import ShardId, ShardKind
+from felix_transport import CertKeyPair, generate_ca
+from felix_wire.errors import ErrorCode, RetryClass
+from felix_wire.fleet import ReplicatedBatch
+
+SHARD = ShardId(ShardKind.STREAM, "t1", "ns", "orders", 0)
+NODES = ("b1", "b2", "b3")
+LIMITS = PeerLimits(request_timeout=1.0, connect_timeout=0.5)
+CONFIG = Config(quorum_timeout_ms=1500, retransmit_ms=100)
+STREAM = StreamSpec("t1", "ns", "orders", durable=True, replication_factor=3)
+
+
+@dataclass
+class Broker:
+    """One broker's replication: its peer listener, dialer, service and driver."""
+
+    node: str
+    folder: Path
+    tls: PeerTls
+    address: str = ""
+    listener: PeerListener | None = None
+    dialer: PeerDialer | None = None
+    service: ReplicationService = field(default_factory=ReplicationService)
+    driver: ReplicaDriver | None = None
+    engine: Engine | None = None
+    store: LogStore | None = None
+
+
+class Fleet:
+    def __init__(self, root: Path, ca: CertKeyPair, *, streams: bool = False) -> None:
+        self.root = root
+        self.streams = streams
+        self.brokers = {n: Broker(n, root / n, PeerTls.issue(ca, n)) for n in NODES}
+
+    def address_of(self, node: str) -> str | None:
+        return self.brokers[node].address or None
+
+    async def start(self, node: str) -> ReplicaDriver:
+        """Start (or restart) `node` from what its disk holds."""
+        b = self.brokers[node]
+        b.service = ReplicationService()
+        b.listener = PeerListener(b.tls, b.service.handle, LIMITS)
+        port = int(b.address.rsplit(":", 1)[1]) if b.address else 0  # a restart keeps its port
+        await b.listener.start("127.0.0.1", port)
+        host, port = b.listener.address
+        b.address = f"{host}:{port}"
+        b.dialer = PeerDialer(b.tls, LIMITS)
+        disk = ReplicaDisk(b.folder / "replication")
+        applier = None
+        if self.streams:  # the shard's real stream storage, fed committed batches
+            config = load_config(environ={}, overrides={"data_dir": str(b.folder)}, cwd=b.folder)
+            assert config.durable_storage_dir is not None
+            b.store = LogStore(
+                config.durable_storage_dir, config=LogConfig(fsync_mode=FsyncMode.ON_COMMIT)
+            )
+            catalog = StaticCatalog(streams=[STREAM], caches=[])
+            b.engine = Engine(catalog, config, BrokerMetrics(), b.store)
+            applier = StreamApplier(b.engine.shard(STREAM, 0))
+        b.driver = ReplicaDriver.open(
+            SHARD,
+            node,
+            NODES,
+            disk,
+            peer_sender(b.dialer, self.address_of),
+            config=CONFIG,
+            applier=applier,
+        )
+        b.service.add(b.driver)
+        b.driver.start()
+        return b.driver
+
+    async def stop(self, node: str) -> None:
+        """The broker's process ends: its listener, dialer and driver go (the disk stays)."""
+        b = self.brokers[node]
+        if b.driver is not None:
+            await b.driver.close()
+            b.driver = None
+        if b.listener is not None:
+            await b.listener.close()
+            b.listener = None
+        if b.dialer is not None:
+            await b.dialer.close()
+            b.dialer = None
+        if b.engine is not None:
+            b.engine.close()
+            b.engine = None
+        if b.store is not None:
+            await b.store.aclose()
+            b.store = None
+
+    async def cut(self, node: str) -> None:
+        """`node` stays up but nobody can reach it (its listener is gone)."""
+        b = self.brokers[node]
+        assert b.listener is not None
+        await b.listener.close()
+        b.listener = None
+
+    def driver(self, node: str) -> ReplicaDriver:
+        driver = self.brokers[node].driver
+        assert driver is not None
+        return driver
+
+    def on_disk(self, node: str) -> tuple[Entry, ...]:
+        """What `node`'s files hold, read by a separate reader (as after a crash)."""
+        disk = ReplicaDisk(self.brokers[node].folder / "replication")
+        try:
+            return disk.recover().entries
+        finally:
+            disk.close()
+
+    async def close(self) -> None:
+        for node in NODES:
+            await self.stop(node)
+
+
+def stream_files(self: Fleet, node: str) -> dict[str, bytes]:
+    """The bytes of `node`'s stream log files (segments and indexes), by name."""
+    root = self.brokers[node].folder / "durable"
+    found = {p.name: p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+    assert found, f"no stream files under {root}"
+    return found
+
+
+@pytest.fixture
+async def fleet(tmp_path: Path, request: pytest.FixtureRequest) -> AsyncIterator[Fleet]:
+    streams = bool(getattr(request, "param", False))
+    f = Fleet(tmp_path, generate_ca("replication test fleet"), streams=streams)
+    for node in NODES:
+        await f.start(node)
+    try:
+        yield f
+    finally:
+        await f.close()
+
+
+async def until(check: object, seconds: float = 5.0) -> None:
+    async with asyncio.timeout(seconds):
+        while not check():  # type: ignore[operator]
+            await asyncio.sleep(0.02)
+
+
+async def opened(fleet: Fleet, node: str, generation: int) -> ReplicaDriver:
+    driver = fleet.driver(node)
+    await driver.promote(generation)
+    await until(lambda: driver.replica.mark is not None)
+    return driver
+
+
+def payloads_of(entries: tuple[Entry, ...]) -> list[bytes]:
+    return [e.payload for e in entries if not e.start]
+
+
+@pytest.mark.timeout(60)
+async def test_a_quorum_write_is_acked_only_once_a_follower_holds_it_on_disk(
+    fleet: Fleet,
+) -> None:
+    leader = await opened(fleet, "b1", 1)
+    assert leader.read(0, 10).records == ()  # open, with a mark: readers are served
+    acked = await leader.append([b"a", b"b"])
+    assert (acked.first_offset, acked.count, acked.generation) == (1, 2, 1)
+    followers_holding = [n for n in ("b2", "b3") if payloads_of(fleet.on_disk(n)) == [b"a", b"b"]]
+    assert followers_holding, "acked, but no follower's disk holds the records"
+    assert leader.read(0, 10).records == ((1, b"a"), (2, b"b"))
+
+
+@pytest.mark.timeout(60)
+async def test_followers_logs_equal_the_leaders_record_for_record(fleet: Fleet) -> None:
+    leader = await opened(fleet, "b1", 1)
+    for i in range(20):
+        await leader.append([f"r{i}".encode(), bytes([i]) * 100])
+    want = fleet.on_disk("b1")
+    await until(lambda: all(fleet.on_disk(n) == want for n in ("b2", "b3")))
+    assert len(want) == 41 and want[0].start and all(e.generation == 1 for e in want)
+
+
+@pytest.mark.timeout(60)
+async def test_no_majority_in_time_is_quorum_timeout_with_the_outcome_unknown(
+    fleet: Fleet,
+) -> None:
+    leader = await opened(fleet, "b1", 1)
+    await fleet.cut("b2")
+    await fleet.cut("b3")
+    with pytest.raises(ReplicationRefusedError) as refused:
+        await asyncio.wait_for(leader.append([b"lonely"]), 5)
+    assert (refused.value.code, refused.value.retry) == (
+        ErrorCode.QUORUM_TIMEOUT,
+        RetryClass.OUTCOME_UNKNOWN,
+    )
+    assert leader.read(0, 10).records == ()  # readers stop at the mark
+    assert payloads_of(fleet.on_disk("b1")) == [b"lonely"]  # durable here, not committed
+
+
+@pytest.mark.timeout(90)
+async def test_the_leaders_loss_promotes_a_successor_that_holds_every_acked_record(
+    fleet: Fleet,
+) -> None:
+    leader = await opened(fleet, "b1", 1)
+    acked = [b"k%d" % i for i in range(10)]
+    for payload in acked:
+        await leader.append([payload])
+    await fleet.stop("b1")  # kill: its process ends
+    successor = await opened(fleet, "b2", 2)
+    after = await successor.append([b"after"])
+    assert after.generation == 2
+    seen = [payload for _, payload in successor.read(0, 100).records]
+    assert seen == [*acked, b"after"]
+
+
+@pytest.mark.timeout(90)
+async def test_a_returning_old_leader_stops_leading_and_truncates_what_it_never_shipped(
+    fleet: Fleet,
+) -> None:
+    old = await opened(fleet, "b1", 1)
+    await old.append([b"committed"])
+    await fleet.cut("b2")
+    await fleet.cut("b3")
+    with pytest.raises(ReplicationRefusedError):
+        await old.append([b"unshipped"])
+    assert payloads_of(fleet.on_disk("b1")) == [b"committed", b"unshipped"]
+    await fleet.stop("b1")
+    for node in ("b2", "b3"):  # they come back reachable
+        await fleet.stop(node)
+        await fleet.start(node)
+    successor = await opened(fleet, "b2", 2)
+    await successor.append([b"new"])
+    returned = await fleet.start("b1")  # restarts from its disk: a follower at its ballot
+    assert returned.replica.phase is Phase.FOLLOWER
+    with pytest.raises(ReplicationRefusedError) as refused:
+        await returned.append([b"stale"])
+    assert refused.value.code is ErrorCode.NOT_LEADER
+    await until(lambda: fleet.on_disk("b1") == fleet.on_disk("b2"))
+    assert payloads_of(fleet.on_disk("b1")) == [b"committed", b"new"]
+
+
+@pytest.mark.timeout(60)
+async def test_a_candidate_behind_a_majority_is_refused_and_nothing_is_served(
+    fleet: Fleet,
+) -> None:
+    leader = await opened(fleet, "b1", 1)
+    await fleet.cut("b3")  # b3 misses what follows
+    await leader.append([b"x"])
+    await fleet.stop("b1")
+    await fleet.stop("b3")
+    await fleet.start("b3")
+    await fleet.stop("b2")
+    await fleet.start("b2")
+    behind = fleet.driver("b3")
+    await behind.promote(2)
+    await until(lambda: behind.promotion_refused is not None)
+    assert behind.promotion_refused is not None and behind.promotion_refused.ahead == ("b2",)
+    assert behind.read(0, 10).code is ErrorCode.NOT_LEADER  # never served short
+    successor = await opened(fleet, "b2", 3)
+    assert [p for _, p in successor.read(0, 10).records] == [b"x"]
+
+
+@pytest.mark.timeout(30)
+async def test_a_replication_message_naming_another_sender_is_dropped(fleet: Fleet) -> None:
+    from felix_broker.replication.core import Fence
+    from felix_broker.replication.wire import to_wire
+
+    b1 = fleet.brokers["b1"]
+    assert b1.dialer is not None
+    answer = await b1.dialer.request(
+        "b2", fleet.brokers["b2"].address, to_wire(SHARD, Fence(9, "b3"))
+    )
+    assert answer.held is False  # type: ignore[union-attr]
+    assert fleet.brokers["b2"].service.spoofed == 1
+    assert fleet.driver("b2").replica.generation == 0
+
+
+def batch(i: int) -> bytes:
+    return encode_batch(
+        ReplicatedBatch(
+            timestamp_us=1_000_000 + i, publisher="svc" if i % 2 else None, payloads=[b"p%d" % i]
+        )
+    )
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("fleet", [True], indirect=True)
+async def test_stream_storage_gets_committed_batches_only_and_is_the_leaders_byte_for_byte(
+    fleet: Fleet,
+) -> None:
+    leader = await opened(fleet, "b1", 1)
+    written = [await leader.append([batch(i)]) for i in range(12)]
+    assert [w.stream_offset for w in written] == list(range(12))
+    shard = fleet.brokers["b1"].engine.shard(STREAM, 0)  # type: ignore[union-attr]
+    assert shard.log is not None
+    records = shard.log.read(0, max_records=100, max_bytes=1 << 20)
+    assert [(r.offset, r.timestamp_us, r.payload) for r in records] == [
+        (i, 1_000_000 + i, b"p%d" % i) for i in range(12)
+    ]
+    await until(lambda: all(fleet.brokers[n].driver.applied == 13 for n in NODES))  # type: ignore[union-attr]
+    await fleet.close()  # everything on disk, files closed
+    want = stream_files(fleet, "b1")
+    assert stream_files(fleet, "b2") == want and stream_files(fleet, "b3") == want
+
+
+@pytest.mark.timeout(90)
+@pytest.mark.parametrize("fleet", [True], indirect=True)
+async def test_readers_stop_at_the_mark_and_a_restarted_replica_does_not_apply_twice(
+    fleet: Fleet,
+) -> None:
+    leader = await opened(fleet, "b1", 1)
+    await leader.append([batch(0)])
+    await until(lambda: fleet.driver("b2").applied == 2)  # the mark reached b2 too
+    await fleet.cut("b2")
+    await fleet.cut("b3")
+    with pytest.raises(ReplicationRefusedError):
+        await leader.append([batch(1)])  # on b1's replication log only
+    shard = fleet.brokers["b1"].engine.shard(STREAM, 0)  # type: ignore[union-attr]
+    assert shard.next_offset == 1  # the stream log, what readers read, holds the committed one
+    await fleet.stop("b2")
+    await fleet.start("b2")
+    again = fleet.driver("b2")
+    assert again.applied == 2  # its start entry and batch 0 were applied before the restart
+    assert fleet.brokers["b2"].engine.shard(STREAM, 0).next_offset == 1  # type: ignore[union-attr]

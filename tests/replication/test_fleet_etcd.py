@@ -1,0 +1,206 @@
+"""A Quorum stream end to end: a real etcd, the control plane (its store in etcd, the
+placer running) with the stream defined through its API at replication_factor 3, and
+three brokers that joined through etcd. Nothing sets a route by hand.
+
+- the placer gives the shard three distinct replicas; a publish to the leader is
+  acknowledged (at the quorum mark) and the followers' stream logs equal the leader's;
+- the leader stops (its lease is revoked): the placer promotes a live replica at a
+  new generation, and the successor holds every acknowledged record.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import json
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from felix_broker.app import Broker
+from felix_broker.catalog import StaticCatalog, StreamSpec
+from felix_broker.config import load_config
+from felix_broker.fleet.node import FleetNode
+from felix_broker.fleet.peer import PeerTls
+from felix_broker.fleet.routing import AssignmentState, RoutingSnapshot, ShardId, ShardKind
+from felix_broker.fleet.view import FleetView
+from felix_common.catalog import Consistency
+from felix_common.etcd_process import EtcdProcess
+from felix_common.tokens import DevIssuer, TokenVerifier
+from felix_controlplane.cli import parse_args, run
+from felix_transport import default_impl, generate_ca
+from felix_wire.messages import AckMode, Publish, PublishOk
+from tests.controlplane.support import call
+from tests.support.etcd import etcd_server
+
+from ..fleet.harness import NODES, Entry
+from ..fleet.support import eventually
+from ..support.wire import NS, TENANT, WireClient
+
+__all__ = ["etcd_server"]
+
+pytestmark = pytest.mark.timeout(150)
+
+STREAM = "quorum"
+SHARD = ShardId(ShardKind.STREAM, TENANT, NS, STREAM, 0)
+SPEC = StreamSpec(
+    TENANT, NS, STREAM, durable=True, replication_factor=3, consistency=Consistency.QUORUM
+)
+
+
+@asynccontextmanager
+async def control_plane(tmp: Path, endpoint: str) -> AsyncIterator[None]:
+    ready = tmp / "ready.json"
+    args = parse_args(
+        [
+            *("--db", str(tmp / "cp.db"), "--store", "etcd"),
+            *("--etcd-endpoints", endpoint, "--placer-id", "cp-1", "--placer-lease-ttl", "2"),
+            *("--bind", "127.0.0.1:0", "--admin-bind", "127.0.0.1:0"),
+            *("--ready-file", str(ready)),
+        ]
+    )
+    stop = asyncio.Event()
+    plane = asyncio.get_running_loop().create_task(run(args, stop))
+    try:
+        await eventually(ready.exists, what="control plane up")
+        urls = json.loads(ready.read_text())
+        secret = (tmp / "cp.db.bootstrap-secret").read_text().strip()
+        status, answer = await call(
+            "POST",
+            f"{urls['admin_url']}/v1/bootstrap",
+            token=secret,
+            body={"tenant": TENANT, "admin": {"subjects": [f"admin@{TENANT}"]}},
+        )
+        assert status == 201, answer
+        admin = answer["admin_token"]
+        base = f"{urls['url']}/v1/tenants/{TENANT}/namespaces"
+        assert (await call("POST", base, token=admin, body={"name": NS}))[0] == 201
+        body = {
+            "name": STREAM,
+            "durability": "durable",
+            "consistency": "Quorum",
+            "replication_factor": 3,
+        }
+        assert (await call("POST", f"{base}/{NS}/streams", token=admin, body=body))[0] == 201
+        yield
+    finally:
+        stop.set()
+        await plane
+
+
+async def start_broker(
+    tmp: Path, node_id: str, endpoint: str, fleet_ca: Any, issuer: DevIssuer
+) -> Broker:
+    settings: dict[str, Any] = {
+        "quic_bind": "127.0.0.1:0",
+        "metrics_bind": "127.0.0.1:0",
+        "peer_bind": "127.0.0.1:0",
+        "data_dir": str(tmp / node_id),
+        "quic_impl": default_impl(),
+        "node_id": node_id,
+        "etcd_endpoints": endpoint,
+        "node_lease_ttl_ms": 3000,
+    }
+    config = dataclasses.replace(
+        load_config(environ={}, overrides=settings),
+        catalog=StaticCatalog(streams=[SPEC], caches=[]),
+    )
+    fleet = FleetNode(
+        tls=PeerTls.issue(fleet_ca, node_id), view=FleetView(RoutingSnapshot(node_id=node_id))
+    )
+    broker = Broker(config, verifier=TokenVerifier(issuer.jwks()), fleet=fleet)
+    await broker.start()
+    return broker
+
+
+def records(broker: Broker) -> list[tuple[int, int, bytes]]:
+    assert broker.engine is not None
+    log = broker.engine.shard(SPEC, 0).log
+    assert log is not None
+    found = log.read(0, max_records=1000, max_bytes=1 << 24)
+    return [(r.offset, r.timestamp_us, r.payload) for r in found]
+
+
+def serving(broker: Broker) -> bool:
+    held = broker.replication.driver(SHARD) if broker.replication is not None else None
+    return held is not None and held.refusal() is None
+
+
+async def publish_all(
+    broker: Broker, issuer: DevIssuer, payloads: list[bytes], first: int = 0
+) -> None:
+    """Acked publishes; each ack is after the quorum mark, with its stream offset."""
+    client = await WireClient.connect(Entry(broker, issuer))
+    try:
+        for i, payload in enumerate(payloads, start=1):
+            message = Publish(
+                tenant_id=TENANT,
+                namespace=NS,
+                stream=STREAM,
+                payload=payload,
+                request_id=i,
+                ack=AckMode.PER_MESSAGE,
+            )
+            answer = await client.request(message)
+            assert answer == PublishOk(request_id=i, offset=first + i - 1)
+    finally:
+        client.close()
+
+
+async def test_a_quorum_stream_survives_its_leaders_loss_with_every_acked_record(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    endpoint = etcd_server.endpoint
+    fleet_ca = generate_ca("test fleet")
+    issuer = DevIssuer.load_or_create(tmp_path / "issuer")
+    async with AsyncExitStack() as stack:
+        await stack.enter_async_context(control_plane(tmp_path, endpoint))
+        brokers: dict[str, Broker] = {}
+        for node in NODES:
+            brokers[node] = await start_broker(tmp_path, node, endpoint, fleet_ca, issuer)
+            stack.push_async_callback(brokers[node].stop)
+
+        def route_seen() -> tuple[str, int] | None:
+            routes = [b.fleet.view.snapshot.routes.get(SHARD) for b in brokers.values() if b.fleet]
+            if any(r is None or r.state is not AssignmentState.ACTIVE for r in routes):
+                return None
+            first = routes[0]
+            assert first is not None and first.leader is not None
+            if any(r != first for r in routes):
+                return None
+            assert sorted(first.replicas) == sorted(NODES)
+            return first.leader, first.generation
+
+        await eventually(lambda: route_seen() is not None, within=30, what="a placed replica set")
+        placed = route_seen()
+        assert placed is not None
+        leader, generation = placed
+        await eventually(lambda: serving(brokers[leader]), within=15, what="the leader open")
+        acked = [b"acked-%d" % i for i in range(8)]
+        await publish_all(brokers[leader], issuer, acked)
+        want = records(brokers[leader])
+        assert [p for _, _, p in want] == acked
+        followers = [n for n in NODES if n != leader]
+        await eventually(
+            lambda: all(records(brokers[n]) == want for n in followers),
+            within=15,
+            what="followers' logs equal the leader's",
+        )
+
+        await brokers[leader].stop()  # revokes its lease: the placer acts at once
+
+        def successor() -> str | None:
+            route = brokers[followers[0]].fleet.view.snapshot.routes.get(SHARD)  # type: ignore[union-attr]
+            if route is None or route.generation <= generation or route.leader == leader:
+                return None
+            return route.leader if route.state is AssignmentState.ACTIVE else None
+
+        await eventually(lambda: successor() is not None, within=30, what="a successor placed")
+        new = successor()
+        assert new in followers
+        await eventually(lambda: serving(brokers[new]), within=15, what="the successor open")
+        await publish_all(brokers[new], issuer, [b"after"], first=len(acked))
+        assert [p for _, _, p in records(brokers[new])] == [*acked, b"after"]
