@@ -4,10 +4,12 @@ Both stacks' stock asyncio glue reads one datagram per loop turn and transmits
 after every datagram. Here the socket is non-blocking and watched with
 ``loop.add_reader``; on each wake-up up to ``max_datagrams_per_wakeup``
 ready datagrams are read, grouped per connection, fed to each connection once
-(qh3: ``receive_many_datagrams``), and each touched connection transmits once.
-The first application write of a loop turn is transmitted at once; further
-writes in the same turn mark their connection dirty and are flushed together
-in one ``call_soon`` callback. Socket buffers are raised to
+(qh3: ``receive_many_datagrams``). A connection that received transmits with
+its next write, so the ACK rides with the answer, or, if nothing is written
+meanwhile, ``_RECEIVE_FLUSH_PASSES`` loop passes later. The first application
+write of a loop turn is transmitted at once; further writes in the same turn
+mark their connection dirty and are flushed together in one ``call_soon``
+callback. Socket buffers are raised to
 ``socket_buffer_size`` (4 MiB by default; the kernel may cap this).
 
 Server routing is by destination connection id: the client's original DCID
@@ -40,6 +42,13 @@ _LOCAL_CID_LENGTH = 8  # both stacks' default connection_id_length
 _MIN_INITIAL_SIZE = 1200
 _RECV_SIZE = 65_535
 _REFUSED_MEMORY = 1024
+# Loop passes a connection that received waits for a write to carry its ACK
+# before it transmits anyway. What a receive wakes is usually handled one or two
+# passes later (a reader task wakes the caller awaiting an answer; the broker's
+# reader spawns the request's task, which may wait once more on its storage).
+# Counted at one cache request in flight: ACK-only datagrams ~0.5 per exchange
+# each way -> ~0.03-0.2. The write itself is never delayed.
+_RECEIVE_FLUSH_PASSES = 3
 
 Handler = Callable[[Connection], Awaitable[None]]
 
@@ -77,6 +86,10 @@ class _Endpoint(abc.ABC):
         self._sock = sock
         self._config = config
         self._dirty: set[Connection] = set()
+        # Connections that received since they last transmitted: their ACK goes
+        # with the next write, or in `_flush_acks` a few loop passes later.
+        self._acks_due: set[Connection] = set()
+        self._acks_scheduled = False
         self._flush_scheduled = False
         self._sock_closed = False
         self.send_errors = 0
@@ -105,6 +118,7 @@ class _Endpoint(abc.ABC):
             return
         self._flush_scheduled = True
         self._loop.call_soon(self._flush)
+        self._acks_due.discard(connection)  # this transmit carries the ACK
         connection._transmit()
 
     def connection_id_issued(self, connection: Connection, cid: bytes) -> None:
@@ -118,14 +132,26 @@ class _Endpoint(abc.ABC):
 
     def connection_terminated(self, connection: Connection) -> None:
         self._dirty.discard(connection)
+        self._acks_due.discard(connection)
 
     # -- loop ------------------------------------------------------------------
+
+    def _flush_acks(self, passes: int) -> None:
+        if passes > 1:
+            self._loop.call_soon(self._flush_acks, passes - 1)
+            return
+        self._acks_scheduled = False
+        due = self._acks_due
+        self._acks_due = set()
+        for connection in due:
+            connection._transmit()
 
     def _flush(self) -> None:
         self._flush_scheduled = False
         dirty = self._dirty
         self._dirty = set()
         for connection in dirty:
+            self._acks_due.discard(connection)
             connection._transmit()
 
     def _on_readable(self) -> None:
@@ -156,9 +182,14 @@ class _Endpoint(abc.ABC):
         for connection, runs in batch.items():
             connection._datagrams_received(runs, now)
             self._after_receive(connection)
-        for connection in batch:
-            self._dirty.discard(connection)
-            connection._transmit()
+        # No transmit here: the handlers woken by this receive write their
+        # answers first (schedule_transmit), and the ACK leaves with them instead
+        # of in an ACK-only datagram of its own; a connection that wrote nothing
+        # meanwhile transmits in _flush_acks.
+        self._acks_due.update(batch)
+        if not self._acks_scheduled:
+            self._acks_scheduled = True
+            self._loop.call_soon(self._flush_acks, _RECEIVE_FLUSH_PASSES)
 
     @abc.abstractmethod
     def _route(self, data: bytes, addr: Address) -> Connection | None:
