@@ -1,0 +1,155 @@
+"""One chaos run: fleet up, workload and nemesis for a while, heal, final logs, verdict.
+
+`run(RunConfig)` writes into ``out``:
+
+- ``history.jsonl``: the checked history (the log stream's shards and the cache),
+  one `felix_broker.chaos.history.Operation` a line;
+- ``memory-history.jsonl``: the in-memory stream's history;
+- ``faults.jsonl``: every fault injected (`nemesis.FaultEvent`), on the same clock;
+- ``verdict.json``: the checker's verdict, operation and fault counts, runtime,
+  liveness (heal to every shard serving, per fault).
+
+The checked history is judged by every rule of `felix_broker.chaos.checker`. The
+in-memory stream keeps, through broker loss, only the rules in `MEMORY_RULES`:
+its shard is re-placed empty when its broker dies, so lost writes, prefix reads,
+real-time order and delivery gaps are not promised there; its other violations
+are reported as they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import logging
+import random
+import time
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from felix_broker.chaos.checker import Rule, Verdict, check
+from felix_broker.chaos.history import Operation, dump
+
+from .fleet import ChaosFleet, Layout
+from .nemesis import FaultKind, Nemesis
+from .workload import Recorder, Workers, Workload, final_logs
+
+__all__ = ["MEMORY_RULES", "RunConfig", "RunResult", "run"]
+
+_log = logging.getLogger(__name__)
+
+MEMORY_RULES = frozenset({Rule.PHANTOM, Rule.DUPLICATE, Rule.REFUSED_APPEARS})
+_SETTLE_S = 2.0  # after the last fault's heal, before the final reads
+_WORKLOAD_END_S = 30.0  # bound on the workers' last operations after the stop
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    out: Path
+    seconds: float = 60.0
+    seed: int = 1
+    layout: Layout = field(default_factory=Layout)
+    faults: tuple[FaultKind, ...] = tuple(FaultKind)
+    workers: Workers = field(default_factory=Workers)
+    liveness_bound: float = 45.0
+
+
+@dataclass
+class RunResult:
+    verdict: Verdict
+    memory_verdict: Verdict
+    liveness_failures: list[str]
+    summary: dict[str, Any]
+
+    @property
+    def ok(self) -> bool:
+        return self.verdict.ok and self.memory_verdict.ok and not self.liveness_failures
+
+
+def _violations(verdict: Verdict) -> list[dict[str, Any]]:
+    return [
+        {"rule": v.rule.value, "detail": v.detail, "operations": list(v.operations)}
+        for v in verdict.violations
+    ]
+
+
+def _counts(operations: Sequence[Operation]) -> dict[str, int]:
+    counts: Counter[str] = Counter()
+    for op in operations:
+        counts[f"{op.kind.value}.{op.outcome.value}"] += 1
+    return dict(sorted(counts.items()))
+
+
+async def run(config: RunConfig) -> RunResult:
+    began = time.monotonic()
+    config.out.mkdir(parents=True, exist_ok=True)
+    rng = random.Random(config.seed)
+    fleet = await ChaosFleet.start(config.out / "fleet", config.layout)
+    recorder = Recorder()
+    workload = Workload(fleet, recorder, random.Random(rng.getrandbits(64)), config.workers)
+    nemesis = Nemesis(
+        fleet,
+        random.Random(rng.getrandbits(64)),
+        kinds=config.faults,
+        liveness_bound=config.liveness_bound,
+    )
+    try:
+        owners = await workload._client(0)
+        nemesis.owners = owners
+        stop = asyncio.Event()
+        workers = asyncio.create_task(workload.run(stop))
+        faults = asyncio.create_task(nemesis.run(stop))
+        await asyncio.wait({workers, faults}, timeout=config.seconds)
+        stop.set()
+        if config.faults:
+            await faults  # the round under way ends healed
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(asyncio.shield(workers), _WORKLOAD_END_S)
+        if not workers.done():
+            workers.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await workers
+        await fleet.heal()
+        final_ready = await fleet.wait_ready(config.liveness_bound)
+        await asyncio.sleep(_SETTLE_S)
+        await final_logs(fleet, recorder)
+        with contextlib.suppress(Exception):
+            await owners.aclose()
+    finally:
+        await fleet.close()
+    verdict = check(recorder.operations)
+    memory = check(recorder.memory)
+    memory.violations = [v for v in memory.violations if v.rule in MEMORY_RULES]
+    dump(recorder.operations, config.out / "history.jsonl")
+    dump(recorder.memory, config.out / "memory-history.jsonl")
+    (config.out / "faults.jsonl").write_bytes(
+        b"".join(msgspec.json.encode(e) + b"\n" for e in nemesis.events)
+    )
+    fault_counts = Counter(e.kind for e in nemesis.events)
+    recovered = [e.recovered_s for e in nemesis.events if e.recovered_s is not None]
+    summary: dict[str, Any] = {
+        "ok": verdict.ok and memory.ok and not nemesis.liveness_failures,
+        "seed": config.seed,
+        "seconds": config.seconds,
+        "runtime_s": round(time.monotonic() - began, 1),
+        "layout": asdict(config.layout),
+        "operations": len(recorder.operations),
+        "operation_counts": _counts(recorder.operations),
+        "memory_operations": len(recorder.memory),
+        "memory_operation_counts": _counts(recorder.memory),
+        "delivered": workload.counts["delivered"],
+        "faults": len(nemesis.events),
+        "fault_counts": dict(sorted(fault_counts.items())),
+        "recovery_s_max": round(max(recovered), 2) if recovered else None,
+        "final_ready_s": round(final_ready, 2),
+        "liveness_failures": nemesis.liveness_failures,
+        "violations": _violations(verdict),
+        "memory_violations": _violations(memory),
+    }
+    (config.out / "verdict.json").write_text(json.dumps(summary, indent=2) + "\n")
+    return RunResult(verdict, memory, nemesis.liveness_failures, summary)
