@@ -47,6 +47,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="deliberately broken fleet: a restarted broker comes back with no durable data",
     )
+    parser.add_argument(
+        "--owners-only",
+        action="store_true",
+        help="broker faults hit only owners of the checked log's shards",
+    )
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.log_shards < 1:
@@ -58,6 +63,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         seed=args.seed,
         layout=Layout(log_shards=args.log_shards, lose_disk_on_restart=args.lose_disk_on_restart),
         faults=args.faults,
+        roles=("owner",) if args.owners_only else ("owner", "other"),
     )
     try:
         result = asyncio.run(run(config))

@@ -71,6 +71,7 @@ class Nemesis:
     quiet: tuple[float, float] = (1.0, 4.0)
     hold: tuple[float, float] = (0.5, 4.0)
     liveness_bound: float = 45.0
+    roles: tuple[str, ...] = ("owner", "other")  # whom broker faults may hit
     owners: Client | None = None  # asks which broker owns a log shard
     events: list[FaultEvent] = field(default_factory=list)
     liveness_failures: list[str] = field(default_factory=list)
@@ -92,7 +93,7 @@ class Nemesis:
     async def _target(self) -> tuple[BrokerProcess, str]:
         """The owner of a random log shard (by the routing the fleet reports), or
         another broker: the nemesis's choice, the owner taken from the fleet."""
-        role = self.rng.choice(("owner", "other"))
+        role = self.rng.choice(self.roles)
         pick = self.rng.randrange(len(self.fleet.brokers))
         owner: BrokerProcess | None = None
         if self.owners is not None:

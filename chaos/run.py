@@ -46,6 +46,7 @@ _log = logging.getLogger(__name__)
 MEMORY_RULES = frozenset({Rule.PHANTOM, Rule.DUPLICATE, Rule.REFUSED_APPEARS})
 _SETTLE_S = 2.0  # after the last fault's heal, before the final reads
 _WORKLOAD_END_S = 30.0  # bound on the workers' last operations after the stop
+_LISTED = 100  # violations listed in verdict.json per history (all are counted)
 
 
 @dataclass(frozen=True)
@@ -57,6 +58,8 @@ class RunConfig:
     faults: tuple[FaultKind, ...] = tuple(FaultKind)
     workers: Workers = field(default_factory=Workers)
     liveness_bound: float = 45.0
+    # Whom broker faults hit: the owner of a checked log shard, or another broker.
+    roles: tuple[str, ...] = ("owner", "other")
 
 
 @dataclass
@@ -71,11 +74,14 @@ class RunResult:
         return self.verdict.ok and self.memory_verdict.ok and not self.liveness_failures
 
 
-def _violations(verdict: Verdict) -> list[dict[str, Any]]:
-    return [
-        {"rule": v.rule.value, "detail": v.detail, "operations": list(v.operations)}
-        for v in verdict.violations
-    ]
+def _violations(verdict: Verdict) -> dict[str, Any]:
+    return {
+        "counts": dict(sorted(Counter(v.rule.value for v in verdict.violations).items())),
+        "first": [
+            {"rule": v.rule.value, "detail": v.detail, "operations": list(v.operations)}
+            for v in verdict.violations[:_LISTED]
+        ],
+    }
 
 
 def _counts(operations: Sequence[Operation]) -> dict[str, int]:
@@ -97,6 +103,7 @@ async def run(config: RunConfig) -> RunResult:
         random.Random(rng.getrandbits(64)),
         kinds=config.faults,
         liveness_bound=config.liveness_bound,
+        roles=config.roles,
     )
     try:
         owners = await workload._client(0)
