@@ -56,7 +56,7 @@ class RunConfig:
     seed: int = 1
     layout: Layout = field(default_factory=Layout)
     faults: tuple[FaultKind, ...] = tuple(FaultKind)
-    workers: Workers = field(default_factory=Workers)
+    workers: Workers | None = None  # None: the default mix, cache keys scaled to the run
     liveness_bound: float = 45.0
     # Whom broker faults hit: the owner of a checked log shard, or another broker.
     roles: tuple[str, ...] = ("owner", "other")
@@ -97,7 +97,8 @@ async def run(config: RunConfig) -> RunResult:
     rng = random.Random(config.seed)
     fleet = await ChaosFleet.start(config.out / "fleet", config.layout)
     recorder = Recorder()
-    workload = Workload(fleet, recorder, random.Random(rng.getrandbits(64)), config.workers)
+    workers = config.workers or Workers(cache_keys=max(4, int(config.seconds // 10)))
+    workload = Workload(fleet, recorder, random.Random(rng.getrandbits(64)), workers)
     nemesis = Nemesis(
         fleet,
         random.Random(rng.getrandbits(64)),
@@ -109,18 +110,22 @@ async def run(config: RunConfig) -> RunResult:
         owners = await workload._client(0)
         nemesis.owners = owners
         stop = asyncio.Event()
-        workers = asyncio.create_task(workload.run(stop))
-        faults = asyncio.create_task(nemesis.run(stop))
-        await asyncio.wait({workers, faults}, timeout=config.seconds)
-        stop.set()
+        clients = asyncio.create_task(workload.run(stop))
+        tasks = {clients}
         if config.faults:
-            await faults  # the round under way ends healed
+            tasks.add(asyncio.create_task(nemesis.run(stop)))
+        done, _ = await asyncio.wait(tasks, timeout=config.seconds)
+        stop.set()
+        for task in tasks - {clients}:
+            await task  # the round under way ends healed
+        for task in done:
+            task.result()  # a worker or the nemesis failed: the run is void
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(workers), _WORKLOAD_END_S)
-        if not workers.done():
-            workers.cancel()
+            await asyncio.wait_for(asyncio.shield(clients), _WORKLOAD_END_S)
+        if not clients.done():
+            clients.cancel()
         with contextlib.suppress(asyncio.CancelledError):
-            await workers
+            await clients
         await fleet.heal()
         final_ready = await fleet.wait_ready(config.liveness_bound)
         await asyncio.sleep(_SETTLE_S)

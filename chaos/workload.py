@@ -44,7 +44,6 @@ _log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 _REQUEST_TIMEOUT = 5.0
-_CACHE_KEYS = 4
 _READ_PAGE = 200
 _READ_PAGES = 5  # a read is at most this many pages (else it is not a tail read)
 _PAUSE = (0.005, 0.05)  # seconds between one worker's operations
@@ -67,6 +66,9 @@ class Workers:
     cache_writers: int = 2
     cache_readers: int = 2
     memory_producers: int = 1
+    # Cache keys written and read: few keys make overwrites race; the checker's
+    # register rule costs gets x puts per key, so a long run wants more keys.
+    cache_keys: int = 4
 
 
 class Recorder:
@@ -458,7 +460,7 @@ class Workload:
     ) -> None:
         cache = client.cache(self.layout.cache)
         while not stop.is_set():
-            key = f"key-{rng.randrange(_CACHE_KEYS)}"
+            key = f"key-{rng.randrange(self.workers.cache_keys)}"
             value = self.value(name)
 
             def make(
@@ -494,7 +496,7 @@ class Workload:
     ) -> None:
         cache = client.cache(self.layout.cache)
         while not stop.is_set():
-            key = f"key-{rng.randrange(_CACHE_KEYS)}"
+            key = f"key-{rng.randrange(self.workers.cache_keys)}"
 
             def make(
                 outcome: Outcome,
