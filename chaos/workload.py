@@ -31,7 +31,7 @@ from dataclasses import dataclass
 from functools import partial
 from typing import Literal, TypeVar
 
-from felix_broker.chaos.history import Kind, Operation, Outcome
+from felix_broker.chaos.history import Kind, Operation, Outcome, Write
 from felix_client import Client, ClientConfig, connect
 from felix_client.errors import BrokerError, ClientError
 
@@ -66,6 +66,7 @@ class Workers:
     cache_writers: int = 2
     cache_readers: int = 2
     memory_producers: int = 1
+    committers: int = 1
     # Cache keys written and read: few keys make overwrites race; the checker's
     # register rule costs gets x puts per key, so a long run wants more keys.
     cache_keys: int = 4
@@ -174,6 +175,7 @@ class Workload:
         jobs += [self._cache_writer] * w.cache_writers
         jobs += [self._cache_reader] * w.cache_readers
         jobs += [self._memory_producer] * w.memory_producers
+        jobs += [self._committer] * w.committers
         subscriptions = [
             (layout.log_stream, shard, False) for shard in range(layout.log_shards)
         ] * w.subscribers + [(layout.memory_stream, 0, True)] * min(1, w.subscribers)
@@ -347,6 +349,53 @@ class Workload:
         finally:
             with contextlib.suppress(*_OUTCOMES):
                 await producer.aclose()
+
+    async def _committer(
+        self, client: Client, name: str, rng: random.Random, stop: asyncio.Event
+    ) -> None:
+        """Atomic commits on the log: each appends its event (and puts the entity's
+        state key). The history holds the event as the commit's one log write; the
+        state half is not judged (the checker models logs and cache registers)."""
+        stream = self.layout.log_stream
+        keys = await self._shard_keys(client, stream, self.layout.log_shards)
+        while not stop.is_set():
+            shard = rng.randrange(len(keys))
+            value = self.value(name)
+
+            def make(
+                outcome: Outcome,
+                invoke: float,
+                complete: float | None,
+                offset: int | None,
+                exc: BaseException | None,
+                key: str = log_key(stream, shard),
+                value: str = value,
+            ) -> Operation:
+                return Operation(
+                    client=name,
+                    kind=Kind.COMMIT,
+                    writes=[Write(key=key, value=value)],
+                    offset=offset,
+                    invoke=invoke,
+                    complete=complete,
+                    outcome=outcome,
+                    retry=_retry(exc),
+                    code=_code(exc),
+                )
+
+            await self.rec.call(
+                partial(
+                    client.commit,
+                    stream,
+                    keys[shard],
+                    value.encode(),
+                    changes={"last": value.encode()},
+                    timeout=_REQUEST_TIMEOUT,
+                ),
+                make,
+            )
+            self.counts["commit"] += 1
+            await self._pause(rng)
 
     # -- readers
 
