@@ -33,7 +33,7 @@ from typing import Any
 import msgspec
 
 from felix_broker.chaos.checker import Rule, Verdict, check
-from felix_broker.chaos.history import Operation, dump
+from felix_broker.chaos.history import Kind, Operation, dump
 
 from .fleet import ChaosFleet, Layout
 from .nemesis import FaultKind, Nemesis
@@ -67,11 +67,17 @@ class RunResult:
     verdict: Verdict
     memory_verdict: Verdict
     liveness_failures: list[str]
+    state_failures: list[str]
     summary: dict[str, Any]
 
     @property
     def ok(self) -> bool:
-        return self.verdict.ok and self.memory_verdict.ok and not self.liveness_failures
+        return (
+            self.verdict.ok
+            and self.memory_verdict.ok
+            and not self.liveness_failures
+            and not self.state_failures
+        )
 
 
 def _violations(verdict: Verdict) -> dict[str, Any]:
@@ -89,6 +95,21 @@ def _counts(operations: Sequence[Operation]) -> dict[str, int]:
     for op in operations:
         counts[f"{op.kind.value}.{op.outcome.value}"] += 1
     return dict(sorted(counts.items()))
+
+
+def commit_states(history: Sequence[Operation], states: dict[str, str | None]) -> list[str]:
+    """The other half of commit atomicity: each shard's committed state must be what
+    the last commit present in its final log wrote (nothing, when none is), never a
+    commit whose event is missing nor one older than the log's last."""
+    commits = {w.value for op in history if op.kind is Kind.COMMIT for w in op.writes}
+    finals = {op.key: op.values for op in history if op.kind is Kind.FINAL}
+    failures = []
+    for key, state in sorted(states.items()):
+        present = [v for v in finals.get(key, []) if v in commits]
+        expected = present[-1] if present else None
+        if state != expected:
+            failures.append(f"{key}: state holds {state!r}, the log's last commit is {expected!r}")
+    return failures
 
 
 async def run(config: RunConfig) -> RunResult:
@@ -129,12 +150,13 @@ async def run(config: RunConfig) -> RunResult:
         await fleet.heal()
         final_ready = await fleet.wait_ready(config.liveness_bound)
         await asyncio.sleep(_SETTLE_S)
-        await final_logs(fleet, recorder)
+        states = await final_logs(fleet, recorder)
         with contextlib.suppress(Exception):
             await owners.aclose()
     finally:
         await fleet.close()
     verdict = check(recorder.operations)
+    state_failures = commit_states(recorder.operations, states)
     memory = check(recorder.memory)
     memory.violations = [v for v in memory.violations if v.rule in MEMORY_RULES]
     dump(recorder.operations, config.out / "history.jsonl")
@@ -145,7 +167,7 @@ async def run(config: RunConfig) -> RunResult:
     fault_counts = Counter(e.kind for e in nemesis.events)
     recovered = [e.recovered_s for e in nemesis.events if e.recovered_s is not None]
     summary: dict[str, Any] = {
-        "ok": verdict.ok and memory.ok and not nemesis.liveness_failures,
+        "ok": verdict.ok and memory.ok and not nemesis.liveness_failures and not state_failures,
         "seed": config.seed,
         "seconds": config.seconds,
         "runtime_s": round(time.monotonic() - began, 1),
@@ -160,8 +182,9 @@ async def run(config: RunConfig) -> RunResult:
         "recovery_s_max": round(max(recovered), 2) if recovered else None,
         "final_ready_s": round(final_ready, 2),
         "liveness_failures": nemesis.liveness_failures,
+        "commit_state_failures": state_failures,
         "violations": _violations(verdict),
         "memory_violations": _violations(memory),
     }
     (config.out / "verdict.json").write_text(json.dumps(summary, indent=2) + "\n")
-    return RunResult(verdict, memory, nemesis.liveness_failures, summary)
+    return RunResult(verdict, memory, nemesis.liveness_failures, state_failures, summary)

@@ -572,11 +572,18 @@ class Workload:
             await self._pause(rng)
 
 
-async def final_logs(fleet: ChaosFleet, rec: Recorder, *, attempts: int = 20) -> None:
-    """After the heal: every shard's whole log, read by a fresh client (`final` ops)."""
+async def final_logs(
+    fleet: ChaosFleet, rec: Recorder, *, attempts: int = 20
+) -> dict[str, str | None]:
+    """After the heal: every shard's whole log, read by a fresh client (`final` ops).
+    Returns, per log shard, the committed state the committers wrote there (the
+    entity key "last" of that shard's routing key)."""
     layout = fleet.layout
-    client = await Workload(fleet, rec, random.Random(0), Workers())._client(1)
+    workload = Workload(fleet, rec, random.Random(0), Workers())
+    client = await workload._client(1)
+    states: dict[str, str | None] = {}
     try:
+        keys = await workload._shard_keys(client, layout.log_stream, layout.log_shards)
         for shard in range(layout.log_shards):
             stream = layout.log_stream
             for attempt in range(attempts):
@@ -602,6 +609,17 @@ async def final_logs(fleet: ChaosFleet, rec: Recorder, *, attempts: int = 20) ->
                 outcome=Outcome.OK,
             )
             rec.add(op)
+            for attempt in range(attempts):
+                try:
+                    entry = await client.state_get(stream, keys[shard], "last")
+                    break
+                except _OUTCOMES as exc:
+                    if attempt == attempts - 1:
+                        raise RuntimeError(f"state of {stream}/{shard}: {exc}") from exc
+                    await asyncio.sleep(0.5)
+            states[log_key(stream, shard)] = (
+                entry.value.decode() if entry.value is not None else None
+            )
         # The in-memory stream has no log to read (stream_read refuses it): its final
         # is recorded empty, and none of the rules judged on it reads the final.
         op = Operation(
@@ -616,3 +634,4 @@ async def final_logs(fleet: ChaosFleet, rec: Recorder, *, attempts: int = 20) ->
     finally:
         with contextlib.suppress(*_OUTCOMES):
             await client.aclose()
+    return states
