@@ -11,13 +11,14 @@ import argparse
 import asyncio
 import json
 import logging
+import signal
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
 from .fleet import FleetError, Layout
 from .nemesis import FaultKind
-from .run import RunConfig, run
+from .run import RunConfig, RunResult, run
 
 
 def _faults(text: str) -> tuple[FaultKind, ...]:
@@ -28,6 +29,16 @@ def _faults(text: str) -> tuple[FaultKind, ...]:
     except ValueError:
         names = ", ".join(k.value for k in FaultKind)
         raise argparse.ArgumentTypeError(f"faults are a comma-separated list of {names}") from None
+
+
+async def _run(config: RunConfig) -> RunResult:
+    """The run, cancelled by SIGTERM or SIGINT (its fleet is stopped on the way out)."""
+    task = asyncio.current_task()
+    assert task is not None
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, task.cancel)
+    return await run(config)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -66,7 +77,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         roles=("owner",) if args.owners_only else ("owner", "other"),
     )
     try:
-        result = asyncio.run(run(config))
+        result = asyncio.run(_run(config))
+    except asyncio.CancelledError:
+        print("chaos: interrupted; the fleet was stopped, no verdict", file=sys.stderr)
+        return 130
     except FleetError as exc:
         print(f"chaos: the fleet did not start or come back: {exc}", file=sys.stderr)
         return 2
