@@ -60,3 +60,43 @@ def test_the_broker_reads_the_file_only_with_the_knob(tmp_path: Path) -> None:
     path = tmp_path / "f.json"
     config = load_config(environ={"FELIX_TEST_FAULTS": str(path)})
     assert config.test_faults_file == path
+
+
+async def test_a_broker_with_the_knob_fails_and_heals_with_its_fault_file(tmp_path: Path) -> None:
+    """Through a real broker: a failing fsync refuses an acknowledged-after-the-write
+    publish (outcome unknown, code storage); a slow one only delays it."""
+    import felix_client
+    from felix_broker.fixture.run import full_rights
+    from felix_client.errors import RetryClass, StorageError
+
+    from ..broker.harness import running_broker
+    from ..support.wire import NS, TENANT
+
+    faults = tmp_path / "faults.json"
+    async with running_broker(
+        tmp_path, durable_fsync_mode="on_commit", test_faults_file=str(faults)
+    ) as broker:
+        assert broker.issuer is not None and broker.ca_path is not None
+        token = broker.issuer.mint(TENANT, subject="t", perms=full_rights(TENANT), ttl_seconds=60)
+        client = await felix_client.connect(
+            f"127.0.0.1:{broker.quic_port}",
+            tenant_id=TENANT,
+            token=token,
+            namespace=NS,
+            ca_file=broker.ca_path,
+            config=felix_client.ClientConfig(ack_on_commit=True, request_timeout=5),
+        )
+        try:
+            assert await client.publish("log", b"a", key=b"k") == 0
+            write_fault(faults, FsyncFault(delay_ms=300))
+            time.sleep(0.06)
+            began = time.monotonic()
+            assert await client.publish("log", b"b", key=b"k") == 1
+            assert time.monotonic() - began >= 0.3
+            write_fault(faults, FsyncFault(fail=True))
+            time.sleep(0.06)
+            with pytest.raises(StorageError) as refused:
+                await client.publish("log", b"c", key=b"k")
+            assert refused.value.retry is RetryClass.OUTCOME_UNKNOWN
+        finally:
+            await client.aclose()
