@@ -97,6 +97,12 @@ def _counts(operations: Sequence[Operation]) -> dict[str, int]:
     return dict(sorted(counts.items()))
 
 
+def _write_faults(out: Path, nemesis: Nemesis) -> None:
+    (out / "faults.jsonl").write_bytes(
+        b"".join(msgspec.json.encode(e) + b"\n" for e in nemesis.events)
+    )
+
+
 def commit_states(history: Sequence[Operation], states: dict[str, str | None]) -> list[str]:
     """The other half of commit atomicity: each shard's committed state must be what
     the last commit present in its final log wrote (nothing, when none is), never a
@@ -153,6 +159,14 @@ async def run(config: RunConfig) -> RunResult:
         states = await final_logs(fleet, recorder)
         with contextlib.suppress(Exception):
             await owners.aclose()
+    except BaseException as exc:
+        # A run that cannot finish keeps what it recorded, unjudged.
+        dump(recorder.operations, config.out / "history.jsonl")
+        dump(recorder.memory, config.out / "memory-history.jsonl")
+        _write_faults(config.out, nemesis)
+        aborted = {"ok": False, "aborted": repr(exc), "operations": len(recorder.operations)}
+        (config.out / "verdict.json").write_text(json.dumps(aborted, indent=2) + "\n")
+        raise
     finally:
         await fleet.close()
     verdict = check(recorder.operations)
@@ -161,9 +175,7 @@ async def run(config: RunConfig) -> RunResult:
     memory.violations = [v for v in memory.violations if v.rule in MEMORY_RULES]
     dump(recorder.operations, config.out / "history.jsonl")
     dump(recorder.memory, config.out / "memory-history.jsonl")
-    (config.out / "faults.jsonl").write_bytes(
-        b"".join(msgspec.json.encode(e) + b"\n" for e in nemesis.events)
-    )
+    _write_faults(config.out, nemesis)
     fault_counts = Counter(e.kind for e in nemesis.events)
     recovered = [e.recovered_s for e in nemesis.events if e.recovered_s is not None]
     summary: dict[str, Any] = {
