@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 BENCH_STAMP := $(VENV)/.bench-installed
 
-.PHONY: setup codegen drift lint types layering unit unit-aioquic test soak bench run clean
+.PHONY: setup codegen drift lint types layering unit unit-aioquic test soak chaos bench run clean
 
 setup: $(STAMP)
 
@@ -34,11 +34,11 @@ drift: codegen
 
 lint: setup
 	$(PY) -m ruff check .
-	$(PY) -m ruff format --check codegen felix_common felix_broker felix_controlplane felix_transport felix_client conformance tests bench tools
+	$(PY) -m ruff format --check codegen felix_common felix_broker felix_controlplane felix_transport felix_client conformance chaos tests bench tools
 
 # bench/ is type-checked too: its peers' clients (the bench extra) must be installed.
 types: setup $(BENCH_STAMP)
-	$(PY) -m mypy codegen/felix_codegen felix_common felix_broker felix_controlplane felix_transport felix_client conformance/felix_conformance bench tools
+	$(PY) -m mypy codegen/felix_codegen felix_common felix_broker felix_controlplane felix_transport felix_client conformance/felix_conformance chaos bench tools
 
 layering: setup
 	$(VENV)/bin/lint-imports
@@ -65,6 +65,17 @@ test: drift lint types layering unit unit-aioquic
 soak: setup
 	FELIX_SOAK_SECONDS=1800 FELIX_SOAK_REPORT_SECONDS=30 $(PY) -m pytest -q -s \
 		-p no:cacheprovider tests/broker/test_soak.py
+
+# A long chaos run (chaos/): a real 3-broker fleet, the recorded workload and the seeded
+# nemesis for FELIX_CHAOS_SECONDS, then the checker's verdict. History, faults and verdict
+# go to FELIX_CHAOS_OUT (default chaos-runs/<time>-seed<seed>); exit 1 on a violation.
+# make test runs three short runs (tests/chaos/test_runs.py).
+FELIX_CHAOS_SECONDS ?= 1800
+FELIX_CHAOS_SEED ?= 1
+FELIX_CHAOS_OUT ?= chaos-runs/$(shell date -u +%Y%m%dT%H%M%SZ)-seed$(FELIX_CHAOS_SEED)
+chaos: setup
+	$(PY) -m chaos --seconds $(FELIX_CHAOS_SECONDS) --seed $(FELIX_CHAOS_SEED) \
+		--out $(FELIX_CHAOS_OUT)
 
 bench: setup $(BENCH_STAMP)
 	$(PY) bench/codec.py

@@ -100,7 +100,12 @@ class Broker:
         self.cluster_placement: ClusterPlacement | None = None
         self.replication: ReplicationManager | None = None  # a fleet member's replicas
         self._cache_limits = cache_limits
-        self.metrics = BrokerMetrics(quic_impl=config.quic_impl.value)
+        fsync: Callable[[int], None] = os.fsync
+        if config.test_faults_file is not None:
+            from felix_broker.chaos.faults import FaultFile
+
+            fsync = FaultFile(config.test_faults_file).fsync
+        self.metrics = BrokerMetrics(quic_impl=config.quic_impl.value, fsync=fsync)
         self.health = Health()
         self.engine: Engine | None = None
         self.streams: StreamService | None = None

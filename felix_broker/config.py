@@ -673,6 +673,11 @@ class BrokerConfig:
 
     # Features a broker can be told not to offer (a fleet member that has not enabled
     # them yet; the client fixture's no-commit broker).
+    test_faults_file: Path | None = _optional_path(
+        "FELIX_TEST_FAULTS",
+        doc="Test mode only: a fault file (JSON: fsync_delay_ms, fsync_fail) every fsync "
+        "reads, so a chaos run can slow or fail the disk; unset (the default), fsync is plain.",
+    )
     withhold_atomic_commit: bool = _bool(
         False,
         "FELIX_WITHHOLD_ATOMIC_COMMIT",

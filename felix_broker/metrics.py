@@ -75,7 +75,14 @@ def build_version() -> str:
 class BrokerMetrics:
     """One broker's metric objects, registered in its own registry."""
 
-    def __init__(self, registry: CollectorRegistry | None = None, *, quic_impl: str = "") -> None:
+    def __init__(
+        self,
+        registry: CollectorRegistry | None = None,
+        *,
+        quic_impl: str = "",
+        fsync: Callable[[int], None] = os.fsync,
+    ) -> None:
+        self._fsync = fsync  # os.fsync, or a test-mode fault file's (felix_broker.chaos.faults)
         self.registry = CollectorRegistry(auto_describe=True) if registry is None else registry
         r = self.registry
         self.build_info = Info(
@@ -278,11 +285,12 @@ class BrokerMetrics:
         """An ``os.fsync`` that observes its duration in ``felix_storage_fsync_seconds``
         (what the logs are given to sync with; thread-safe, as the fsync threads call it)."""
         observe = self.fsync_seconds.observe
+        sync = self._fsync
 
         def fsync(fd: int) -> None:
             started = time.perf_counter()
             try:
-                os.fsync(fd)
+                sync(fd)
             finally:
                 observe(time.perf_counter() - started)
 

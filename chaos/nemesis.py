@@ -1,0 +1,171 @@
+"""The nemesis: bounded faults, one at a time, chosen by a seeded RNG.
+
+Each round: a quiet spell, then one fault held for a bounded time, then its heal,
+then a liveness check (every shard of every stream and cache served again, and an
+acknowledged publish through every broker, within `liveness_bound` seconds).
+The same seed gives the same sequence of choices (faults, targets, holds); what
+the fleet does meanwhile is the run's own.
+
+Faults (`FaultKind`):
+
+- ``kill``: ``kill -9`` of a broker (the owner of a checked log shard, or another
+  one), down for the hold, then restarted on the same data folder and ports;
+- ``pause``: SIGSTOP, then SIGCONT after the hold (past the 3 s lease TTL, the
+  broker's shards go unavailable meanwhile);
+- ``link``: drop, reset or stall the link interposer's flows (clients entering
+  through it) for the hold;
+- ``etcd``: etcd stopped by its PID for the hold, then started on the same data;
+- ``fsync_slow``: the broker's fault file makes every fsync sleep 50–500 ms;
+- ``fsync_fail``: every fsync fails (EIO); a failed log acknowledges nothing until
+  reopened, so the heal is a ``kill -9`` and a restart.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import enum
+import logging
+import random
+import signal
+from dataclasses import dataclass, field
+
+import msgspec
+
+from felix_broker.chaos.faults import FsyncFault
+from felix_broker.fixture.link import Fault
+from felix_client import Client
+from felix_client.errors import BrokerError, ClientError
+
+from .fleet import BrokerProcess, ChaosFleet, FleetError
+
+__all__ = ["FaultEvent", "FaultKind", "Nemesis"]
+
+_log = logging.getLogger(__name__)
+
+
+class FaultKind(enum.Enum):
+    KILL = "kill"
+    PAUSE = "pause"
+    LINK = "link"
+    ETCD = "etcd"
+    FSYNC_SLOW = "fsync_slow"
+    FSYNC_FAIL = "fsync_fail"
+
+
+class FaultEvent(msgspec.Struct, frozen=True, kw_only=True):
+    """One injected fault, on the history's clock."""
+
+    kind: str
+    target: str
+    start: float
+    healed: float
+    detail: str = ""
+    recovered_s: float | None = None  # heal to every shard serving (None: not within bound)
+
+
+@dataclass
+class Nemesis:
+    fleet: ChaosFleet
+    rng: random.Random
+    kinds: tuple[FaultKind, ...] = tuple(FaultKind)
+    quiet: tuple[float, float] = (1.0, 4.0)
+    hold: tuple[float, float] = (0.5, 4.0)
+    liveness_bound: float = 45.0
+    roles: tuple[str, ...] = ("owner", "other")  # whom broker faults may hit
+    owners: Client | None = None  # asks which broker owns a log shard
+    events: list[FaultEvent] = field(default_factory=list)
+    liveness_failures: list[str] = field(default_factory=list)
+
+    def _now(self) -> float:
+        return asyncio.get_running_loop().time()
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Rounds until `stop` is set (a round under way finishes, healed)."""
+        while not stop.is_set():
+            quiet = self.rng.uniform(*self.quiet)
+            try:
+                await asyncio.wait_for(stop.wait(), quiet)
+                return
+            except TimeoutError:
+                pass
+            await self.round()
+
+    async def _target(self) -> tuple[BrokerProcess, str]:
+        """The owner of a random log shard (by the routing the fleet reports), or
+        another broker: the nemesis's choice, the owner taken from the fleet."""
+        role = self.rng.choice(self.roles)
+        pick = self.rng.randrange(len(self.fleet.brokers))
+        owner: BrokerProcess | None = None
+        if self.owners is not None:
+            shard = self.rng.randrange(self.fleet.layout.log_shards)
+            try:
+                answer = await asyncio.wait_for(
+                    self.owners.shard_owners(self.fleet.layout.log_stream), 5.0
+                )
+                addr = next((o.addr for o in answer if o.shard == shard), None)
+                owner = self.fleet.by_addr(addr) if addr else None
+            except (BrokerError, ClientError, TimeoutError, OSError) as exc:
+                _log.info("nemesis: no owner known: %s", exc)
+        if role == "owner" and owner is not None:
+            return owner, "owner"
+        others = [b for b in self.fleet.brokers if b is not owner]
+        return others[pick % len(others)], "other"
+
+    async def round(self) -> FaultEvent:
+        kind = self.rng.choice(self.kinds)
+        hold = self.rng.uniform(*self.hold)
+        broker, role = await self._target()
+        start = self._now()
+        detail = f"{role}, {hold:.1f} s"
+        target = broker.node_id
+        if kind is FaultKind.KILL:
+            await broker.kill()
+            await asyncio.sleep(hold)
+            await broker.start()
+        elif kind is FaultKind.PAUSE:
+            broker.signal(signal.SIGSTOP)
+            await asyncio.sleep(hold)
+            broker.signal(signal.SIGCONT)
+        elif kind is FaultKind.LINK:
+            fault = self.rng.choice(tuple(Fault))
+            target, detail = "link", f"{fault.value} in front of node-1, {hold:.1f} s"
+            self.fleet.link.apply(fault, int(hold * 1000))
+            await asyncio.sleep(hold)
+            self.fleet.link.heal()
+        elif kind is FaultKind.ETCD:
+            target = "etcd"
+            await asyncio.to_thread(self.fleet.etcd.stop)
+            await asyncio.sleep(hold)
+            await asyncio.to_thread(self.fleet.etcd.start)
+        elif kind is FaultKind.FSYNC_SLOW:
+            delay = self.rng.randint(50, 500)
+            detail += f", {delay} ms per fsync"
+            broker.set_fault(FsyncFault(delay_ms=delay))
+            await asyncio.sleep(hold)
+            broker.set_fault(FsyncFault())
+        else:
+            broker.set_fault(FsyncFault(fail=True))
+            await asyncio.sleep(hold)
+            broker.set_fault(FsyncFault())
+            await broker.kill()
+            await broker.start()
+            detail += ", then kill -9 and restart"
+        healed = self._now()
+        recovered: float | None
+        try:
+            recovered = await self.fleet.wait_ready(self.liveness_bound)
+        except FleetError as exc:
+            recovered = None
+            self.liveness_failures.append(f"{kind.value} on {target}: {exc}")
+            await self.fleet.heal()  # whatever is left, so the run goes on
+        event = FaultEvent(
+            kind=kind.value,
+            target=target,
+            start=start,
+            healed=healed,
+            detail=detail,
+            recovered_s=recovered,
+        )
+        self.events.append(event)
+        _log.info("nemesis: %s", event)
+        return event

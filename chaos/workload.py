@@ -1,0 +1,637 @@
+"""The chaos workload: concurrent felix_client clients whose every operation is recorded.
+
+Each worker is one client (its own connections) looping until the run's stop event:
+plain producers (ack after the write, so an ack carries its offset), idempotent
+producers (`Client.producer`), stream readers (`stream_read` from a random offset
+to the tail), subscribers (one subscription per shard, from offset 0, resumed
+after it ends), cache writers and cache readers on a few keys. Every operation
+becomes a `felix_broker.chaos.history.Operation` stamped on the run's one clock
+(the event loop's monotonic time): invocation, completion and outcome.
+
+Outcomes: an answer is `ok`; a broker's refusal is `refused` with its retry class
+and code (the checker counts only `retry`, `retry_after` and `redirect` as
+"nothing applied"); a timeout, a lost connection or a failed producer is
+`unknown`. Offsets are positions here: RF1 logs carry no generation-start
+records (when they do, `Recorder` must map offsets to positions).
+
+Log keys in the history are ``stream/shard``; the checked log stream and the
+cache go to one history, the in-memory stream to its own (judged by fewer rules).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import logging
+import random
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from functools import partial
+from typing import Literal, TypeVar
+
+from felix_broker.chaos.history import Kind, Operation, Outcome, Write
+from felix_client import Client, ClientConfig, connect
+from felix_client.errors import BrokerError, ClientError
+
+from .fleet import NAMESPACE, TENANT, ChaosFleet
+
+__all__ = ["Recorder", "Workers", "Workload", "final_logs", "log_key"]
+
+_log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+_REQUEST_TIMEOUT = 5.0
+_READ_PAGE = 200
+_READ_PAGES = 5  # a read is at most this many pages (else it is not a tail read)
+_PAUSE = (0.005, 0.05)  # seconds between one worker's operations
+# What an operation may raise that is an outcome, not a bug of the workload.
+_OUTCOMES: tuple[type[BaseException], ...] = (BrokerError, ClientError, TimeoutError, OSError)
+
+
+def log_key(stream: str, shard: int) -> str:
+    return f"{stream}/{shard}"
+
+
+@dataclass(frozen=True, slots=True)
+class Workers:
+    """How many clients of each kind (per stream where it applies)."""
+
+    producers: int = 2
+    idempotent: int = 1
+    readers: int = 1
+    subscribers: int = 1
+    cache_writers: int = 2
+    cache_readers: int = 2
+    memory_producers: int = 1
+    committers: int = 1
+    # Cache keys written and read: few keys make overwrites race; the checker's
+    # register rule costs gets x puts per key, so a long run wants more keys.
+    cache_keys: int = 4
+
+
+class Recorder:
+    """The run's operations, in completion order, and the clock they share."""
+
+    def __init__(self) -> None:
+        self._loop = asyncio.get_running_loop()
+        self.operations: list[Operation] = []
+        self.memory: list[Operation] = []
+        self.tails: dict[str, int] = defaultdict(int)  # highest acked offset + 1 per log
+
+    def now(self) -> float:
+        return self._loop.time()
+
+    def add(self, op: Operation, *, memory: bool = False) -> None:
+        (self.memory if memory else self.operations).append(op)
+        if op.kind is Kind.APPEND and op.outcome is Outcome.OK and op.offset is not None:
+            self.tails[op.key] = max(self.tails[op.key], op.offset + 1)
+
+    async def call(
+        self,
+        work: Callable[[], Awaitable[T]],
+        make: Callable[[Outcome, float, float | None, T | None, BaseException | None], Operation],
+        *,
+        memory: bool = False,
+    ) -> T | None:
+        """Run one operation, record it, return its value (None unless ok)."""
+        invoke = self.now()
+        try:
+            value = await work()
+        except asyncio.CancelledError:
+            self.add(make(Outcome.UNKNOWN, invoke, None, None, None), memory=memory)
+            raise
+        except _OUTCOMES as exc:
+            outcome = Outcome.REFUSED if isinstance(exc, BrokerError) else Outcome.UNKNOWN
+            self.add(make(outcome, invoke, self.now(), None, exc), memory=memory)
+            return None
+        self.add(make(Outcome.OK, invoke, self.now(), value, None), memory=memory)
+        return value
+
+
+def _retry(exc: BaseException | None) -> str | None:
+    """A refusal's retry class (what the checker reads as definite or not)."""
+    return exc.retry.wire if isinstance(exc, BrokerError) else None
+
+
+def _code(exc: BaseException | None) -> str | None:
+    return exc.code_name if isinstance(exc, BrokerError) else None
+
+
+class Workload:
+    """The workers of one run; `run(stop)` returns once every worker has ended."""
+
+    def __init__(
+        self, fleet: ChaosFleet, recorder: Recorder, rng: random.Random, workers: Workers
+    ) -> None:
+        self.fleet = fleet
+        self.rec = recorder
+        self.layout = fleet.layout
+        self.workers = workers
+        self._seeds = [rng.getrandbits(32) for _ in range(64)]
+        self._values = itertools.count()
+        self.counts: Counter[str] = Counter()
+
+    def value(self, client: str) -> str:
+        return f"{client}-{next(self._values)}"
+
+    async def _client(self, index: int) -> Client:
+        # Every third client enters through the link interposer (the nemesis's link
+        # faults reach it); the others may start at any broker.
+        addrs = list(self.fleet.addrs)
+        random.Random(index).shuffle(addrs)
+        if index % 3 == 0:
+            addrs.insert(0, self.fleet.link_addr)
+        client = await self._connect(addrs)
+        if client is None:
+            raise RuntimeError(f"client {index} never connected")
+        return client
+
+    async def _connect(self, addrs: list[str], attempts: int = 100) -> Client | None:
+        config = ClientConfig(ack_on_commit=True, request_timeout=_REQUEST_TIMEOUT)
+        for _ in range(attempts):
+            try:
+                return await connect(
+                    addrs,
+                    tenant_id=TENANT,
+                    token=self.fleet.token,
+                    namespace=NAMESPACE,
+                    ca_file=self.fleet.ca_file,
+                    config=config,
+                )
+            except _OUTCOMES as exc:
+                _log.info("cannot connect to %s yet: %s", addrs, exc)
+                await asyncio.sleep(0.2)
+        return None
+
+    async def run(self, stop: asyncio.Event) -> None:
+        w, layout = self.workers, self.layout
+        jobs: list[Callable[[Client, str, random.Random, asyncio.Event], Awaitable[None]]] = []
+        jobs += [self._producer] * w.producers
+        jobs += [self._idempotent] * w.idempotent
+        jobs += [self._reader] * w.readers
+        jobs += [self._cache_writer] * w.cache_writers
+        jobs += [self._cache_reader] * w.cache_readers
+        jobs += [self._memory_producer] * w.memory_producers
+        jobs += [self._committer] * w.committers
+        subscriptions = [
+            (layout.log_stream, shard, False) for shard in range(layout.log_shards)
+        ] * w.subscribers + [(layout.memory_stream, 0, True)] * min(1, w.subscribers)
+
+        async def worker(index: int, job: Callable[..., Awaitable[None]], *args: object) -> None:
+            client = await self._client(index)
+            try:
+                await job(client, f"c{index}", random.Random(self._seeds[index % 64]), *args)
+            finally:
+                with contextlib.suppress(*_OUTCOMES):
+                    await client.aclose()
+
+        tasks = [asyncio.create_task(worker(i, job, stop)) for i, job in enumerate(jobs, start=1)]
+        base = len(tasks) + 1
+        tasks += [
+            asyncio.create_task(worker(base + i, self._subscriber, stop, stream, shard, memory))
+            for i, (stream, shard, memory) in enumerate(subscriptions)
+        ]
+        try:
+            await asyncio.gather(*tasks)
+        finally:
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+    async def _pause(self, rng: random.Random) -> None:
+        await asyncio.sleep(rng.uniform(*_PAUSE))
+
+    # -- producers
+
+    async def _shard_keys(self, client: Client, stream: str, shards: int) -> list[bytes]:
+        """One routing key per shard of `stream`."""
+        keys: dict[int, bytes] = {}
+        for n in range(1000):
+            key = f"k{n}".encode()
+            keys.setdefault(await client.shard_for_key(stream, key), key)
+            if len(keys) == shards:
+                break
+        return [keys[s] for s in sorted(keys)]
+
+    async def _producer(
+        self, client: Client, name: str, rng: random.Random, stop: asyncio.Event
+    ) -> None:
+        await self._publish_loop(client, name, rng, stop, memory=False)
+
+    async def _memory_producer(
+        self, client: Client, name: str, rng: random.Random, stop: asyncio.Event
+    ) -> None:
+        await self._publish_loop(client, name, rng, stop, memory=True)
+
+    async def _publish_loop(
+        self, client: Client, name: str, rng: random.Random, stop: asyncio.Event, *, memory: bool
+    ) -> None:
+        stream = self.layout.memory_stream if memory else self.layout.log_stream
+        shards = 1 if memory else self.layout.log_shards
+        keys = await self._shard_keys(client, stream, shards)
+        while not stop.is_set():
+            shard = rng.randrange(shards)
+            value = self.value(name)
+
+            def make(
+                outcome: Outcome,
+                invoke: float,
+                complete: float | None,
+                offset: int | None,
+                exc: BaseException | None,
+                key: str = log_key(stream, shard),
+                value: str = value,
+            ) -> Operation:
+                return Operation(
+                    client=name,
+                    kind=Kind.APPEND,
+                    key=key,
+                    value=value,
+                    offset=offset,
+                    invoke=invoke,
+                    complete=complete,
+                    outcome=outcome,
+                    retry=_retry(exc),
+                    code=_code(exc),
+                )
+
+            await self.rec.call(
+                partial(client.publish, stream, value.encode(), key=keys[shard]),
+                make,
+                memory=memory,
+            )
+            self.counts["append"] += 1
+            await self._pause(rng)
+
+    async def _idempotent(
+        self, client: Client, name: str, rng: random.Random, stop: asyncio.Event
+    ) -> None:
+        """Idempotent producers, each on one shard and connected to its owner (the
+        producer does not follow `not_leader`: it ends, and the next one is made for
+        the owner the fleet names then)."""
+        stream = self.layout.log_stream
+        keys = await self._shard_keys(client, stream, self.layout.log_shards)
+        while not stop.is_set():
+            shard = rng.randrange(len(keys))
+            try:
+                owners = await client.shard_owners(stream)
+            except _OUTCOMES as exc:
+                _log.info("%s: no owners: %s", name, exc)
+                await asyncio.sleep(0.2)
+                continue
+            addr = next((o.addr for o in owners if o.shard == shard and o.addr), None)
+            direct = await self._connect([addr], attempts=5) if addr else None
+            if direct is None:
+                await asyncio.sleep(0.2)
+                continue
+            try:
+                await self._produce(direct, name, rng, stop, shard, keys[shard])
+            finally:
+                with contextlib.suppress(*_OUTCOMES):
+                    await direct.aclose()
+
+    async def _produce(
+        self,
+        client: Client,
+        name: str,
+        rng: random.Random,
+        stop: asyncio.Event,
+        shard: int,
+        routing_key: bytes,
+    ) -> None:
+        """One producer's life: publishes until the first one not acknowledged."""
+        stream = self.layout.log_stream
+        producer = client.producer(stream, timeout=_REQUEST_TIMEOUT, resend_timeout=10.0)
+        try:
+            await producer.start()
+        except _OUTCOMES as exc:
+            _log.info("%s: producer did not start: %s", name, exc)
+            await asyncio.sleep(0.2)
+            return
+        try:
+            while not stop.is_set():
+                value = self.value(name)
+                failed: list[bool] = []
+
+                def make(
+                    outcome: Outcome,
+                    invoke: float,
+                    complete: float | None,
+                    offset: int | None,
+                    exc: BaseException | None,
+                    value: str = value,
+                    failed: list[bool] = failed,
+                ) -> Operation:
+                    failed.append(outcome is not Outcome.OK)
+                    return Operation(
+                        client=name,
+                        kind=Kind.APPEND,
+                        key=log_key(stream, shard),
+                        value=value,
+                        offset=offset,
+                        invoke=invoke,
+                        complete=complete,
+                        outcome=outcome,
+                        retry=_retry(exc),
+                        code=_code(exc),
+                    )
+
+                await self.rec.call(
+                    partial(producer.publish, value.encode(), key=routing_key), make
+                )
+                self.counts["idempotent_append"] += 1
+                if failed[0]:
+                    return
+                await self._pause(rng)
+        finally:
+            with contextlib.suppress(*_OUTCOMES):
+                await producer.aclose()
+
+    async def _committer(
+        self, client: Client, name: str, rng: random.Random, stop: asyncio.Event
+    ) -> None:
+        """Atomic commits on the log: each appends its event (and puts the entity's
+        state key). The history holds the event as the commit's one log write; the
+        state half is not judged (the checker models logs and cache registers)."""
+        stream = self.layout.log_stream
+        keys = await self._shard_keys(client, stream, self.layout.log_shards)
+        while not stop.is_set():
+            shard = rng.randrange(len(keys))
+            value = self.value(name)
+
+            def make(
+                outcome: Outcome,
+                invoke: float,
+                complete: float | None,
+                offset: int | None,
+                exc: BaseException | None,
+                key: str = log_key(stream, shard),
+                value: str = value,
+            ) -> Operation:
+                return Operation(
+                    client=name,
+                    kind=Kind.COMMIT,
+                    writes=[Write(key=key, value=value)],
+                    offset=offset,
+                    invoke=invoke,
+                    complete=complete,
+                    outcome=outcome,
+                    retry=_retry(exc),
+                    code=_code(exc),
+                )
+
+            await self.rec.call(
+                partial(
+                    client.commit,
+                    stream,
+                    keys[shard],
+                    value.encode(),
+                    changes={"last": value.encode()},
+                    timeout=_REQUEST_TIMEOUT,
+                ),
+                make,
+            )
+            self.counts["commit"] += 1
+            await self._pause(rng)
+
+    # -- readers
+
+    async def _reader(
+        self, client: Client, name: str, rng: random.Random, stop: asyncio.Event
+    ) -> None:
+        stream = self.layout.log_stream
+        while not stop.is_set():
+            shard = rng.randrange(self.layout.log_shards)
+            key = log_key(stream, shard)
+            start = rng.randint(0, self.rec.tails[key])
+
+            async def read(shard: int = shard, start: int = start) -> tuple[list[str], bool]:
+                values: list[str] = []
+                pages = client.stream_read(stream, start=start, shard=shard, max_records=_READ_PAGE)
+                count = 0
+                async for page in pages:
+                    values.extend(r.payload.decode() for r in page.records)
+                    count += 1
+                    if count == _READ_PAGES:
+                        with contextlib.suppress(*_OUTCOMES):
+                            await pages.aclose()  # type: ignore[attr-defined]
+                        return values, False
+                return values, True
+
+            def make(
+                outcome: Outcome,
+                invoke: float,
+                complete: float | None,
+                got: tuple[list[str], bool] | None,
+                exc: BaseException | None,
+                key: str = key,
+                start: int = start,
+            ) -> Operation:
+                values, tail = got if got is not None else ([], False)
+                return Operation(
+                    client=name,
+                    kind=Kind.READ,
+                    key=key,
+                    offset=start,
+                    values=values,
+                    tail=tail,
+                    invoke=invoke,
+                    complete=complete,
+                    outcome=outcome,
+                    retry=_retry(exc),
+                    code=_code(exc),
+                )
+
+            await self.rec.call(read, make)
+            self.counts["read"] += 1
+            await self._pause(rng)
+
+    async def _subscriber(
+        self,
+        client: Client,
+        name: str,
+        rng: random.Random,
+        stop: asyncio.Event,
+        stream: str,
+        shard: int,
+        memory: bool,
+    ) -> None:
+        """Subscriptions to one shard from offset 0, each resumed where the last
+        one's deliveries ended; each subscription's life is one operation."""
+        start = 0
+        while not stop.is_set():
+            invoke = self.rec.now()
+            values: list[str] = []
+            # An in-memory stream keeps a ring of recent events, not a log: its
+            # subscriptions start at the live end (and offsets do not survive a
+            # re-placement, so they resume there too).
+            first: int | Literal["latest"] = "latest" if memory else start
+            subscription = client.subscribe(stream, shard=shard, start=first)
+            try:
+                while not stop.is_set():
+                    try:
+                        event = await subscription.next(timeout=0.5)
+                    except TimeoutError:
+                        continue
+                    values.append(event.payload.decode())
+                    if event.offset is not None:
+                        start = event.offset + 1
+            except StopAsyncIteration:
+                pass
+            except _OUTCOMES as exc:
+                _log.info("%s: subscription ended: %s", name, exc)
+            finally:
+                with contextlib.suppress(*_OUTCOMES):
+                    await subscription.aclose()
+            op = Operation(
+                client=name,
+                kind=Kind.SUBSCRIBE,
+                key=log_key(stream, shard),
+                offset=None if memory else (start - len(values) if values else start),
+                values=values,
+                invoke=invoke,
+                complete=self.rec.now(),
+                outcome=Outcome.OK,
+            )
+            self.rec.add(op, memory=memory)
+            self.counts["subscription"] += 1
+            self.counts["delivered"] += len(values)
+            if not stop.is_set():
+                await asyncio.sleep(0.2)
+
+    # -- caches
+
+    async def _cache_writer(
+        self, client: Client, name: str, rng: random.Random, stop: asyncio.Event
+    ) -> None:
+        cache = client.cache(self.layout.cache)
+        while not stop.is_set():
+            key = f"key-{rng.randrange(self.workers.cache_keys)}"
+            value = self.value(name)
+
+            def make(
+                outcome: Outcome,
+                invoke: float,
+                complete: float | None,
+                _: None,
+                exc: BaseException | None,
+                key: str = key,
+                value: str = value,
+            ) -> Operation:
+                return Operation(
+                    client=name,
+                    kind=Kind.CACHE_PUT,
+                    key=key,
+                    value=value,
+                    invoke=invoke,
+                    complete=complete,
+                    outcome=outcome,
+                    retry=_retry(exc),
+                    code=_code(exc),
+                )
+
+            await self.rec.call(
+                partial(cache.put, key, value.encode(), timeout=_REQUEST_TIMEOUT),
+                make,
+            )
+            self.counts["cache_put"] += 1
+            await self._pause(rng)
+
+    async def _cache_reader(
+        self, client: Client, name: str, rng: random.Random, stop: asyncio.Event
+    ) -> None:
+        cache = client.cache(self.layout.cache)
+        while not stop.is_set():
+            key = f"key-{rng.randrange(self.workers.cache_keys)}"
+
+            def make(
+                outcome: Outcome,
+                invoke: float,
+                complete: float | None,
+                got: bytes | None,
+                exc: BaseException | None,
+                key: str = key,
+            ) -> Operation:
+                return Operation(
+                    client=name,
+                    kind=Kind.CACHE_GET,
+                    key=key,
+                    value=got.decode() if got is not None else None,
+                    invoke=invoke,
+                    complete=complete,
+                    outcome=outcome,
+                    retry=_retry(exc),
+                    code=_code(exc),
+                )
+
+            await self.rec.call(partial(cache.get, key, timeout=_REQUEST_TIMEOUT), make)
+            self.counts["cache_get"] += 1
+            await self._pause(rng)
+
+
+async def final_logs(
+    fleet: ChaosFleet, rec: Recorder, *, attempts: int = 20
+) -> dict[str, str | None]:
+    """After the heal: every shard's whole log, read by a fresh client (`final` ops).
+    Returns, per log shard, the committed state the committers wrote there (the
+    entity key "last" of that shard's routing key)."""
+    layout = fleet.layout
+    workload = Workload(fleet, rec, random.Random(0), Workers())
+    client = await workload._client(1)
+    states: dict[str, str | None] = {}
+    try:
+        keys = await workload._shard_keys(client, layout.log_stream, layout.log_shards)
+        for shard in range(layout.log_shards):
+            stream = layout.log_stream
+            for attempt in range(attempts):
+                invoke = rec.now()
+                try:
+                    values: list[str] = []
+                    async for page in client.stream_read(
+                        stream, start=0, shard=shard, max_records=1000
+                    ):
+                        values.extend(r.payload.decode() for r in page.records)
+                    break
+                except _OUTCOMES as exc:
+                    if attempt == attempts - 1:
+                        raise RuntimeError(f"final read of {stream}/{shard}: {exc}") from exc
+                    await asyncio.sleep(0.5)
+            op = Operation(
+                client="final",
+                kind=Kind.FINAL,
+                key=log_key(stream, shard),
+                values=values,
+                invoke=invoke,
+                complete=rec.now(),
+                outcome=Outcome.OK,
+            )
+            rec.add(op)
+            for attempt in range(attempts):
+                try:
+                    entry = await client.state_get(stream, keys[shard], "last")
+                    break
+                except _OUTCOMES as exc:
+                    if attempt == attempts - 1:
+                        raise RuntimeError(f"state of {stream}/{shard}: {exc}") from exc
+                    await asyncio.sleep(0.5)
+            states[log_key(stream, shard)] = (
+                entry.value.decode() if entry.value is not None else None
+            )
+        # The in-memory stream has no log to read (stream_read refuses it): its final
+        # is recorded empty, and none of the rules judged on it reads the final.
+        op = Operation(
+            client="final",
+            kind=Kind.FINAL,
+            key=log_key(layout.memory_stream, 0),
+            invoke=rec.now(),
+            complete=rec.now(),
+            outcome=Outcome.OK,
+        )
+        rec.add(op, memory=True)
+    finally:
+        with contextlib.suppress(*_OUTCOMES):
+            await client.aclose()
+    return states

@@ -1,0 +1,104 @@
+"""The broker's test-mode storage faults: a fault file read only when FELIX_TEST_FAULTS is set.
+
+The chaos nemesis writes the file (JSON, replaced atomically) and every fsync the
+broker makes reads it, at most once per `_RECHECK_S` (a `stat` otherwise):
+
+- ``{"fsync_delay_ms": N}``: each fsync first sleeps N ms (a slow disk);
+- ``{"fsync_fail": true}``: each fsync raises ``OSError(EIO)`` instead of syncing
+  (a failed disk: the log goes to its failed state and acknowledges nothing more);
+- an empty object, or no file: no fault.
+
+A file that is not such an object counts as no fault and is logged once per
+change, so a typo never turns into a fault nobody asked for. Without the knob the
+broker's fsync is plain ``os.fsync`` and this module is never imported.
+"""
+
+from __future__ import annotations
+
+import errno
+import json
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+__all__ = ["FaultFile", "FsyncFault", "write_fault"]
+
+_log = logging.getLogger(__name__)
+
+_RECHECK_S = 0.05
+_MAX_DELAY_MS = 60_000  # a fault is bounded: one fsync never sleeps longer than this
+
+
+@dataclass(frozen=True, slots=True)
+class FsyncFault:
+    delay_ms: int = 0
+    fail: bool = False
+
+    def to_json(self) -> dict[str, object]:
+        return {"fsync_delay_ms": self.delay_ms, "fsync_fail": self.fail}
+
+    @classmethod
+    def parse(cls, text: str) -> FsyncFault:
+        """The fault a file's text names; ``ValueError`` for anything else."""
+        value = json.loads(text) if text.strip() else {}
+        if not isinstance(value, dict) or set(value) - {"fsync_delay_ms", "fsync_fail"}:
+            raise ValueError("expected an object with fsync_delay_ms and/or fsync_fail")
+        delay = value.get("fsync_delay_ms", 0)
+        fail = value.get("fsync_fail", False)
+        if not isinstance(delay, int) or isinstance(delay, bool) or not delay >= 0:
+            raise ValueError("fsync_delay_ms must be a non-negative integer")
+        if not isinstance(fail, bool):
+            raise ValueError("fsync_fail must be true or false")
+        return cls(min(delay, _MAX_DELAY_MS), fail)
+
+
+class FaultFile:
+    """``fsync`` is ``os.fsync`` with the file's current fault applied (thread-safe)."""
+
+    def __init__(self, path: Path, sync: Callable[[int], None] = os.fsync) -> None:
+        self.path = path
+        self._sync = sync
+        self._lock = threading.Lock()
+        self._checked = float("-inf")
+        self._stamp: tuple[int, int] | None = None
+        self._fault = FsyncFault()
+
+    def current(self) -> FsyncFault:
+        now = time.monotonic()
+        with self._lock:
+            if now - self._checked < _RECHECK_S:
+                return self._fault
+            self._checked = now
+            try:
+                stat = self.path.stat()
+            except FileNotFoundError:
+                self._stamp, self._fault = None, FsyncFault()
+                return self._fault
+            stamp = (stat.st_mtime_ns, stat.st_ino)
+            if stamp != self._stamp:
+                self._stamp = stamp
+                try:
+                    self._fault = FsyncFault.parse(self.path.read_text())
+                except (OSError, ValueError) as exc:
+                    _log.warning("test fault file %s ignored: %s", self.path, exc)
+                    self._fault = FsyncFault()
+            return self._fault
+
+    def fsync(self, fd: int) -> None:
+        fault = self.current()
+        if fault.delay_ms:
+            time.sleep(fault.delay_ms / 1000)
+        if fault.fail:
+            raise OSError(errno.EIO, "fsync failed (test fault)")
+        self._sync(fd)
+
+
+def write_fault(path: Path, fault: FsyncFault) -> None:
+    """Replace the fault file atomically (what the nemesis calls)."""
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(fault.to_json()))
+    tmp.replace(path)

@@ -1,0 +1,102 @@
+"""The broker's test-mode fault file: what each fault does to an fsync, and that a
+bad file is no fault at all."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from felix_broker.chaos.faults import FaultFile, FsyncFault, write_fault
+
+
+def test_no_file_means_a_plain_fsync(tmp_path: Path) -> None:
+    synced: list[int] = []
+    FaultFile(tmp_path / "faults.json", synced.append).fsync(7)
+    assert synced == [7]
+
+
+def test_a_failing_fsync_raises_eio_and_syncs_nothing(tmp_path: Path) -> None:
+    path = tmp_path / "faults.json"
+    write_fault(path, FsyncFault(fail=True))
+    synced: list[int] = []
+    with pytest.raises(OSError, match="test fault") as raised:
+        FaultFile(path, synced.append).fsync(3)
+    assert raised.value.errno == 5 and synced == []
+
+
+def test_a_slow_fsync_sleeps_first_and_heals_when_the_file_changes(tmp_path: Path) -> None:
+    path = tmp_path / "faults.json"
+    write_fault(path, FsyncFault(delay_ms=80))
+    synced: list[int] = []
+    faults = FaultFile(path, synced.append)
+    began = time.monotonic()
+    faults.fsync(1)
+    assert time.monotonic() - began >= 0.08 and synced == [1]
+    write_fault(path, FsyncFault())
+    time.sleep(0.06)  # past the re-check interval
+    began = time.monotonic()
+    faults.fsync(2)
+    assert time.monotonic() - began < 0.05 and synced == [1, 2]
+
+
+@pytest.mark.parametrize(
+    "text",
+    ['{"fsync_fail": "yes"}', '{"fsync_delay_ms": -1}', '{"fsync_dely_ms": 5}', "[1]", "{"],
+)
+def test_a_bad_fault_file_is_no_fault(tmp_path: Path, text: str) -> None:
+    path = tmp_path / "faults.json"
+    path.write_text(text)
+    synced: list[int] = []
+    FaultFile(path, synced.append).fsync(4)
+    assert synced == [4]
+
+
+def test_the_broker_reads_the_file_only_with_the_knob(tmp_path: Path) -> None:
+    from felix_broker.config import load_config
+
+    assert load_config(environ={}).test_faults_file is None
+    path = tmp_path / "f.json"
+    config = load_config(environ={"FELIX_TEST_FAULTS": str(path)})
+    assert config.test_faults_file == path
+
+
+async def test_a_broker_with_the_knob_fails_and_heals_with_its_fault_file(tmp_path: Path) -> None:
+    """Through a real broker: a failing fsync refuses an acknowledged-after-the-write
+    publish (outcome unknown, code storage); a slow one only delays it."""
+    import felix_client
+    from felix_broker.fixture.run import full_rights
+    from felix_client.errors import RetryClass, StorageError
+
+    from ..broker.harness import running_broker
+    from ..support.wire import NS, TENANT
+
+    faults = tmp_path / "faults.json"
+    async with running_broker(
+        tmp_path, durable_fsync_mode="on_commit", test_faults_file=str(faults)
+    ) as broker:
+        assert broker.issuer is not None and broker.ca_path is not None
+        token = broker.issuer.mint(TENANT, subject="t", perms=full_rights(TENANT), ttl_seconds=60)
+        client = await felix_client.connect(
+            f"127.0.0.1:{broker.quic_port}",
+            tenant_id=TENANT,
+            token=token,
+            namespace=NS,
+            ca_file=broker.ca_path,
+            config=felix_client.ClientConfig(ack_on_commit=True, request_timeout=5),
+        )
+        try:
+            assert await client.publish("log", b"a", key=b"k") == 0
+            write_fault(faults, FsyncFault(delay_ms=300))
+            time.sleep(0.06)
+            began = time.monotonic()
+            assert await client.publish("log", b"b", key=b"k") == 1
+            assert time.monotonic() - began >= 0.3
+            write_fault(faults, FsyncFault(fail=True))
+            time.sleep(0.06)
+            with pytest.raises(StorageError) as refused:
+                await client.publish("log", b"c", key=b"k")
+            assert refused.value.retry is RetryClass.OUTCOME_UNKNOWN
+        finally:
+            await client.aclose()
