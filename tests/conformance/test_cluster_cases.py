@@ -189,6 +189,7 @@ async def test_a_connection_cannot_move_to_another_broker(fixture_file: Path) ->
 # The fault cases: they ask the fleet's control endpoint (profile `control_url`)
 # to fence movable_stream's shard, and heal it after each case whatever its verdict.
 FAULTS = ["cluster.shard-moved", "cluster.shard-unavailable-while-fenced"]
+FAULT_GLOB = "cluster.shard-*"
 
 
 @pytest.mark.timeout(240)
@@ -197,14 +198,14 @@ def test_the_fault_cases_pass_and_heal_after_themselves(fleet_file: Path, tmp_pa
     (a fenced shard refuses the cases' first write)."""
     for _ in range(2):
         report_path = tmp_path / "faults.json"
-        code = main(["--fixture", str(fleet_file), "-t", *FAULTS, "--json", str(report_path)])
+        code = main(["--fixture", str(fleet_file), "-t", FAULT_GLOB, "--json", str(report_path)])
         report = json.loads(report_path.read_text())
         problems = [
             (c["id"], c["detail"], c["wire_log"]) for c in report["cases"] if c["verdict"] != "pass"
         ]
         assert problems == []
         assert sorted(_verdicts(report)) == FAULTS and code == EXIT_OK
-        assert all("POST /heal" in c["wire_log"] for c in report["cases"])
+        assert all(any("POST /heal" in line for line in c["wire_log"]) for c in report["cases"])
 
 
 @pytest.mark.timeout(120)
@@ -243,7 +244,7 @@ def test_without_a_control_url_the_fault_cases_are_setup(fleet_file: Path, tmp_p
     profile_path = tmp_path / "profile.yaml"
     profile_path.write_text(yaml.safe_dump(document))
     report_path = tmp_path / "faults.json"
-    code = main(["--profile", str(profile_path), "-t", *FAULTS, "--json", str(report_path)])
+    code = main(["--profile", str(profile_path), "-t", FAULT_GLOB, "--json", str(report_path)])
     report = json.loads(report_path.read_text())
     assert set(_verdicts(report).values()) == {"setup"}, report["cases"]
     assert all("control_url (not in the profile)" in c["detail"] for c in report["cases"])
