@@ -2,10 +2,11 @@
 
 A YAML document validated by `schema/profile.schema.json`: where the broker is
 and how to trust it, the credentials, the streams and caches cases may use,
-and the extra tokens of the forbidden cases, and the control endpoint the fault
-cases ask for a fault (`control_url`, with `streams.movable_stream`). Everything is optional; the command
-line overrides it, and a case needing a name it lacks gets "setup". Relative
-paths in it are relative to the profile's own folder.
+the extra tokens of the forbidden cases, and the control endpoint the fault
+cases ask for a fault (`control_url`, with `streams.movable_stream`).
+Everything is optional; the command line overrides it, and a case needing a
+name it lacks gets "setup". Relative paths in it are relative to the profile's
+own folder.
 
 `felix-conformance profile --fixture fx.json --out profile.yaml` writes one from
 a `felix-broker fixture` document.
