@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from aiohttp import web
 
 from felix_conformance.cli import EXIT_OK, main
 from felix_conformance.corpus import load_corpus, select
@@ -300,3 +301,37 @@ def test_only_a_fleet_fixture_gives_the_profile_a_control_url(tmp_path: Path) ->
     assert main(["profile", "--fixture", str(fleet), "--out", str(written)]) == EXIT_OK
     loaded = load_profile(written).variables
     assert loaded["control_url"] == "http://127.0.0.1:2" and loaded["movable_stream"] == "m"
+
+
+async def test_a_fault_that_cannot_be_healed_fails_the_case(fixture_file: Path) -> None:
+    """A control endpoint that fences but refuses /heal: the case cannot pass, since
+    the fault would outlive it (a real HTTP endpoint on loopback)."""
+
+    async def fence(_request: web.Request) -> web.Response:
+        return web.json_response({"node_id": "node-1", "addr": "127.0.0.1:1"})
+
+    async def heal(_request: web.Request) -> web.Response:
+        return web.json_response({"error": "cannot heal"}, status=500)
+
+    app = web.Application()
+    app.router.add_post("/fence", fence)
+    app.router.add_post("/heal", heal)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        target = target_from_fixture(fixture_file)
+        target = Target(
+            target.host,
+            target.port,
+            target.ca_pem,
+            target.server_name,
+            {**target.variables, "control_url": f"http://127.0.0.1:{port}"},
+        )
+        result = await run_case(parse_case(_FENCE_ONLY, "inline"), target, await probe(target))
+    finally:
+        await runner.cleanup()
+    assert result.verdict is Verdict.FAIL, result
+    assert "could not be healed" in result.detail and "500" in result.detail
