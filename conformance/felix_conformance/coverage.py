@@ -240,8 +240,6 @@ def compute_coverage(cases: Sequence[Case]) -> Coverage:
 
 
 _CLUSTER = "needs a multi-broker target"
-_MOVE = f"{_CLUSTER} with a planned move: the fixture's /fence, not on main yet"
-_FENCE = f"{_CLUSTER} with a fenced shard: the fixture's /fence, not on main yet"
 _QUORUM = f"{_CLUSTER} with replication: the fixture's /partition, not on main yet"
 _OWNER_REFUSED = (
     f"{_CLUSTER} whose forward is refused with the owner named: the reference broker "
@@ -252,7 +250,6 @@ _OWNER_REFUSED = (
 # Entries a standalone broker cannot be provoked into over QUIC say why.
 NEEDS: dict[str, dict[str, str]] = {
     "messages": {
-        "shard_moved": _MOVE,
         "event": "a broker that sends the JSON event encoding",
         "stream_deleted": "a stream deleted while subscribed; no bit value is known",
         "subscription_lagged": "a subscriber that stops reading until its queue overflows",
@@ -260,7 +257,6 @@ NEEDS: dict[str, dict[str, str]] = {
     },
     "flag values": {
         **{f: _OWNER_REFUSED for f in ("0x0290", "0x0690")},
-        "0x0610": "a failed ack with a reason or retry_after_ms: overload",
         **{
             f: "a stream whose offsets hold no event: skipped_before"
             for f in ("0x0822", "0x0824", "0x2822", "0x2824", "0x4822", "0x4824")
@@ -271,7 +267,6 @@ NEEDS: dict[str, dict[str, str]] = {
         },
     },
     "error codes": {
-        "shard_unavailable": _FENCE,
         "quorum_timeout": _QUORUM,
         "leadership_lost": _QUORUM,
         "unacknowledged": f"{_CLUSTER} whose owner takes a forward and never answers",
@@ -286,7 +281,6 @@ NEEDS: dict[str, dict[str, str]] = {
         "outcome_unknown": f"{_CLUSTER}: quorum_timeout, leadership_lost or unacknowledged"
     },
     "features": {
-        "FEATURE_SHARD_MOVED": _MOVE,
         "FEATURE_SUBSCRIPTION_LAGGED": "a subscriber whose broker queue overflows",
         "FEATURE_STREAM_PUBLISH_WINDOW": "a case filling one stream's window as another publishes",
     },

@@ -18,6 +18,7 @@ from felix_wire.catalogue import ERROR_CODES, FEATURES, MESSAGES
 from .schema import TranscriptError, validate_document
 
 __all__ = [
+    "CONTROL_URL",
     "DEFAULT_CONN",
     "Case",
     "FrameSpec",
@@ -32,6 +33,11 @@ DEFAULT_CONN = "c1"
 # loaded CI machine, short enough that a silent broker fails quickly.
 DEFAULT_STEP_TIMEOUT = 3.0
 DEFAULT_CASE_TIMEOUT = 30.0
+# How long a control step waits for the target's control endpoint to apply a fault.
+DEFAULT_CONTROL_TIMEOUT = 10.0
+# The target variable naming the control endpoint (profile `control_url`): a case
+# with a control step needs it, and gets "setup" without it.
+CONTROL_URL = "control_url"
 
 _ERROR_NAMES = {code.wire for code in ERROR_CODES.values()}
 
@@ -76,9 +82,15 @@ class Step:
     # open: which fleet broker the connection goes to (HOST:PORT text, or
     # {"other_than": HOST:PORT}); None is the target.
     broker: str | dict[str, str] | None = None
+    # control: the route of the target's control endpoint to POST to (a fault),
+    # and what its JSON answer must match (captures allowed).
+    path: str | None = None
+    answer: Any = None
 
     def describe(self) -> str:
         where = self.stream or self.conn
+        if self.path is not None:
+            return f"step {self.index + 1} control POST {self.path}"
         if self.frames:
             names = " | ".join(f.type_name for f in self.frames)
             return f"step {self.index + 1} {self.action} {names} on {where}"
@@ -109,6 +121,11 @@ class Case:
     variables: tuple[str, ...] = ()
     document: dict[str, Any] = field(default_factory=dict, compare=False, repr=False)
 
+    @property
+    def faults(self) -> bool:
+        """Whether the case asks the target's control endpoint for a fault."""
+        return any(step.action == "control" for step in self.steps)
+
 
 def parse_int(value: int | str) -> int:
     return value if isinstance(value, int) else int(value, 16)
@@ -127,6 +144,14 @@ def _step(index: int, raw: dict[str, Any]) -> Step:
     ((action, body),) = raw.items()
     if action == "wait":
         return Step(index, action, seconds=float(body))
+    if action == "control":
+        return Step(
+            index,
+            action,
+            path=body["post"],
+            answer=body.get("answer"),
+            timeout=float(body.get("timeout", DEFAULT_CONTROL_TIMEOUT)),
+        )
     args: dict[str, Any] = {
         "stream": body.get("stream"),
         "conn": body.get("conn", DEFAULT_CONN),
@@ -216,6 +241,11 @@ def parse_case(document: dict[str, Any], source: str) -> Case:
         source=source,
         min_brokers=int(setup.get("brokers", 1)),
         recorded=document.get("recorded"),
-        variables=target_variables(document["steps"]),
+        variables=tuple(
+            sorted(
+                {*target_variables(document["steps"])}
+                | ({CONTROL_URL} if any(s.action == "control" for s in steps) else set())
+            )
+        ),
         document=document,
     )

@@ -2,9 +2,11 @@
 
 A YAML document validated by `schema/profile.schema.json`: where the broker is
 and how to trust it, the credentials, the streams and caches cases may use,
-and the extra tokens of the forbidden cases. Everything is optional; the command
-line overrides it, and a case needing a name it lacks gets "setup". Relative
-paths in it are relative to the profile's own folder.
+the extra tokens of the forbidden cases, and the control endpoint the fault
+cases ask for a fault (`control_url`, with `streams.movable_stream`).
+Everything is optional; the command line overrides it, and a case needing a
+name it lacks gets "setup". Relative paths in it are relative to the profile's
+own folder.
 
 `felix-conformance profile --fixture fx.json --out profile.yaml` writes one from
 a `felix-broker fixture` document.
@@ -65,7 +67,7 @@ def load_profile(path: Path) -> Profile:
         raise ProfileError(f"{path}: {where}: {best.message}")
     folder = path.parent
     variables: dict[str, Any] = dict(document.get("variables", {}))
-    for name in ("tenant_id", "namespace", "other_tenant", "token"):
+    for name in ("tenant_id", "namespace", "other_tenant", "token", "control_url"):
         if name in document:
             variables[name] = document[name]
     if "token_file" in document:
@@ -91,6 +93,9 @@ def profile_from_fixture(fixture: Path) -> dict[str, Any]:
     for name in ("tenant_id", "token", "namespace"):
         if name in document:
             out[name] = document[name]
+    if "movable_stream" in document and "control_url" in document:
+        # A fleet fixture fences movable_stream on POST /fence: the fault cases run.
+        out["control_url"] = document["control_url"]
     sections = {
         "streams": (*STREAM_VARIABLES, "missing_stream"),
         "caches": CACHE_VARIABLES,

@@ -18,6 +18,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any
 
+import aiohttp
 import msgspec
 
 from felix_transport import ConnectionClosedError, StreamClosedError
@@ -26,8 +27,8 @@ from felix_wire.frame import FrameReader
 from felix_wire.wire_errors import FrameError
 
 from .frames import build_frame, decode_received, match_frame
-from .matching import MissingVariableError, substitute
-from .model import Case, Level, Step
+from .matching import MissingVariableError, match, substitute
+from .model import CONTROL_URL, Case, Level, Step
 from .schema import TranscriptError
 from .session import Session
 from .target import Advertised, Target, TargetUnreachableError
@@ -49,6 +50,10 @@ class StepFailedError(Exception):
 
 class FleetSetupError(Exception):
     """The case needs a broker of the fleet the profile does not name."""
+
+
+class FaultSetupError(Exception):
+    """The target's control endpoint cannot produce the fault the case asks for."""
 
 
 class TargetUnsupportedError(Exception):
@@ -158,6 +163,51 @@ class _CaseRun:
             connection = await self.session.connection(step.conn)
             connection.close(step.code or 0)
             self.log.sent(step.conn, f"[CONNECTION_CLOSE {step.code or 0}]")
+        elif action == "control":
+            await self._control(step)
+
+    async def _control(self, step: Step) -> None:
+        """POST a fault to the target's control endpoint and match its JSON answer.
+
+        409 (the endpoint cannot produce this fault) or an endpoint that cannot be
+        reached is the target's setup; any other refusal fails the case, naming it."""
+        assert step.path is not None
+        url = str(self.variables[CONTROL_URL]).rstrip("/") + step.path
+        self.log.sent("control", f"POST {step.path}")
+        status, answer = await post_control(url, step.timeout)
+        self.log.received("control", f"{status} {_spec_text(answer)}")
+        if status == 409:
+            raise FaultSetupError(f"the control endpoint cannot produce {step.path}: {answer}")
+        if status != 200:
+            raise StepFailedError(
+                step,
+                f"the control endpoint could not apply {step.path}",
+                "200",
+                f"{status} {answer}",
+            )
+        if step.answer is not None:
+            problems = match(
+                substitute(step.answer, self.variables, unknown_as_capture=True),
+                answer,
+                "answer",
+                self.variables,
+            )
+            if problems:
+                raise StepFailedError(
+                    step, "; ".join(problems), _spec_text(step.answer), _spec_text(answer)
+                )
+
+    async def heal(self) -> str | None:
+        """After a case that asked for faults: POST /heal (ends every fault the
+        endpoint made); why it failed, or None."""
+        url = str(self.variables[CONTROL_URL]).rstrip("/") + "/heal"
+        self.log.sent("control", "POST /heal")
+        try:
+            status, answer = await post_control(url, HEAL_TIMEOUT)
+        except FaultSetupError as exc:
+            return str(exc)
+        self.log.received("control", f"{status} {_spec_text(answer)}")
+        return None if status == 200 else f"POST /heal answered {status} {answer}"
 
     def _broker(self, step: Step) -> str | None:
         """The fleet broker an `open` names (HOST:PORT), None for the target.
@@ -248,7 +298,28 @@ class _CaseRun:
             raise StepFailedError(step, "wrong close code", f"code {step.code}", f"code {code}")
 
 
-def _spec_text(body: dict[str, Any]) -> str:
+HEAL_TIMEOUT = 10.0
+
+
+async def post_control(url: str, timeout: float) -> tuple[int, Any]:
+    """POST {} to a control endpoint route: its status and JSON answer (text when
+    the answer is not JSON). Unreachable, or no answer in time: FaultSetupError."""
+    try:
+        async with (
+            aiohttp.ClientSession(timeout=aiohttp.ClientTimeout(total=timeout)) as http,
+            http.post(url, json={}) as response,
+        ):
+            text = await response.text()
+    except (aiohttp.ClientError, TimeoutError, ValueError) as exc:
+        raise FaultSetupError(f"the control endpoint {url} cannot be reached: {exc!r}") from None
+    try:
+        answer: Any = msgspec.json.decode(text)
+    except msgspec.DecodeError:
+        answer = text.strip()
+    return response.status, answer
+
+
+def _spec_text(body: Any) -> str:
     text = msgspec.json.encode(body).decode()
     return text if len(text) <= 400 else text[:397] + "..."
 
@@ -278,7 +349,7 @@ async def run_case(case: Case, target: Target, advertised: Advertised) -> CaseRe
         result = CaseResult(case, Verdict.UNSUPPORTED, str(exc))
     except TimeoutError:
         result = CaseResult(case, Verdict.FAIL, f"case did not finish within {case.timeout:g}s")
-    except FleetSetupError as exc:
+    except (FleetSetupError, FaultSetupError) as exc:
         result = CaseResult(case, Verdict.SETUP, str(exc))
     except MissingVariableError as exc:
         # A capture an earlier step should have made, or a variable only known at
@@ -290,6 +361,10 @@ async def run_case(case: Case, target: Target, advertised: Advertised) -> CaseRe
         result = CaseResult(case, Verdict.FAIL, f"connection failed: {exc}")
     finally:
         run.session.close()
+    if case.faults:  # whatever the verdict, leave no fault behind for the next case
+        unhealed = await run.heal()
+        if unhealed is not None and result.verdict is Verdict.PASS:
+            result = CaseResult(case, Verdict.FAIL, f"the fault could not be healed: {unhealed}")
     if case.level is Level.INFO and result.verdict in (Verdict.PASS, Verdict.FAIL):
         observed = "behaved as described" if result.verdict is Verdict.PASS else result.detail
         result = CaseResult(case, Verdict.INFORMATIONAL, f"observed: {observed}")

@@ -76,6 +76,8 @@ FIXTURE_VARIABLES = (
     "missing_stream",
     "cache",
     "single_shard_cache",
+    "movable_stream",
+    "control_url",
 )
 CONNECT_TIMEOUT = 10.0
 CONNECT_ATTEMPTS = 2
@@ -253,7 +255,7 @@ async def probe(target: Target, timeout: float = CONNECT_TIMEOUT) -> Advertised:
 
 
 # Profile variables naming streams and caches, and what each must be on the target.
-STREAM_VARIABLES = ("durable_stream", "memory_stream", "publisher_stream")
+STREAM_VARIABLES = ("durable_stream", "memory_stream", "publisher_stream", "movable_stream")
 CACHE_VARIABLES = ("cache", "single_shard_cache")
 
 

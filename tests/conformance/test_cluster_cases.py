@@ -5,6 +5,7 @@ single broker."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -12,6 +13,7 @@ from typing import Any
 
 import pytest
 import yaml
+from aiohttp import web
 
 from felix_conformance.cli import EXIT_OK, main
 from felix_conformance.corpus import load_corpus, select
@@ -183,3 +185,153 @@ async def test_a_connection_cannot_move_to_another_broker(fixture_file: Path) ->
     result = await run_case(parse_case(_MOVED_CONNECTION, "inline"), target, await probe(target))
     assert result.verdict is Verdict.FAIL
     assert "transcript problem" in result.detail and "already goes to the target" in result.detail
+
+
+# The fault cases: they ask the fleet's control endpoint (profile `control_url`)
+# to fence movable_stream's shard, and heal it after each case whatever its verdict.
+FAULTS = ["cluster.shard-moved", "cluster.shard-unavailable-while-fenced"]
+FAULT_GLOB = "cluster.shard-*"
+
+
+@pytest.mark.timeout(240)
+def test_the_fault_cases_pass_and_heal_after_themselves(fleet_file: Path, tmp_path: Path) -> None:
+    """Run twice in a row: the second run passes only if the first healed the fence
+    (a fenced shard refuses the cases' first write)."""
+    for _ in range(2):
+        report_path = tmp_path / "faults.json"
+        code = main(["--fixture", str(fleet_file), "-t", FAULT_GLOB, "--json", str(report_path)])
+        report = json.loads(report_path.read_text())
+        problems = [
+            (c["id"], c["detail"], c["wire_log"]) for c in report["cases"] if c["verdict"] != "pass"
+        ]
+        assert problems == []
+        assert sorted(_verdicts(report)) == FAULTS and code == EXIT_OK
+        assert all(any("POST /heal" in line for line in c["wire_log"]) for c in report["cases"])
+
+
+@pytest.mark.timeout(120)
+def test_a_fault_case_that_fails_still_heals(fleet_file: Path) -> None:
+    """A case failing right after its fence: the kit heals anyway, so the next
+    fault case finds the shard served."""
+    broken = {
+        "id": "kit.fence-then-fail",
+        "title": "fences, then expects what the fence never answers",
+        "section": "kit",
+        "requirement": "none: checks the kit's own heal",
+        "exercises": {},
+        "setup": {"streams": ["movable_stream"]},
+        "steps": [{"control": {"post": "/fence", "answer": {"node_id": "no-such-node"}}}],
+    }
+    target = target_from_fixture(fleet_file)
+
+    async def fail_then_pass() -> tuple[Any, Any]:
+        advertised = await probe(target)
+        failed = await run_case(parse_case(broken, "inline"), target, advertised)
+        (moved,) = select(load_corpus(), ["cluster.shard-moved"], strict=True)
+        return failed, await run_case(moved, target, advertised)
+
+    failed, moved = asyncio.run(fail_then_pass())
+    assert failed.verdict is Verdict.FAIL and "answer.node_id" in failed.detail, failed
+    assert "POST /heal" in failed.wire_log
+    assert moved.verdict is Verdict.PASS, (moved.detail, moved.wire_log)
+
+
+@pytest.mark.timeout(120)
+def test_without_a_control_url_the_fault_cases_are_setup(fleet_file: Path, tmp_path: Path) -> None:
+    document = profile_from_fixture(fleet_file)
+    assert document["control_url"] == json.loads(fleet_file.read_text())["control_url"]
+    assert document["streams"]["movable_stream"] == "movable"
+    del document["control_url"]
+    profile_path = tmp_path / "profile.yaml"
+    profile_path.write_text(yaml.safe_dump(document))
+    report_path = tmp_path / "faults.json"
+    code = main(["--profile", str(profile_path), "-t", FAULT_GLOB, "--json", str(report_path)])
+    report = json.loads(report_path.read_text())
+    assert set(_verdicts(report).values()) == {"setup"}, report["cases"]
+    assert all("control_url (not in the profile)" in c["detail"] for c in report["cases"])
+    assert code == EXIT_OK
+
+
+_FENCE_ONLY = {
+    "id": "kit.fence",
+    "title": "asks the control endpoint for a fence",
+    "section": "kit",
+    "requirement": "none: checks the kit's own verdict",
+    "exercises": {},
+    "steps": [{"control": {"post": "/fence"}}],
+}
+
+
+async def test_a_control_endpoint_that_cannot_fence_is_setup(fixture_file: Path) -> None:
+    """A single broker's fixture answers /fence 409 (no fleet to fence with)."""
+    target = target_from_fixture(fixture_file)
+    assert "control_url" in target.variables
+    result = await run_case(parse_case(_FENCE_ONLY, "inline"), target, await probe(target))
+    assert result.verdict is Verdict.SETUP, result
+    assert "cannot produce /fence" in result.detail and "fleet" in result.detail
+
+
+async def test_an_unreachable_control_endpoint_is_setup(fixture_file: Path) -> None:
+    target = target_from_fixture(fixture_file)
+    target = Target(
+        target.host,
+        target.port,
+        target.ca_pem,
+        target.server_name,
+        {**target.variables, "control_url": "http://127.0.0.1:9"},
+    )
+    result = await run_case(parse_case(_FENCE_ONLY, "inline"), target, await probe(target))
+    assert result.verdict is Verdict.SETUP, result
+    assert "cannot be reached" in result.detail
+
+
+def test_only_a_fleet_fixture_gives_the_profile_a_control_url(tmp_path: Path) -> None:
+    (tmp_path / "ca.pem").write_text("not read for this")
+    base = {"addrs": ["127.0.0.1:1"], "ca_file": "ca.pem", "control_url": "http://127.0.0.1:2"}
+    single, fleet = tmp_path / "single.json", tmp_path / "fleet.json"
+    single.write_text(json.dumps(base))
+    fleet.write_text(
+        json.dumps({**base, "addrs": ["127.0.0.1:1", "127.0.0.1:3"], "movable_stream": "m"})
+    )
+    assert "control_url" not in profile_from_fixture(single)
+    document = profile_from_fixture(fleet)
+    assert document["control_url"] == "http://127.0.0.1:2"
+    assert document["streams"]["movable_stream"] == "m"
+    written = tmp_path / "profile.yaml"
+    assert main(["profile", "--fixture", str(fleet), "--out", str(written)]) == EXIT_OK
+    loaded = load_profile(written).variables
+    assert loaded["control_url"] == "http://127.0.0.1:2" and loaded["movable_stream"] == "m"
+
+
+async def test_a_fault_that_cannot_be_healed_fails_the_case(fixture_file: Path) -> None:
+    """A control endpoint that fences but refuses /heal: the case cannot pass, since
+    the fault would outlive it (a real HTTP endpoint on loopback)."""
+
+    async def fence(_request: web.Request) -> web.Response:
+        return web.json_response({"node_id": "node-1", "addr": "127.0.0.1:1"})
+
+    async def heal(_request: web.Request) -> web.Response:
+        return web.json_response({"error": "cannot heal"}, status=500)
+
+    app = web.Application()
+    app.router.add_post("/fence", fence)
+    app.router.add_post("/heal", heal)
+    runner = web.AppRunner(app)
+    await runner.setup()
+    site = web.TCPSite(runner, "127.0.0.1", 0)
+    await site.start()
+    try:
+        port = runner.addresses[0][1]
+        target = target_from_fixture(fixture_file)
+        target = Target(
+            target.host,
+            target.port,
+            target.ca_pem,
+            target.server_name,
+            {**target.variables, "control_url": f"http://127.0.0.1:{port}"},
+        )
+        result = await run_case(parse_case(_FENCE_ONLY, "inline"), target, await probe(target))
+    finally:
+        await runner.cleanup()
+    assert result.verdict is Verdict.FAIL, result
+    assert "could not be healed" in result.detail and "500" in result.detail
