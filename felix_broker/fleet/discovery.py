@@ -30,8 +30,11 @@ from felix_wire.messages import (
 
 __all__ = ["CLUSTER_DISCOVERY_FEATURES", "ClusterDiscovery"]
 
+# A fleet member also advertises FEATURE_SHARD_MOVED: a planned move or a lapsed
+# lease ends its readers with shard_moved (felix_broker/fleet/moves.py), which a
+# standalone broker never sends.
 CLUSTER_DISCOVERY_FEATURES = DISCOVERY_FEATURES | int(
-    Feature.FEATURE_TOPOLOGY | Feature.FEATURE_REDIRECT
+    Feature.FEATURE_TOPOLOGY | Feature.FEATURE_REDIRECT | Feature.FEATURE_SHARD_MOVED
 )
 
 

@@ -88,13 +88,16 @@ async def payloads_of(events, count: int) -> list[bytes]:  # type: ignore[no-unt
     return got
 
 
-async def test_a_fleet_member_advertises_topology_and_redirect(tmp_path: Path) -> None:
+async def test_a_fleet_member_advertises_topology_redirect_and_shard_moved(
+    tmp_path: Path,
+) -> None:
     async with running_fleet(tmp_path) as fleet:
         fleet.assign_all("node-a")
         client = await WireClient.connect(fleet.entry("node-b"))
         control = await client.session()
         assert client.server_features & Feature.FEATURE_TOPOLOGY
         assert client.server_features & Feature.FEATURE_REDIRECT
+        assert client.server_features & Feature.FEATURE_SHARD_MOVED
         await control.send(Topology())
         view = await control.recv()
         assert isinstance(view, TopologyView)
