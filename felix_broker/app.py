@@ -101,10 +101,13 @@ class Broker:
         self.replication: ReplicationManager | None = None  # a fleet member's replicas
         self._cache_limits = cache_limits
         fsync: Callable[[int], None] = os.fsync
+        # Test mode only: the fault file's fsync and replication faults (chaos, fixture).
+        self._peer_blocked: Callable[[str], bool] | None = None
         if config.test_faults_file is not None:
             from felix_broker.chaos.faults import FaultFile
 
-            fsync = FaultFile(config.test_faults_file).fsync
+            faults = FaultFile(config.test_faults_file)
+            fsync, self._peer_blocked = faults.fsync, faults.peer_blocked
         self.metrics = BrokerMetrics(quic_impl=config.quic_impl.value, fsync=fsync)
         self.health = Health()
         self.engine: Engine | None = None
@@ -471,6 +474,7 @@ class Broker:
             self.peer_dialer,
             config.data_dir / "replication",
             ReplicationConfig(quorum_timeout_ms=config.publish_quorum_timeout_ms),
+            blocked=self._peer_blocked,
         )
         self.engine.replication_hook = self.replication.publish
         self.engine.read_gate = self.replication.read_refusal

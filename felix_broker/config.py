@@ -675,8 +675,10 @@ class BrokerConfig:
     # them yet; the client fixture's no-commit broker).
     test_faults_file: Path | None = _optional_path(
         "FELIX_TEST_FAULTS",
-        doc="Test mode only: a fault file (JSON: fsync_delay_ms, fsync_fail) every fsync "
-        "reads, so a chaos run can slow or fail the disk; unset (the default), fsync is plain.",
+        doc="Test mode only: a fault file (JSON: fsync_delay_ms, fsync_fail, peer_blocked) "
+        "every fsync and replication message reads, so a chaos run or the client fixture can "
+        "slow or fail the disk or cut replication with named members; unset (the default), "
+        "fsync is plain and replication uncut.",
     )
     withhold_atomic_commit: bool = _bool(
         False,

@@ -1,11 +1,18 @@
-"""The broker's test-mode storage faults: a fault file read only when FELIX_TEST_FAULTS is set.
+"""The broker's test-mode faults: a fault file read only when FELIX_TEST_FAULTS is set.
 
-The chaos nemesis writes the file (JSON, replaced atomically) and every fsync the
-broker makes reads it, at most once per `_RECHECK_S` (a `stat` otherwise):
+The chaos nemesis and the client fixture write the file (JSON, replaced atomically);
+the broker reads it at most once per `_RECHECK_S` (a `stat` otherwise), on every
+fsync and on every replication message it sends or receives. Its keys, each optional:
 
 - ``{"fsync_delay_ms": N}``: each fsync first sleeps N ms (a slow disk);
 - ``{"fsync_fail": true}``: each fsync raises ``OSError(EIO)`` instead of syncing
   (a failed disk: the log goes to its failed state and acknowledges nothing more);
+- ``{"peer_blocked": ["node-2", ...]}``: a partition between this broker and those
+  fleet members, for replication only: every replication message (``replica_*``) to
+  them is dropped before it is sent, and every one from them is answered
+  ``replica_received {held: false}`` without reaching the replica (as a lost
+  message: the cores resend, so healing loses nothing). Client traffic, forwarding
+  and every other peer message are untouched;
 - an empty object, or no file: no fault.
 
 A file that is not such an object counts as no fault and is logged once per
@@ -25,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["FaultFile", "FsyncFault", "write_fault"]
+__all__ = ["FaultFile", "Faults", "FsyncFault", "write_fault"]
 
 _log = logging.getLogger(__name__)
 
@@ -33,31 +40,48 @@ _RECHECK_S = 0.05
 _MAX_DELAY_MS = 60_000  # a fault is bounded: one fsync never sleeps longer than this
 
 
+_KEYS = frozenset({"fsync_delay_ms", "fsync_fail", "peer_blocked"})
+
+
 @dataclass(frozen=True, slots=True)
-class FsyncFault:
+class Faults:
+    """The faults a file names (the default: none)."""
+
     delay_ms: int = 0
     fail: bool = False
+    peer_blocked: frozenset[str] = frozenset()  # node ids cut off for replication
 
     def to_json(self) -> dict[str, object]:
-        return {"fsync_delay_ms": self.delay_ms, "fsync_fail": self.fail}
+        return {
+            "fsync_delay_ms": self.delay_ms,
+            "fsync_fail": self.fail,
+            "peer_blocked": sorted(self.peer_blocked),
+        }
 
     @classmethod
-    def parse(cls, text: str) -> FsyncFault:
-        """The fault a file's text names; ``ValueError`` for anything else."""
+    def parse(cls, text: str) -> Faults:
+        """The faults a file's text names; ``ValueError`` for anything else."""
         value = json.loads(text) if text.strip() else {}
-        if not isinstance(value, dict) or set(value) - {"fsync_delay_ms", "fsync_fail"}:
-            raise ValueError("expected an object with fsync_delay_ms and/or fsync_fail")
+        if not isinstance(value, dict) or set(value) - _KEYS:
+            raise ValueError(f"expected an object with some of {', '.join(sorted(_KEYS))}")
         delay = value.get("fsync_delay_ms", 0)
         fail = value.get("fsync_fail", False)
+        blocked = value.get("peer_blocked", [])
         if not isinstance(delay, int) or isinstance(delay, bool) or not delay >= 0:
             raise ValueError("fsync_delay_ms must be a non-negative integer")
         if not isinstance(fail, bool):
             raise ValueError("fsync_fail must be true or false")
-        return cls(min(delay, _MAX_DELAY_MS), fail)
+        if not isinstance(blocked, list) or not all(isinstance(n, str) and n for n in blocked):
+            raise ValueError("peer_blocked must be a list of node ids")
+        return cls(min(delay, _MAX_DELAY_MS), fail, frozenset(blocked))
+
+
+FsyncFault = Faults  # the name the chaos runner's fsync faults use
 
 
 class FaultFile:
-    """``fsync`` is ``os.fsync`` with the file's current fault applied (thread-safe)."""
+    """``fsync`` is ``os.fsync`` with the file's current fault applied; ``peer_blocked``
+    says whether replication with a node is cut (both thread-safe)."""
 
     def __init__(self, path: Path, sync: Callable[[int], None] = os.fsync) -> None:
         self.path = path
@@ -65,9 +89,9 @@ class FaultFile:
         self._lock = threading.Lock()
         self._checked = float("-inf")
         self._stamp: tuple[int, int] | None = None
-        self._fault = FsyncFault()
+        self._fault = Faults()
 
-    def current(self) -> FsyncFault:
+    def current(self) -> Faults:
         now = time.monotonic()
         with self._lock:
             if now - self._checked < _RECHECK_S:
@@ -76,17 +100,20 @@ class FaultFile:
             try:
                 stat = self.path.stat()
             except FileNotFoundError:
-                self._stamp, self._fault = None, FsyncFault()
+                self._stamp, self._fault = None, Faults()
                 return self._fault
             stamp = (stat.st_mtime_ns, stat.st_ino)
             if stamp != self._stamp:
                 self._stamp = stamp
                 try:
-                    self._fault = FsyncFault.parse(self.path.read_text())
+                    self._fault = Faults.parse(self.path.read_text())
                 except (OSError, ValueError) as exc:
                     _log.warning("test fault file %s ignored: %s", self.path, exc)
-                    self._fault = FsyncFault()
+                    self._fault = Faults()
             return self._fault
+
+    def peer_blocked(self, node_id: str) -> bool:
+        return node_id in self.current().peer_blocked
 
     def fsync(self, fd: int) -> None:
         fault = self.current()
@@ -97,7 +124,7 @@ class FaultFile:
         self._sync(fd)
 
 
-def write_fault(path: Path, fault: FsyncFault) -> None:
+def write_fault(path: Path, fault: Faults) -> None:
     """Replace the fault file atomically (what the nemesis calls)."""
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(fault.to_json()))

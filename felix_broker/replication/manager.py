@@ -40,7 +40,7 @@ from .apply import StreamApplier, encode_batch
 from .core import Config
 from .disk import ReplicaDisk
 from .driver import ReplicaDriver, ReplicationRefusedError
-from .service import ReplicationService, peer_sender
+from .service import Blocked, ReplicationService, peer_sender
 
 __all__ = ["ReplicationManager"]
 
@@ -60,14 +60,17 @@ class ReplicationManager:
         dialer: PeerDialer,
         root: Path,
         config: Config,
+        blocked: Blocked | None = None,
     ) -> None:
+        """`blocked`: a test-mode partition of replication (see `service`)."""
         self._view = view
         self._catalog = catalog
         self._engine = engine
         self._dialer = dialer
         self._root = root
         self._config = config
-        self.service = ReplicationService()
+        self._blocked = blocked
+        self.service = ReplicationService(blocked)
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._writes: set[asyncio.Task[None]] = set()
@@ -213,7 +216,7 @@ class ReplicationManager:
             self.node_id,
             replicas,
             ReplicaDisk(folder),
-            peer_sender(self._dialer, address_of),
+            peer_sender(self._dialer, address_of, self._blocked),
             config=self._config,
             applier=applier,
         )

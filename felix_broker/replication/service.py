@@ -11,6 +11,11 @@ messages of their own, the other way).
 
 `peer_sender` turns a `PeerDialer` and an address book (node id to peer
 address, from the routing snapshot's members) into the drivers' `Sender`.
+
+Both take an optional `blocked` predicate (node id -> bool), set only in test mode
+(FELIX_TEST_FAULTS' ``peer_blocked``, `felix_broker.chaos.faults`): replication
+messages to a blocked node are dropped before they are sent, and those from one
+are answered ``held: false`` unseen, a partition of replication alone.
 """
 
 from __future__ import annotations
@@ -50,8 +55,13 @@ _SENDER_FIELD: Mapping[type, str] = {
 }
 
 
+Blocked = Callable[[str], bool]
+"""Whether replication with a node is cut (a test-mode fault)."""
+
+
 class ReplicationService:
-    def __init__(self) -> None:
+    def __init__(self, blocked: Blocked | None = None) -> None:
+        self._blocked = blocked
         self.drivers: dict[ShardId, ReplicaDriver] = {}
         self.handlers: dict[type, Callable[[Any, PeerOrigin], Awaitable[PeerMessage]]] = {
             kind: self._deliver for kind in _SENDER_FIELD
@@ -74,6 +84,8 @@ class ReplicationService:
             self.spoofed += 1
             _log.warning("replication message from %s names %s: dropped", origin.node_id, named)
             return ReplicaReceived(held=False)
+        if self._blocked is not None and self._blocked(origin.node_id):
+            return ReplicaReceived(held=False)  # lost on a partitioned link (test fault)
         shard, core_message = from_wire(message)
         driver = self.drivers.get(shard)
         if driver is None:
@@ -82,11 +94,16 @@ class ReplicationService:
         return ReplicaReceived(held=True)
 
 
-def peer_sender(dialer: PeerDialer, address_of: Callable[[str], str | None]) -> Sender:
+def peer_sender(
+    dialer: PeerDialer, address_of: Callable[[str], str | None], blocked: Blocked | None = None
+) -> Sender:
     """Sends over the peer channel; raises PeerUnavailableError for a node with no
-    known peer address or one that cannot be reached (the driver drops the message)."""
+    known peer address, one that cannot be reached or one `blocked` (the driver
+    drops the message)."""
 
     async def send(node_id: str, message: WireMessage) -> None:
+        if blocked is not None and blocked(node_id):
+            raise PeerUnavailableError(f"{node_id}: replication blocked (test fault)", sent=False)
         address = address_of(node_id)
         if address is None:
             raise PeerUnavailableError(f"{node_id}: no peer address known", sent=False)

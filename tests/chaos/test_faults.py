@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from felix_broker.chaos.faults import FaultFile, FsyncFault, write_fault
+from felix_broker.chaos.faults import FaultFile, Faults, FsyncFault, write_fault
 
 
 def test_no_file_means_a_plain_fsync(tmp_path: Path) -> None:
@@ -43,7 +43,16 @@ def test_a_slow_fsync_sleeps_first_and_heals_when_the_file_changes(tmp_path: Pat
 
 @pytest.mark.parametrize(
     "text",
-    ['{"fsync_fail": "yes"}', '{"fsync_delay_ms": -1}', '{"fsync_dely_ms": 5}', "[1]", "{"],
+    [
+        '{"fsync_fail": "yes"}',
+        '{"fsync_delay_ms": -1}',
+        '{"fsync_dely_ms": 5}',
+        "[1]",
+        "{",
+        '{"peer_blocked": "node-2"}',
+        '{"peer_blocked": [2]}',
+        '{"peer_blocked": [""]}',
+    ],
 )
 def test_a_bad_fault_file_is_no_fault(tmp_path: Path, text: str) -> None:
     path = tmp_path / "faults.json"
@@ -51,6 +60,28 @@ def test_a_bad_fault_file_is_no_fault(tmp_path: Path, text: str) -> None:
     synced: list[int] = []
     FaultFile(path, synced.append).fsync(4)
     assert synced == [4]
+
+
+def test_peer_blocked_names_the_members_cut_off_until_the_file_clears(tmp_path: Path) -> None:
+    path = tmp_path / "faults.json"
+    faults = FaultFile(path)
+    assert not faults.peer_blocked("node-2")  # no file: no partition
+    write_fault(path, Faults(peer_blocked=frozenset({"node-2", "node-3"})))
+    time.sleep(0.06)
+    assert faults.peer_blocked("node-2") and faults.peer_blocked("node-3")
+    assert not faults.peer_blocked("node-1")
+    synced: list[int] = []
+    FaultFile(path, synced.append).fsync(9)  # a partition does not touch the disk
+    assert synced == [9]
+    write_fault(path, Faults())
+    time.sleep(0.06)
+    assert not faults.peer_blocked("node-2")
+
+
+def test_a_bad_peer_blocked_is_no_partition(tmp_path: Path) -> None:
+    path = tmp_path / "faults.json"
+    path.write_text('{"peer_blocked": ["node-2", 3]}')
+    assert not FaultFile(path).peer_blocked("node-2")
 
 
 def test_the_broker_reads_the_file_only_with_the_knob(tmp_path: Path) -> None:
