@@ -61,7 +61,7 @@ async def test_a_drained_leader_hands_a_quorum_shard_to_a_replica_and_moves_stay
         admin_url = json.loads((tmp_path / "ready.json").read_text())["admin_url"]
         secret = (tmp_path / "cp.db.bootstrap-secret").read_text().strip()
         brokers: dict[str, Broker] = {}
-        for node in NODES:
+        for node in (*NODES, "node-d"):  # four brokers: one outside the replica set
             brokers[node] = await start_broker(tmp_path, node, endpoint, fleet_ca, issuer)
             stack.push_async_callback(brokers[node].stop)
 
@@ -69,17 +69,25 @@ async def test_a_drained_leader_hands_a_quorum_shard_to_a_replica_and_moves_stay
         placed = agreed(brokers)
         assert placed is not None and placed.leader is not None
         leader, generation, replicas = placed.leader, placed.generation, placed.replicas
-        assert sorted(replicas) == sorted(NODES)
+        assert len(set(replicas)) == 3
+        outsider = next(n for n in brokers if n not in replicas)
         await eventually(lambda: serving(brokers[leader]), within=15, what="the leader open")
         acked = [b"acked-%d" % i for i in range(8)]
         await publish_all(brokers[leader], issuer, acked)
         want = records(brokers[leader])
-        followers = [n for n in NODES if n != leader]
+        followers = [n for n in replicas if n != leader]
         await eventually(
             lambda: all(records(brokers[n]) == want for n in followers),
             within=15,
             what="followers caught up",
         )
+
+        # A move outside the replica set would copy files its log does not follow: 409.
+        body = {"kind": "stream", "tenant": SHARD.tenant, "namespace": SHARD.namespace}
+        body |= {"name": SHARD.name, "shard": 0, "to": outsider}
+        status, answer = await call("POST", f"{admin_url}/v1/fleet/moves", token=secret, body=body)
+        assert status == 409 and answer["error"] == "replicated", answer
+        assert agreed(brokers) == placed  # nothing written
 
         status, answer = await call(
             "POST", f"{admin_url}/v1/fleet/drains/{leader}", token=secret, body={}
@@ -113,8 +121,7 @@ async def test_a_drained_leader_hands_a_quorum_shard_to_a_replica_and_moves_stay
             "DELETE", f"{admin_url}/v1/fleet/drains/{leader}", token=secret
         )
         assert status == 200, answer
-        body = {"kind": "stream", "tenant": SHARD.tenant, "namespace": SHARD.namespace}
-        body |= {"name": SHARD.name, "shard": 0, "to": leader}
+        body["to"] = leader
         status, answer = await call("POST", f"{admin_url}/v1/fleet/moves", token=secret, body=body)
         assert status == 202, answer
         await eventually(
