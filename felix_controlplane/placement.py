@@ -631,10 +631,13 @@ class Placer:
         back = _record(_ACTIVE, record.leader, replicas=record.replicas)
         return await self._step(Write(shard, back, held.mod_revision))
 
-    async def drain(self, node_id: str, requested_by: str) -> None:
-        """Move every shard `node_id` leads elsewhere, and place nothing new on it."""
+    async def drain(self, node_id: str, requested_by: str) -> list[tuple[ShardId, str]]:
+        """Move every shard `node_id` leads elsewhere, and place nothing new on it.
+        Returns the replicated shards it leads that cannot be handed to a replica now
+        (shard, why): the drain leaves them where they are while that lasts."""
         self._require_holding()
-        if node_id not in await self._live():
+        live = await self._live()
+        if node_id not in live:
             raise MoveError(404, "not_found", f"no live broker {node_id!r}")
         record = encode_record(Drain(requested_by=requested_by))
         holder = Compare(self._keys.placer, "create_revision", "==", self._token)
@@ -642,6 +645,35 @@ class Placer:
         if not ok:
             self._require_holding()
         self.wake()
+        return await self._kept_by_drain(node_id, live)
+
+    async def _kept_by_drain(self, node_id: str, live: set[str]) -> list[tuple[ShardId, str]]:
+        _, kvs = await self._client.get_prefix(self._keys.drains)
+        drained = {node_id}
+        for kv in kvs:
+            with contextlib.suppress(RecordError):
+                drained.add(self._keys.drained_node_of(kv.key))
+        members = sorted(live - drained)
+        replicated = {spec.shard: spec for spec in await self._catalog() if spec.replicated}
+        kept: list[tuple[ShardId, str]] = []
+        for shard, held in sorted((await self._assignments()).items()):
+            record = held.record
+            spec = replicated.get(shard)
+            if spec is None or record.leader != node_id or not record.replicas:
+                continue
+            if _handoff(spec, record, members) is None:
+                why = "replicated: no majority of its replica set live outside draining brokers"
+                kept.append((shard, why))
+        return kept
+
+    async def _assignments(self) -> dict[ShardId, Held]:
+        _, kvs = await self._client.get_prefix(self._keys.assignments)
+        out: dict[ShardId, Held] = {}
+        for kv in kvs:
+            with contextlib.suppress(RecordError):
+                record = decode_assignment(kv.value)
+                out[self._keys.shard_of(kv.key)] = Held(record, kv.mod_revision)
+        return out
 
     async def undrain(self, node_id: str) -> bool:
         """Stop draining `node_id` (moves already fenced go on); False if it was not."""

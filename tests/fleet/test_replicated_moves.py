@@ -7,9 +7,11 @@ is a promotion to a member of the set; a move outside the set is 409 ``replicate
 
 from __future__ import annotations
 
+import asyncio
 import json
 from contextlib import AsyncExitStack
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -89,10 +91,34 @@ async def test_a_drained_leader_hands_a_quorum_shard_to_a_replica_and_moves_stay
         assert status == 409 and answer["error"] == "replicated", answer
         assert agreed(brokers) == placed  # nothing written
 
-        status, answer = await call(
-            "POST", f"{admin_url}/v1/fleet/drains/{leader}", token=secret, body={}
-        )
+        async def admin(method: str, path: str) -> tuple[int, Any]:
+            status, answer = await call(method, f"{admin_url}{path}", token=secret, body={})
+            return status, answer
+
+        # Its other replicas draining too: no majority of the set could take it, so the
+        # leader's drain leaves it in place and says so.
+        for node in followers:
+            assert (await admin("POST", f"/v1/fleet/drains/{node}")) == (
+                202,
+                {"node_id": node, "skipped": []},
+            )
+        status, answer = await admin("POST", f"/v1/fleet/drains/{leader}")
         assert status == 202, answer
+        assert answer["skipped"] == [
+            {
+                "kind": "stream",
+                "tenant": SHARD.tenant,
+                "namespace": SHARD.namespace,
+                "name": SHARD.name,
+                "shard": 0,
+                "reason": "replicated: no majority of its replica set live outside draining"
+                " brokers",
+            }
+        ]
+        await asyncio.sleep(1.0)  # placer passes (interval 1 s, woken by the drains)
+        assert agreed(brokers) == placed
+        for node in followers:
+            assert (await admin("DELETE", f"/v1/fleet/drains/{node}"))[0] == 200
 
         def handed() -> Route | None:
             route = agreed(brokers)
@@ -117,9 +143,7 @@ async def test_a_drained_leader_hands_a_quorum_shard_to_a_replica_and_moves_stay
         )
 
         # A planned move inside the set is a promotion too: back to another member.
-        status, answer = await call(
-            "DELETE", f"{admin_url}/v1/fleet/drains/{leader}", token=secret
-        )
+        status, answer = await call("DELETE", f"{admin_url}/v1/fleet/drains/{leader}", token=secret)
         assert status == 200, answer
         body["to"] = leader
         status, answer = await call("POST", f"{admin_url}/v1/fleet/moves", token=secret, body=body)
