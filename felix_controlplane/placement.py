@@ -228,6 +228,9 @@ def plan(
                 if record.state == _ACTIVE and handed_to is not None:
                     promoted = _record(_ACTIVE, handed_to, replicas=record.replicas)
                     writes.append(Write(shard, promoted, held.mod_revision))
+                elif record.state == _UNAVAILABLE:  # its broker is back: serve, then hand off
+                    back = _record(_ACTIVE, record.leader, replicas=record.replicas)
+                    writes.append(Write(shard, back, held.mod_revision))
                 elif record.state == _ACTIVE:
                     _log.warning(
                         "placer: not draining %s from %s: no majority of its replica set"

@@ -148,6 +148,16 @@ def test_a_drained_leader_of_a_replicated_shard_hands_it_to_a_replica_keeping_th
     assert handoff.expected == 7
     # Only the drained broker and nobody else of its set live: it stays (no majority).
     assert plan(spec, ["a", "d"], {shard: placed}, draining=["a"]) == []
+    # Back after a loss while drained: served again with its set, then handed off.
+    lost = Assignment(
+        state=RecordState.UNAVAILABLE,
+        leader="a",
+        replicas=["a", "b", "c"],
+        reason="owner_unavailable",
+    )
+    (back,) = plan(spec, ["a", "d"], {shard: Held(lost, 8)}, draining=["a"])
+    assert (back.record.state, back.record.leader) == ("active", "a")
+    assert back.record.replicas == ["a", "b", "c"]
 
 
 def test_a_fence_and_its_cancel_keep_a_replica_set() -> None:
