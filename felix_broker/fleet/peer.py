@@ -26,8 +26,9 @@ Bounds (`PeerLimits`), and what happens at each:
   (the listener stops reading the stream; a pipe's `send` waits), and at most
   `max_inflight` single requests per peer on the dialer (a caller waits for a
   slot, at most `request_timeout`);
-- frame sizes: `PEER_HELLO_MAX_FRAME_BYTES` until hello_ok, then
-  `max_frame_bytes`; a larger frame ends the stream;
+- frame sizes: `PEER_HELLO_MAX_FRAME_BYTES` for the hello, then
+  `max_frame_bytes` (also for a request that came in the hello's read); a larger
+  frame ends the stream;
 - time: a peer that does not complete a handshake within `connect_timeout`, or
   a request it does not answer within `request_timeout`, fails with
   `PeerUnavailableError` (`sent` says whether the outcome is unknown).
