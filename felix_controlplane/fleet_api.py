@@ -16,7 +16,12 @@ Loopback only and behind the bootstrap secret, like the rest of the admin listen
   readers ended) until cancelled with the DELETE above. 200 ``{"node_id",
   "generation"}`` of its leader.
 - ``POST /v1/fleet/drains/{node_id}``: drain a broker (every shard it leads moves
-  elsewhere, nothing new is placed on it). 202.
+  elsewhere, nothing new is placed on it). 202 ``{"node_id", "skipped"}``:
+  ``skipped`` lists the replicated shards it leads that no live replica can take now
+  (``kind``, ``tenant``, ``namespace``, ``name``, ``shard``, ``reason``); the drain
+  leaves those where they are (logged) until enough of the replica set is live.
+- A replicated (Quorum) shard moves only by promotion to a member of its replica
+  set: ``POST /v1/fleet/moves`` to another broker is 409 ``replicated``.
 - ``DELETE /v1/fleet/drains/{node_id}``: stop draining it (moves already fenced go
   on). 200, or 404 when it was not draining.
 """
@@ -73,6 +78,16 @@ def _shard(body: Any) -> ShardId:
     return ShardId(kind, tenant, namespace, name, index)
 
 
+def _shard_json(shard: ShardId) -> dict[str, Any]:
+    return {
+        "kind": shard.kind.value,
+        "tenant": shard.tenant,
+        "namespace": shard.namespace,
+        "name": shard.name,
+        "shard": shard.shard,
+    }
+
+
 class FleetApi:
     """Route handlers over the placer this instance runs (None: no placer here)."""
 
@@ -114,11 +129,7 @@ class FleetApi:
         moving = await self._call(self._holder().moves())
         items = [
             {
-                "kind": shard.kind.value,
-                "tenant": shard.tenant,
-                "namespace": shard.namespace,
-                "name": shard.name,
-                "shard": shard.shard,
+                **_shard_json(shard),
                 "state": str(held.record.state),
                 "leader": held.record.leader,
                 "successor": held.record.successor,
@@ -139,8 +150,9 @@ class FleetApi:
         return Response(200, {"node_id": leader, "generation": generation})
 
     async def drain(self, request: Request, g: dict[str, str]) -> Response:
-        await self._call(self._holder().drain(g["0"], "operator"))
-        return Response(202, {"node_id": g["0"]})
+        kept = await self._call(self._holder().drain(g["0"], "operator"))
+        skipped = [{**_shard_json(shard), "reason": why} for shard, why in kept]
+        return Response(202, {"node_id": g["0"], "skipped": skipped})
 
     async def undrain(self, request: Request, g: dict[str, str]) -> Response:
         if not await self._call(self._holder().undrain(g["0"])):

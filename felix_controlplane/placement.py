@@ -41,6 +41,12 @@ current assignments):
 - a broker with a ``P/drains/{node_id}`` key gets nothing new, and every shard
   it leads is moved to the member the rule picks among the others; the key is
   deleted once that broker leaves;
+- a replicated (Quorum) shard is never copied: its truth is its replication log.
+  A drain (or `Placer.move` to a member of its replica set) hands it to a live
+  replica by promotion (``active``, a new generation, the replica set kept,
+  drained broker included); with no majority live outside the drained brokers the
+  drain leaves it where it is (logged); a move to a broker outside its replica set
+  is 409 ``replicated``;
 - a fence (`Placer.fence`: ``moving`` with the leader as its own successor)
   never cuts over: it lasts until cancelled.
 
@@ -214,6 +220,25 @@ def plan(
                 writes.append(step)
             continue
         if record.leader is not None and record.leader in drained:
+            if spec.replicated and record.replicas:
+                # A replicated shard's truth is its replication log, held by its replica
+                # set: leadership goes to a live replica (a promotion at this write's
+                # generation, the set kept), never a copy of the stream files.
+                handed_to = _handoff(spec, record, members)
+                if record.state == _ACTIVE and handed_to is not None:
+                    promoted = _record(_ACTIVE, handed_to, replicas=record.replicas)
+                    writes.append(Write(shard, promoted, held.mod_revision))
+                elif record.state == _UNAVAILABLE:  # its broker is back: serve, then hand off
+                    back = _record(_ACTIVE, record.leader, replicas=record.replicas)
+                    writes.append(Write(shard, back, held.mod_revision))
+                elif record.state == _ACTIVE:
+                    _log.warning(
+                        "placer: not draining %s from %s: no majority of its replica set"
+                        " is live outside the drained brokers",
+                        _shard_text(shard),
+                        record.leader,
+                    )
+                continue
             if record.state == _ACTIVE and members:
                 successor = _pick(shard, members, load, cap)
                 load[successor] += 1
@@ -265,12 +290,26 @@ def _move_step(
     if successor == leader:
         return None  # a fence: lasts until cancelled
     if successor not in alive:
+        kept = record.replicas
         if leader in alive:
-            return Write(shard, _record(_ACTIVE, leader), held.mod_revision)
-        return Write(shard, _record(_UNAVAILABLE, leader, OWNER_UNAVAILABLE), held.mod_revision)
+            return Write(shard, _record(_ACTIVE, leader, replicas=kept), held.mod_revision)
+        gone = _record(_UNAVAILABLE, leader, OWNER_UNAVAILABLE, replicas=kept)
+        return Write(shard, gone, held.mod_revision)
     if copied.get((successor, shard)) == held.mod_revision:
         return Write(shard, _record(_ACTIVE, successor), held.mod_revision)
     return None
+
+
+def _handoff(spec: ShardSpec, record: Assignment, members: Sequence[str]) -> str | None:
+    """The live replica (outside the drained brokers) a drained leader of a replicated
+    shard hands it to: only while a majority of its replica set is live and taking
+    shards, since the promotion's fence needs a majority that does not lean on the
+    drained broker staying."""
+    live = [n for n in record.replicas if n in members and n != record.leader]
+    if len(live) + 1 < len(record.replicas) // 2 + 1 or not live:
+        return None
+    shard = spec.shard
+    return max(live, key=lambda n: (rendezvous(shard, n), n))
 
 
 def _successor(spec: ShardSpec, record: Assignment, members: Sequence[str]) -> str | None:
@@ -546,8 +585,23 @@ class Placer:
             raise MoveError(409, "conflict", f"{to} already leads {_shard_text(shard)}")
         if to not in await self._live():
             raise MoveError(404, "not_found", f"no live broker {to!r}")
+        if await self._replicated(shard) and record.replicas:
+            # Its truth is its replication log: leadership goes to a member of its replica
+            # set by promotion (a new generation, the set kept); no file copy.
+            if to not in record.replicas:
+                raise MoveError(
+                    409,
+                    "replicated",
+                    f"{_shard_text(shard)} is replicated (replicas {', '.join(record.replicas)}):"
+                    f" it moves only to a member of its replica set, not {to}",
+                )
+            promoted = _record(_ACTIVE, to, replicas=record.replicas)
+            return await self._step(Write(shard, promoted, held.mod_revision))
         moving = Assignment(state=MOVING, leader=record.leader, replicas=[], successor=to)
         return await self._step(Write(shard, moving, held.mod_revision))
+
+    async def _replicated(self, shard: ShardId) -> bool:
+        return any(spec.shard == shard and spec.replicated for spec in await self._catalog())
 
     async def fence(self, shard: ShardId) -> tuple[str, int]:
         """Fence `shard` as a move does, with no successor: its leader holds and then
@@ -562,7 +616,7 @@ class Placer:
         if record.state != _ACTIVE:
             raise MoveError(409, "conflict", f"{_shard_text(shard)} is {record.state}")
         fenced = Assignment(
-            state=MOVING, leader=record.leader, replicas=[], successor=record.leader
+            state=MOVING, leader=record.leader, replicas=record.replicas, successor=record.leader
         )
         return record.leader, await self._step(Write(shard, fenced, held.mod_revision))
 
@@ -577,12 +631,16 @@ class Placer:
             raise MoveError(
                 409, "conflict", f"{_shard_text(shard)} is not moving (cut over, or never moved)"
             )
-        return await self._step(Write(shard, _record(_ACTIVE, record.leader), held.mod_revision))
+        back = _record(_ACTIVE, record.leader, replicas=record.replicas)
+        return await self._step(Write(shard, back, held.mod_revision))
 
-    async def drain(self, node_id: str, requested_by: str) -> None:
-        """Move every shard `node_id` leads elsewhere, and place nothing new on it."""
+    async def drain(self, node_id: str, requested_by: str) -> list[tuple[ShardId, str]]:
+        """Move every shard `node_id` leads elsewhere, and place nothing new on it.
+        Returns the replicated shards it leads that cannot be handed to a replica now
+        (shard, why): the drain leaves them where they are while that lasts."""
         self._require_holding()
-        if node_id not in await self._live():
+        live = await self._live()
+        if node_id not in live:
             raise MoveError(404, "not_found", f"no live broker {node_id!r}")
         record = encode_record(Drain(requested_by=requested_by))
         holder = Compare(self._keys.placer, "create_revision", "==", self._token)
@@ -590,6 +648,35 @@ class Placer:
         if not ok:
             self._require_holding()
         self.wake()
+        return await self._kept_by_drain(node_id, live)
+
+    async def _kept_by_drain(self, node_id: str, live: set[str]) -> list[tuple[ShardId, str]]:
+        _, kvs = await self._client.get_prefix(self._keys.drains)
+        drained = {node_id}
+        for kv in kvs:
+            with contextlib.suppress(RecordError):
+                drained.add(self._keys.drained_node_of(kv.key))
+        members = sorted(live - drained)
+        replicated = {spec.shard: spec for spec in await self._catalog() if spec.replicated}
+        kept: list[tuple[ShardId, str]] = []
+        for shard, held in sorted((await self._assignments()).items()):
+            record = held.record
+            spec = replicated.get(shard)
+            if spec is None or record.leader != node_id or not record.replicas:
+                continue
+            if _handoff(spec, record, members) is None:
+                why = "replicated: no majority of its replica set live outside draining brokers"
+                kept.append((shard, why))
+        return kept
+
+    async def _assignments(self) -> dict[ShardId, Held]:
+        _, kvs = await self._client.get_prefix(self._keys.assignments)
+        out: dict[ShardId, Held] = {}
+        for kv in kvs:
+            with contextlib.suppress(RecordError):
+                record = decode_assignment(kv.value)
+                out[self._keys.shard_of(kv.key)] = Held(record, kv.mod_revision)
+        return out
 
     async def undrain(self, node_id: str) -> bool:
         """Stop draining `node_id` (moves already fenced go on); False if it was not."""

@@ -1,4 +1,4 @@
-"""The assignment watcher: etcd's members and assignments, as this broker's `FleetView`.
+"""The assignment watcher: etcd's members, assignments and drains, as this broker's `FleetView`.
 
 It reads the whole fleet prefix once (members and assignments at one revision
 R), then watches from R + 1. Every change is applied by generation (the
@@ -97,9 +97,12 @@ class AssignmentWatcher:
         members: dict[str, Member] = {}
         routes: list[tuple[ShardId, Route]] = []
         finalized: list[str] = []
+        drains: list[tuple[str, str]] = []
         for kv in kvs:
             try:
-                if kv.key.startswith(self._keys.members):
+                if (node := self._drained(kv.key)) is not None:
+                    drains.append((kv.key, node))
+                elif kv.key.startswith(self._keys.members):
                     member = member_of(decode_member(kv.value))
                     members[member.node_id] = member
                 elif kv.key.startswith(self._keys.assignments):
@@ -115,7 +118,7 @@ class AssignmentWatcher:
         for member in members.values():
             if snap.members.get(member.node_id) != member:
                 snap = snap.with_member(member)
-        snap = snap.with_routes(routes).with_finalized(finalized)
+        snap = snap.with_routes(routes).with_finalized(finalized).with_drains(drains)
         present = {shard for shard, _ in routes}
         for shard in [s for s in snap.routes if s not in present]:
             snap = snap.without_route(shard, revision)  # deleted since the last read
@@ -130,7 +133,12 @@ class AssignmentWatcher:
         snap = view.raw
         keys = self._keys
         try:
-            if event.key.startswith(keys.members):
+            if (node := self._drained(event.key)) is not None:
+                others = {d for d in snap.drains if d[0] != event.key}
+                if event.kind != "delete":
+                    others.add((event.key, node))
+                snap = snap.with_drains(others)
+            elif event.key.startswith(keys.members):
                 if event.kind == "delete":
                     snap = snap.without_member(keys.node_of(event.key))
                 else:
@@ -149,6 +157,16 @@ class AssignmentWatcher:
             _log.warning("ignoring a change of %s in etcd: %s", event.key, exc)
         view.revision = event.mod_revision
         view.update(snap)
+
+    def _drained(self, key: str) -> str | None:
+        """The node a drain key (the operator's, or a broker's own request) drains."""
+        keys = self._keys
+        if key.startswith(keys.drains):
+            try:
+                return keys.drained_node_of(key)
+            except RecordError:
+                return None
+        return keys.drain_requester_of(key)
 
     def _finalized(self, key: str, value: bytes) -> str:
         name = self._keys.feature_of(key)

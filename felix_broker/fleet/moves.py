@@ -30,7 +30,11 @@ the placer cuts over (``active``, leader = successor, a new generation). Here:
   `move_done` the successor closes whatever it had of the shard, replaces the
   folders with the staged copy and reports ``MoveCopied {generation}`` in etcd. A
   chunk or done for another generation, a sender that is not the shard's leader, or
-  a shard not moving to this broker is refused (nothing is installed).
+  a shard not moving to this broker is refused (nothing is installed). The rename
+  into place is followed by an fsync of the parent folder, before the report.
+- **Discarding** (old leader): once the assignment cuts over to the successor, the
+  old leader closes and removes its own copy of the shard (never served again; a
+  later move back brings a fresh copy).
 """
 
 from __future__ import annotations
@@ -187,6 +191,33 @@ class ShardStorage(Protocol):
 Report = Callable[[ShardId, MoveCopied], Awaitable[None]]
 
 
+def _fsync_dir(folder: Path) -> None:
+    fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def _install_folder(staging: Path, target: Path) -> None:
+    """Put the staged copy in `target`'s place (an older copy must never be served)
+    and fsync the parent, so the rename survives a crash before the copy is reported."""
+    if target.exists():
+        shutil.rmtree(target)
+    if staging.exists():
+        target.parent.mkdir(parents=True, exist_ok=True)
+        staging.rename(target)
+    if target.parent.is_dir():
+        _fsync_dir(target.parent)
+
+
+def _remove_folders(folders: Iterable[Path]) -> None:
+    for folder in folders:
+        if folder.exists():
+            shutil.rmtree(folder)
+            _fsync_dir(folder.parent)
+
+
 def _areas(shard: ShardId) -> tuple[Area, ...]:
     return ("streams", "groups") if shard.kind is ShardKind.STREAM else ("cache",)
 
@@ -230,6 +261,8 @@ class MoveService:
         self._copies: dict[tuple[ShardId, int], asyncio.Task[None]] = {}
         self._staged: dict[tuple[ShardId, int], _Staged] = {}
         self._install_lock = asyncio.Lock()
+        self._discards: set[asyncio.Task[None]] = set()
+        self.discarded = 0  # stale copies this broker removed after a cut-over (old leader)
         self.copied = 0  # moves this broker copied out (old leader)
         self.installed = 0  # copies this broker installed (successor)
 
@@ -238,7 +271,7 @@ class MoveService:
         return self._view.snapshot.node_id
 
     async def close(self) -> None:
-        tasks = list(self._copies.values())
+        tasks = [*self._copies.values(), *self._discards]
         for task in tasks:
             task.cancel()
         await asyncio.gather(*tasks, return_exceptions=True)
@@ -254,6 +287,22 @@ class MoveService:
                 ended = self._storage.end_readers(shard, moved_to)
                 if ended:
                     _log.info("shard %s left this broker: %d reader(s) ended", shard, ended)
+            before = previous.route(shard)
+            if (
+                before is not None
+                and route is not None
+                and before.state is AssignmentState.MOVING
+                and before.leader == me
+                and before.successor == route.leader
+                and route.leader != me
+                and route.state is AssignmentState.ACTIVE
+            ):
+                # Cut over to the successor: this broker's copy is stale from now on.
+                task = asyncio.get_running_loop().create_task(
+                    self._discard(shard, route.generation), name=f"move-discard-{shard.name}"
+                )
+                self._discards.add(task)
+                task.add_done_callback(self._discards.discard)
             if (
                 route is not None
                 and route.state is AssignmentState.MOVING
@@ -344,6 +393,29 @@ class MoveService:
             shard,
             generation,
             _COPY_ATTEMPTS,
+        )
+
+    async def _discard(self, shard: ShardId, generation: int) -> None:
+        """Remove this broker's copy of `shard` once it was cut over to another broker
+        (at `generation`): nothing would ever serve it, and a later move back brings a
+        fresh copy. Kept if the shard came back here meanwhile."""
+        root = self._storage.root
+        if root is None or not self._storage.durable(shard):
+            return
+        async with self._install_lock:
+            snapshot = self._view.snapshot
+            route = snapshot.route(shard)
+            if route is None or route.leader == snapshot.node_id or route.generation < generation:
+                return
+            await self._storage.release(shard)
+            folders = [
+                log_dir(root, area, shard.tenant, shard.namespace, shard.name, shard.shard)
+                for area in _areas(shard)
+            ]
+            await asyncio.to_thread(_remove_folders, folders)
+        self.discarded += 1
+        _log.info(
+            "removed the stale copy of %s after its cut-over (generation %d)", shard, generation
         )
 
     def _files(self, shard: ShardId) -> list[tuple[Area, Path]]:
@@ -521,11 +593,7 @@ class MoveService:
                     for area in _areas(shard):
                         target = self._target(shard, area)
                         staging = self._staging(shard, area, done.generation)
-                        if target.exists():
-                            shutil.rmtree(target)  # an older copy must never be served
-                        if staging.exists():
-                            target.parent.mkdir(parents=True, exist_ok=True)
-                            staging.rename(target)
+                        _install_folder(staging, target)
 
                 await asyncio.to_thread(replace)
             await self._report(

@@ -26,8 +26,9 @@ Bounds (`PeerLimits`), and what happens at each:
   (the listener stops reading the stream; a pipe's `send` waits), and at most
   `max_inflight` single requests per peer on the dialer (a caller waits for a
   slot, at most `request_timeout`);
-- frame sizes: `PEER_HELLO_MAX_FRAME_BYTES` until hello_ok, then
-  `max_frame_bytes`; a larger frame ends the stream;
+- frame sizes: `PEER_HELLO_MAX_FRAME_BYTES` for the hello, then
+  `max_frame_bytes` (also for a request that came in the hello's read); a larger
+  frame ends the stream;
 - time: a peer that does not complete a handshake within `connect_timeout`, or
   a request it does not answer within `request_timeout`, fails with
   `PeerUnavailableError` (`sent` says whether the outcome is unknown).
@@ -75,7 +76,7 @@ from felix_wire.fleet import (
     decode_peer_message,
     encode_peer_message,
 )
-from felix_wire.frame import FrameReader, frame_bytes
+from felix_wire.frame import HEADER_SIZE, Frame, FrameReader, decode_header, frame_bytes
 from felix_wire.messages import Unknown
 from felix_wire.wire_errors import FrameError, WireError
 
@@ -225,21 +226,43 @@ def _frame(message: PeerMessage) -> bytes:
 
 
 class _FrameStream:
-    """Reads whole peer frames off one QUIC stream, within a payload cap."""
+    """Reads whole peer frames off one QUIC stream, within a payload cap.
 
-    def __init__(self, stream: Stream, max_payload: int) -> None:
+    With `then`, only the first frame (the hello) is held to `max_payload`: the
+    bytes after it in the same read (a dialer sends hello and request together)
+    are parsed under `then`, the cap after hello_ok."""
+
+    def __init__(self, stream: Stream, max_payload: int, *, then: int | None = None) -> None:
         self.stream = stream
         self.reader = FrameReader(max_payload=max_payload)
         self._ready: list[PeerMessage | Unknown] = []
+        self._then = then
+        self._head = bytearray()  # bytes of the first frame while `then` waits
+
+    def _feed(self, data: bytes) -> list[Frame]:
+        if self._then is None:
+            return self.reader.feed(data)
+        self._head += data
+        if len(self._head) < HEADER_SIZE:
+            return []
+        size = HEADER_SIZE + decode_header(self._head, self.reader.max_payload).length
+        if len(self._head) < size:
+            return []
+        first = self.reader.feed(bytes(self._head[:size]))
+        rest = bytes(self._head[size:])
+        self.reader.max_payload, self._then, self._head = self._then, None, bytearray()
+        return [*first, *self.reader.feed(rest)]
 
     async def next(self) -> PeerMessage | Unknown | None:
         """The next message; None at the end of the stream."""
         while not self._ready:
             data = await self.stream.read(65536)
             if not data:
+                if self._head:
+                    self.reader.feed(bytes(self._head))
                 self.reader.close()  # raises on a truncated frame
                 return None
-            for frame in self.reader.feed(data):
+            for frame in self._feed(data):
                 if frame.flags != _FRAME_FLAGS_JSON:
                     raise PeerProtocolError(f"peer frame with flags {frame.flags:#06x}")
                 self._ready.append(decode_peer_message(frame.payload))
@@ -319,7 +342,7 @@ class PeerListener:
         await stream.finish()
 
     async def _serve_stream(self, conn: Connection, stream: Stream, names: frozenset[str]) -> None:
-        frames = _FrameStream(stream, PEER_HELLO_MAX_FRAME_BYTES)
+        frames = _FrameStream(stream, PEER_HELLO_MAX_FRAME_BYTES, then=self._limits.max_frame_bytes)
         try:
             hello = await frames.next()
             if not isinstance(hello, Hello):
@@ -330,7 +353,6 @@ class PeerListener:
                 _log.warning("peer refused: %s", text)
                 await stream.write(_frame(HelloRefused(message=text)), end_stream=True)
                 return
-            frames.reader.max_payload = self._limits.max_frame_bytes
             await stream.write(_frame(HelloOk(node_id=self._tls.node_id, features=[])))
             origin = PeerOrigin(hello.node_id, conn, stream)
             # Requests of one stream are admitted in order; their answers are written in

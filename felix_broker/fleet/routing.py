@@ -78,6 +78,9 @@ class RoutingSnapshot:
     # Fleet features the control plane finalized (P/features/...): one-way, so the set
     # only grows. A broker acts on the features it implements that are in here.
     finalized: frozenset[str] = frozenset()
+    # Drain keys in etcd as (key, node id): the operator's P/drains/{node} and a broker's
+    # own P/progress/{node}/drain. A draining broker is left out of `topology`.
+    drains: frozenset[tuple[str, str]] = frozenset()
 
     def route(self, shard: ShardId) -> Route | None:
         return self.routes.get(shard)
@@ -98,9 +101,25 @@ class RoutingSnapshot:
             return None
         return self.members.get(route.leader)
 
+    @property
+    def draining(self) -> frozenset[str]:
+        """The brokers being drained (by an operator, or their own at shutdown)."""
+        return frozenset(node for _, node in self.drains)
+
     def routable_members(self) -> list[Member]:
-        """Live members with a client address, in node-id order (what `topology` lists)."""
-        return [m for _, m in sorted(self.members.items()) if m.client_addr]
+        """Live members with a client address that are not draining, in node-id order
+        (what `topology` lists: a draining broker is no entry point, though redirects
+        still name it while it leads a shard)."""
+        draining = self.draining
+        return [
+            m
+            for _, m in sorted(self.members.items())
+            if m.client_addr and m.node_id not in draining
+        ]
+
+    def with_drains(self, drains: Iterable[tuple[str, str]]) -> RoutingSnapshot:
+        found = frozenset(drains)
+        return self if found == self.drains else replace(self, drains=found)
 
     def with_member(self, member: Member) -> RoutingSnapshot:
         members = dict(self.members)

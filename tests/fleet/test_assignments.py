@@ -152,3 +152,46 @@ async def test_etcd_stopped_and_restarted_under_a_running_broker(etcd_server: Et
         await writer.close()
     applied.check_never_twice_nor_backwards()
     assert len(applied.seen) == len(set(applied.seen)) == len(S) + 1
+
+
+async def test_a_draining_broker_is_left_out_of_the_topology_list(
+    etcd_server: EtcdProcess,
+) -> None:
+    from felix_common.fleet import Drain
+    from felix_common.fleet import Member as MemberRecord
+
+    ep = ("127.0.0.1", etcd_server.client_port)
+    writer = EtcdClient([ep])
+    for name in ("a", "b", "c"):
+        member = MemberRecord(
+            node_id=name,
+            client_addr=f"127.0.0.1:{7000 + ord(name)}",
+            peer_addr="p",
+            features=[],
+            incarnation=1,
+        )
+        await writer.put(KEYS.member(name), encode_record(member))
+    # b drained by an operator before this broker starts: the first read sees it.
+    await writer.put(KEYS.drain("b"), encode_record(Drain(requested_by="operator")))
+    view = FleetView(RoutingSnapshot("a"))
+    watcher = AssignmentWatcher(EtcdClient([ep]), KEYS, view)
+    await watcher.start()
+
+    def listed() -> list[str]:
+        return [m.node_id for m in view.snapshot.routable_members()]
+
+    try:
+        assert listed() == ["a", "c"]
+        # c asks for its own drain (shutdown) as well: the watch sees it.
+        await writer.put(KEYS.drain_request("c"), encode_record(Drain(requested_by="c")))
+        await eventually(lambda: listed() == ["a"], what="c's own drain seen")
+        await writer.put(KEYS.drain("c"), encode_record(Drain(requested_by="operator")))
+        await writer.delete(KEYS.drain_request("c"))  # still drained by the operator
+        await writer.delete(KEYS.drain("b"))
+        await eventually(lambda: listed() == ["a", "b"], what="b's drain cancelled")
+        await writer.delete(KEYS.drain("c"))
+        await eventually(lambda: listed() == ["a", "b", "c"], what="c's drain cancelled")
+        assert view.snapshot.members.keys() == {"a", "b", "c"}  # redirects still know them
+    finally:
+        await watcher.stop()
+        await writer.close()

@@ -650,3 +650,63 @@ async def test_a_group_poll_waiting_when_its_shard_leaves_answers_empty(
             assert asyncio.get_running_loop().time() - started < 10
         finally:
             client.close()
+
+
+async def test_the_old_leader_removes_its_stale_copy_after_the_cut_over(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    from felix_broker.storage.paths import log_dir
+
+    async with moving_fleet(tmp_path, etcd_server) as fleet:
+        owner = fleet.leader()
+        target = next(n for n in NODES if n != owner)
+
+        def folder(node: str) -> Path:
+            root = tmp_path / node / "durable"
+            return log_dir(root, "streams", TENANT, NS, STREAM, 0)
+
+        client = await WireClient.connect(fleet.entry(owner))
+        try:
+            for i in range(3):
+                answer = await client.request(publish(b"r%d" % i, i + 1))
+                assert isinstance(answer, PublishOk), answer
+        finally:
+            client.close()
+        assert folder(owner).is_dir()
+        await fleet.placer.move(SHARD, target)
+        await eventually(lambda: fleet.settled_on(target), within=30, what="cut over")
+        await eventually(lambda: not folder(owner).exists(), within=10, what="stale copy gone")
+        assert folder(target).is_dir()
+        assert [p for _, p in await read_all(fleet.entry(target), 0, 3)] == [b"r0", b"r1", b"r2"]
+        # Moved back, the old leader gets a fresh copy (with what was written meanwhile).
+        client = await WireClient.connect(fleet.entry(target))
+        try:
+            assert isinstance(await client.request(publish(b"r3", 9)), PublishOk)
+        finally:
+            client.close()
+        await fleet.placer.move(SHARD, owner)
+        await eventually(lambda: fleet.settled_on(owner), within=30, what="moved back")
+        await eventually(lambda: not folder(target).exists(), within=10, what="gone again")
+        log = await read_all(fleet.entry(owner), 0, 4)
+        assert [p for _, p in log] == [b"r0", b"r1", b"r2", b"r3"]
+
+
+async def test_a_shard_with_files_larger_than_the_hello_cap_moves(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    # Each move_chunk (1 MiB of data, base64) rides a single request's stream right
+    # after its hello: it must be read under the cap that follows hello_ok.
+    async with moving_fleet(tmp_path, etcd_server) as fleet:
+        owner = fleet.leader()
+        target = next(n for n in NODES if n != owner)
+        payloads = [bytes([i]) * (256 * 1024) for i in range(8)]  # 2 MiB in one segment
+        client = await WireClient.connect(fleet.entry(owner))
+        try:
+            for i, payload in enumerate(payloads, start=1):
+                assert isinstance(await client.request(publish(payload, i)), PublishOk)
+        finally:
+            client.close()
+        await fleet.placer.move(SHARD, target)
+        await eventually(lambda: fleet.settled_on(target), within=30, what="cut over")
+        log = await read_all(fleet.entry(target), 0, len(payloads))
+        assert [p for _, p in log] == payloads

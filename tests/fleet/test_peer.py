@@ -95,6 +95,16 @@ async def test_a_frame_over_the_bound_ends_the_stream() -> None:
         await dialer.close()
 
 
+async def test_a_request_over_the_hello_cap_sent_with_its_hello_is_served() -> None:
+    # The dialer writes hello and request in one go; only the hello is held to
+    # PEER_HELLO_MAX_FRAME_BYTES, the request to the cap after hello_ok.
+    async with listener(echo) as addr:
+        dialer = PeerDialer(B)
+        big = forward(1, b"x" * 1_000_000)
+        assert await dialer.request("node-a", addr, big) == ForwardPublishOk(request_id=1)
+        await dialer.close()
+
+
 async def test_in_flight_requests_are_bounded_per_connection() -> None:
     release = asyncio.Event()
     running = 0

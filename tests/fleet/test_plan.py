@@ -128,3 +128,43 @@ def test_a_move_whose_successor_left_is_retaken_and_a_fence_waits() -> None:
     (lost,) = plan(spec, ["c"], {shard: _moving("a", "b")})
     assert (lost.record.state, lost.record.reason) == ("unavailable", "owner_unavailable")
     assert plan(spec, ["a", "b"], {shard: _moving("a", "a")}) == []  # a fence: until cancelled
+
+
+def _quorum(name: str = "q") -> list[ShardSpec]:
+    streams = [("t", "ns", name, 1, True)]
+    named = (ShardKind.STREAM, "t", "ns", name)
+    return shard_specs(streams, [], {named: 3}, frozenset({named}))
+
+
+def test_a_drained_leader_of_a_replicated_shard_hands_it_to_a_replica_keeping_the_set() -> None:
+    spec = _quorum()
+    shard = spec[0].shard
+    placed = Held(Assignment(state=RecordState.ACTIVE, leader="a", replicas=["a", "b", "c"]), 7)
+    (handoff,) = plan(spec, ["a", "b", "c", "d"], {shard: placed}, draining=["a"])
+    # A promotion at a new generation, never a file copy (no ``moving``, no successor).
+    assert handoff.record.state == "active" and handoff.record.successor is None
+    assert handoff.record.leader in ("b", "c")
+    assert handoff.record.replicas == ["a", "b", "c"]
+    assert handoff.expected == 7
+    # Only the drained broker and nobody else of its set live: it stays (no majority).
+    assert plan(spec, ["a", "d"], {shard: placed}, draining=["a"]) == []
+    # Back after a loss while drained: served again with its set, then handed off.
+    lost = Assignment(
+        state=RecordState.UNAVAILABLE,
+        leader="a",
+        replicas=["a", "b", "c"],
+        reason="owner_unavailable",
+    )
+    (back,) = plan(spec, ["a", "d"], {shard: Held(lost, 8)}, draining=["a"])
+    assert (back.record.state, back.record.leader) == ("active", "a")
+    assert back.record.replicas == ["a", "b", "c"]
+
+
+def test_a_fence_and_its_cancel_keep_a_replica_set() -> None:
+    spec = _quorum()
+    shard = spec[0].shard
+    fenced = Assignment(
+        state=RecordState.MOVING, leader="a", replicas=["a", "b", "c"], successor="x"
+    )
+    (retake,) = plan(spec, ["a", "b", "c"], {shard: Held(fenced, 9)})  # its successor left
+    assert (retake.record.leader, retake.record.replicas) == ("a", ["a", "b", "c"])
