@@ -240,7 +240,10 @@ def compute_coverage(cases: Sequence[Case]) -> Coverage:
 
 
 _CLUSTER = "needs a multi-broker target"
-_QUORUM = f"{_CLUSTER} with replication: the fixture's /partition, not on main yet"
+_LEADERSHIP_LOST = (
+    f"{_CLUSTER} with replication whose leader loses leadership while a write waits "
+    "for a majority: the fixture's /partition keeps the leader"
+)
 _OWNER_REFUSED = (
     f"{_CLUSTER} whose forward is refused with the owner named: the reference broker "
     "names the owner on successful forwards only"
@@ -267,8 +270,7 @@ NEEDS: dict[str, dict[str, str]] = {
         },
     },
     "error codes": {
-        "quorum_timeout": _QUORUM,
-        "leadership_lost": _QUORUM,
+        "leadership_lost": _LEADERSHIP_LOST,
         "unacknowledged": f"{_CLUSTER} whose owner takes a forward and never answers",
         "overloaded": "a target under load: its publish queue full",
         "limit_exceeded": "a target configured with a small limit",
@@ -276,9 +278,6 @@ NEEDS: dict[str, dict[str, str]] = {
         "internal": "a broker fault",
         "storage": "a storage fault",
         "revoked": "a revoked credential",
-    },
-    "retry classes": {
-        "outcome_unknown": f"{_CLUSTER}: quorum_timeout, leadership_lost or unacknowledged"
     },
     "features": {
         "FEATURE_SUBSCRIPTION_LAGGED": "a subscriber whose broker queue overflows",

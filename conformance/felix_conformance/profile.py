@@ -3,7 +3,8 @@
 A YAML document validated by `schema/profile.schema.json`: where the broker is
 and how to trust it, the credentials, the streams and caches cases may use,
 the extra tokens of the forbidden cases, and the control endpoint the fault
-cases ask for a fault (`control_url`, with `streams.movable_stream`).
+cases ask for a fault (`control_url`, with `streams.movable_stream` or
+`streams.quorum_stream`).
 Everything is optional; the command line overrides it, and a case needing a
 name it lacks gets "setup". Relative paths in it are relative to the profile's
 own folder.
@@ -93,8 +94,9 @@ def profile_from_fixture(fixture: Path) -> dict[str, Any]:
     for name in ("tenant_id", "token", "namespace"):
         if name in document:
             out[name] = document[name]
-    if "movable_stream" in document and "control_url" in document:
-        # A fleet fixture fences movable_stream on POST /fence: the fault cases run.
+    if "control_url" in document and ("movable_stream" in document or "quorum_stream" in document):
+        # A fleet fixture fences movable_stream on POST /fence and cuts quorum_stream's
+        # leader off on POST /partition: the fault cases run.
         out["control_url"] = document["control_url"]
     sections = {
         "streams": (*STREAM_VARIABLES, "missing_stream"),

@@ -77,6 +77,7 @@ FIXTURE_VARIABLES = (
     "cache",
     "single_shard_cache",
     "movable_stream",
+    "quorum_stream",
     "control_url",
 )
 CONNECT_TIMEOUT = 10.0
@@ -255,7 +256,13 @@ async def probe(target: Target, timeout: float = CONNECT_TIMEOUT) -> Advertised:
 
 
 # Profile variables naming streams and caches, and what each must be on the target.
-STREAM_VARIABLES = ("durable_stream", "memory_stream", "publisher_stream", "movable_stream")
+STREAM_VARIABLES = (
+    "durable_stream",
+    "memory_stream",
+    "publisher_stream",
+    "movable_stream",
+    "quorum_stream",
+)
 CACHE_VARIABLES = ("cache", "single_shard_cache")
 
 

@@ -236,6 +236,53 @@ def test_a_fault_case_that_fails_still_heals(fleet_file: Path) -> None:
     assert moved.verdict is Verdict.PASS, (moved.detail, moved.wire_log)
 
 
+# The quorum cases: they ask the fleet's control endpoint to cut quorum_stream's
+# leader off from its replicas (POST /partition), and heal it after each case.
+QUORUM = ["cluster.quorum-timeout", "cluster.quorum-timeout-binary-ack"]
+QUORUM_GLOB = "cluster.quorum-*"
+
+
+@pytest.mark.timeout(300)
+def test_the_quorum_cases_pass_and_heal_after_themselves(fleet_file: Path, tmp_path: Path) -> None:
+    """Run twice in a row: each case's first write must be acked by a majority, so the
+    second run passes only if the first healed the partition (and the binary case only
+    if the JSON case before it healed)."""
+    for _ in range(2):
+        report_path = tmp_path / "quorum.json"
+        code = main(["--fixture", str(fleet_file), "-t", QUORUM_GLOB, "--json", str(report_path)])
+        report = json.loads(report_path.read_text())
+        problems = [
+            (c["id"], c["detail"], c["wire_log"]) for c in report["cases"] if c["verdict"] != "pass"
+        ]
+        assert problems == []
+        assert sorted(_verdicts(report)) == QUORUM and code == EXIT_OK
+        for case in report["cases"]:
+            log = case["wire_log"]
+            assert any("POST /partition" in line for line in log), case["id"]
+            assert any("POST /heal" in line for line in log), case["id"]
+
+
+@pytest.mark.timeout(120)
+def test_without_a_quorum_stream_the_quorum_cases_are_setup(
+    fleet_file: Path, tmp_path: Path
+) -> None:
+    """A profile from a fleet fixture names quorum_stream; without it the quorum cases
+    are setup (they never partition), while the fence cases still run."""
+    document = profile_from_fixture(fleet_file)
+    assert document["streams"]["quorum_stream"] == "quorum"
+    del document["streams"]["quorum_stream"]
+    profile_path = tmp_path / "profile.yaml"
+    profile_path.write_text(yaml.safe_dump(document))
+    report_path = tmp_path / "quorum.json"
+    code = main(["--profile", str(profile_path), "-t", QUORUM_GLOB, "--json", str(report_path)])
+    report = json.loads(report_path.read_text())
+    assert sorted(_verdicts(report)) == QUORUM
+    assert set(_verdicts(report).values()) == {"setup"}, report["cases"]
+    assert all("quorum_stream (not in the profile)" in c["detail"] for c in report["cases"])
+    assert not any("POST /partition" in line for c in report["cases"] for line in c["wire_log"])
+    assert code == EXIT_OK
+
+
 @pytest.mark.timeout(120)
 def test_without_a_control_url_the_fault_cases_are_setup(fleet_file: Path, tmp_path: Path) -> None:
     document = profile_from_fixture(fleet_file)
@@ -245,8 +292,10 @@ def test_without_a_control_url_the_fault_cases_are_setup(fleet_file: Path, tmp_p
     profile_path = tmp_path / "profile.yaml"
     profile_path.write_text(yaml.safe_dump(document))
     report_path = tmp_path / "faults.json"
-    code = main(["--profile", str(profile_path), "-t", FAULT_GLOB, "--json", str(report_path)])
+    globs = ["-t", FAULT_GLOB, "-t", QUORUM_GLOB]
+    code = main(["--profile", str(profile_path), *globs, "--json", str(report_path)])
     report = json.loads(report_path.read_text())
+    assert sorted(_verdicts(report)) == sorted(FAULTS + QUORUM)
     assert set(_verdicts(report).values()) == {"setup"}, report["cases"]
     assert all("control_url (not in the profile)" in c["detail"] for c in report["cases"])
     assert code == EXIT_OK
@@ -291,16 +340,25 @@ def test_only_a_fleet_fixture_gives_the_profile_a_control_url(tmp_path: Path) ->
     single, fleet = tmp_path / "single.json", tmp_path / "fleet.json"
     single.write_text(json.dumps(base))
     fleet.write_text(
-        json.dumps({**base, "addrs": ["127.0.0.1:1", "127.0.0.1:3"], "movable_stream": "m"})
+        json.dumps(
+            {
+                **base,
+                "addrs": ["127.0.0.1:1", "127.0.0.1:3"],
+                "movable_stream": "m",
+                "quorum_stream": "q",
+            }
+        )
     )
     assert "control_url" not in profile_from_fixture(single)
     document = profile_from_fixture(fleet)
     assert document["control_url"] == "http://127.0.0.1:2"
     assert document["streams"]["movable_stream"] == "m"
+    assert document["streams"]["quorum_stream"] == "q"
     written = tmp_path / "profile.yaml"
     assert main(["profile", "--fixture", str(fleet), "--out", str(written)]) == EXIT_OK
     loaded = load_profile(written).variables
     assert loaded["control_url"] == "http://127.0.0.1:2" and loaded["movable_stream"] == "m"
+    assert loaded["quorum_stream"] == "q"
 
 
 async def test_a_fault_that_cannot_be_healed_fails_the_case(fixture_file: Path) -> None:
