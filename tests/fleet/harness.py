@@ -24,6 +24,7 @@ from felix_broker.app import Broker
 from felix_broker.cache.service import CacheLimits
 from felix_broker.catalog import StaticCatalog
 from felix_broker.config import load_config
+from felix_broker.fleet.features import ATOMIC_COMMIT, PUBLISHER_PRINCIPAL
 from felix_broker.fleet.node import FleetNode
 from felix_broker.fleet.peer import PeerTls
 from felix_broker.fleet.routing import (
@@ -79,6 +80,7 @@ class Fleet:
     catalog: StaticCatalog
     routes: dict[ShardId, Route] = field(default_factory=dict)
     down: set[str] = field(default_factory=set)
+    finalized: frozenset[str] = frozenset({ATOMIC_COMMIT, PUBLISHER_PRINCIPAL})
 
     def entry(self, node_id: str) -> Entry:
         return Entry(self.brokers[node_id], self.issuer)
@@ -91,11 +93,16 @@ class Fleet:
         }
 
     def publish(self) -> None:
-        """Give every broker the same snapshot (its own node id in it)."""
+        """Give every broker the same snapshot (its own node id in it), with the fleet
+        features finalized as a running fleet's control plane would have (`finalized`)."""
         members = MappingProxyType(self.members())
         routes = MappingProxyType(dict(self.routes))
         for node, view in self.views.items():
-            view.update(RoutingSnapshot(node_id=node, members=members, routes=routes))
+            view.update(
+                RoutingSnapshot(
+                    node_id=node, members=members, routes=routes, finalized=self.finalized
+                )
+            )
 
     def assign(
         self,
