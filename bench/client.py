@@ -8,7 +8,10 @@ run, with the ratio client/raw:
 - single publishes: acked (per_message) 100 B records, 64 in flight;
 - batches of 64: acked (per_batch) batches of 64 x 100 B records, 8 in flight;
 - cache get latency p50/p99 with 32 requests in flight (skipped, with a note,
-  when the broker does not serve cache operations);
+  when the broker does not serve cache operations), and the benchmark process's
+  CPU time per get (``cpu us/req``: the client's own cost per request, much
+  less sensitive to a loaded machine than latency) and the broker's
+  (``broker us/req``, from /proc);
 - consumer groups: records/s of the high-level consumer (`client.consumer`,
   one shard, as an application writes it: `await record.ack()` per record, and
   with the acks left to run as tasks) against the raw poll/ack loop of
@@ -29,6 +32,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -86,7 +90,19 @@ def start_broker(tmp: Path) -> tuple[subprocess.Popen[bytes], dict[str, Any]]:
             process.kill()
             raise RuntimeError("the reference broker did not start")
         time.sleep(0.05)
-    return process, json.loads(out.read_text())
+    doc = json.loads(out.read_text())
+    doc["broker_pid"] = process.pid
+    return process, doc
+
+
+def broker_cpu(doc: dict[str, Any]) -> float:
+    """CPU seconds the broker process has used (Linux /proc; 0 elsewhere)."""
+    try:
+        fields = Path(f"/proc/{doc['broker_pid']}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return 0.0
+    # utime and stime, fields 14 and 15 of stat(5), in clock ticks.
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 # -- raw frames ----------------------------------------------------------------------
@@ -263,8 +279,10 @@ async def cache_client(doc: dict[str, Any], n: int, depth: int) -> Result:
             samples.append(time.perf_counter() - start)
             return value
 
+        cpu, served = time.process_time(), broker_cpu(doc)
         await in_flight(n, depth, one)
-    return percentiles(samples)
+        cpu, served = time.process_time() - cpu, broker_cpu(doc) - served
+    return {**percentiles(samples), "cpu us/req": cpu / n * 1e6, "broker us/req": served / n * 1e6}
 
 
 async def cache_raw(doc: dict[str, Any], n: int, depth: int) -> Result:
@@ -292,9 +310,11 @@ async def cache_raw(doc: dict[str, Any], n: int, depth: int) -> Result:
         assert isinstance(answer, CacheValue)
         return answer
 
+    cpu, served = time.process_time(), broker_cpu(doc)
     await in_flight(n, depth, one)
+    cpu, served = time.process_time() - cpu, broker_cpu(doc) - served
     connection.close()
-    return percentiles(samples)
+    return {**percentiles(samples), "cpu us/req": cpu / n * 1e6, "broker us/req": served / n * 1e6}
 
 
 async def _group_ready(doc: dict[str, Any], records: int) -> tuple[str, int]:

@@ -256,6 +256,11 @@ class Link:
     def broken(self) -> bool:
         return self.connection.closed
 
+    def ready_channel(self, slot: int) -> Channel | None:
+        """The open stream at `slot` without waiting, or None (then `channel`)."""
+        current = self._channels[slot % len(self._channels)]
+        return current if current is not None and not current.closed else None
+
     async def channel(self, slot: int) -> Channel:
         slot %= len(self._channels)
         current = self._channels[slot]
@@ -320,6 +325,11 @@ class Pool:
     def adopt(self, index: int, link: Link) -> None:
         """Take a link opened elsewhere (the one `connect` authenticates first)."""
         self._links[index % self.size] = link
+
+    def ready_link(self, index: int) -> Link | None:
+        """The working connection at `index` without waiting, or None (then `link`)."""
+        current = self._links[index % self.size]
+        return current if current is not None and not current.broken else None
 
     async def link(self, index: int) -> Link:
         index %= self.size

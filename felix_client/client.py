@@ -615,9 +615,13 @@ class Client:
 
         async def run(target: str | None, attempt: Attempt) -> Message:
             _pub, requests, _ev = self._pools(target)
-            link = await requests.link(turn % requests.size)
+            # The common case (connection and stream already open) without an
+            # await each: a request then costs one suspension, its answer's.
+            index = turn % requests.size
+            link = requests.ready_link(index) or await requests.link(index)
             attempt.at(link.addr)
-            channel = await link.channel((turn // requests.size) % requests.streams_per_conn)
+            slot = (turn // requests.size) % requests.streams_per_conn
+            channel = link.ready_channel(slot) or await link.channel(slot)
             return await channel.call(build, timeout or self.config.request_timeout)
 
         answer = await self._follow(

@@ -354,7 +354,14 @@ class CacheService:
         """Every cache request runs as its own task (concurrent): answers go out in
         completion order, matched by request_id, so one slow request holds back no other."""
         read, write = Action.CACHE_READ, Action.CACHE_WRITE
-        table.register(CacheGet, self._handler(self._get, read), concurrent=True)
+        # A get is answered from memory: from the reader, without a task, while
+        # a request slot is free (DispatchTable's ready path).
+        table.register(
+            CacheGet,
+            self._handler(self._get, read),
+            concurrent=True,
+            ready=self._ready(self._get_now, read),
+        )
         table.register(CachePut, self._handler(self._put_request, write), concurrent=True)
         table.register(CacheDelete, self._handler(self._delete, write), concurrent=True)
         table.register(CachePutIf, self._handler(self._put_if, write), concurrent=True)
@@ -401,6 +408,24 @@ class CacheService:
 
         return handle
 
+    def _ready(
+        self, op: Callable[[CacheSpec, R, RequestContext], bytes], action: Action
+    ) -> Callable[[R, RequestContext], bytes | None]:
+        """`_handler` for an `op` that never waits: the same admission, refusals
+        and storage errors, the answer returned instead of written."""
+
+        def ready(request: R, ctx: RequestContext) -> bytes | None:
+            proto = ctx.proto
+            try:
+                return op(self._admit(ctx, request, action), request, ctx)
+            except _Refused as refused:
+                return proto.error(refused.code, refused.text)
+            except StorageError as exc:
+                _log.error("cache request failed in storage: %s", exc)
+                return proto.error(ErrorCode.STORAGE, f"cache storage failed: {exc}")
+
+        return ready
+
     def _admit(self, ctx: RequestContext, request: AnyCacheRequest, action: Action) -> CacheSpec:
         """The cache the request names, if this principal may do `action` on it."""
         principal = ctx.principal
@@ -430,6 +455,9 @@ class CacheService:
         )
 
     async def _get(self, spec: CacheSpec, request: CacheGet, ctx: RequestContext) -> bytes:
+        return self._get_now(spec, request, ctx)
+
+    def _get_now(self, spec: CacheSpec, request: CacheGet, ctx: RequestContext) -> bytes:
         key = request.key
         entry = self.shard_of_key(spec, key).get(key, now_ms())
         return ctx.proto.message(

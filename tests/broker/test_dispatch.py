@@ -109,3 +109,27 @@ def test_no_isinstance_dispatch_over_message_types() -> None:
         if chains:
             found[str(path.relative_to(BROKER_PACKAGE))] = chains
     assert found == {}
+
+
+def test_a_ready_path_is_only_for_concurrent_types_and_a_gate_replaces_it() -> None:
+    import pytest
+
+    from felix_broker.session.context import RequestContext
+    from felix_broker.session.dispatch import DispatchTable
+    from felix_wire.messages import CacheGet
+
+    async def handler(_request: CacheGet, _ctx: RequestContext) -> None:
+        return None
+
+    def ready(_request: CacheGet, _ctx: RequestContext) -> bytes | None:
+        return b"answer"
+
+    table = DispatchTable()
+    with pytest.raises(ValueError, match="concurrent"):
+        table.register(CacheGet, handler, ready=ready)
+    table.register(CacheGet, handler, concurrent=True, ready=ready)
+    assert table._routes[CacheGet].ready is ready
+    # A gate in front of the handler (the fleet's switches) must see every
+    # request, so the wrapped route answers through the handler only.
+    table.wrap(CacheGet, lambda inner: inner)
+    assert table._routes[CacheGet].ready is None

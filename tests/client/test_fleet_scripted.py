@@ -489,3 +489,41 @@ async def test_a_publish_whose_connection_is_lost_is_not_resent(fleet: ScriptedF
         assert b.got("PublishBatchFrame") == []
     finally:
         await client.aclose()
+
+
+async def test_a_request_with_no_answer_times_out_and_its_late_answer_is_dropped(
+    fleet: ScriptedFleet,
+) -> None:
+    # The per-request timer (one handle, not an asyncio.timeout scope) must still
+    # fail the caller with ClientTimeoutError, and an answer arriving later must
+    # not be taken for the next request on the same stream.
+    from felix_wire.messages import CacheGet, CacheValue
+
+    a = fleet[0]
+    held: list[CacheGet] = []
+    silent = [True]
+
+    def value(r: CacheGet, data: bytes) -> CacheValue:
+        scope = {"tenant_id": r.tenant_id, "namespace": r.namespace, "cache": r.cache}
+        return CacheValue(**scope, key=r.key, value=data, request_id=r.request_id)
+
+    def get(_b: ScriptedBroker, r: Any, _rep: Reply) -> list[Any]:
+        if silent[0]:
+            held.append(r)
+            return []
+        late = [value(h, b"late") for h in held]
+        held.clear()
+        return [*late, value(r, b"now")]
+
+    a.on["cache_get"] = get
+    client = await connect(fleet, a, request_timeout=0.3)
+    try:
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(felix_client.errors.ClientTimeoutError):
+            await client.cache("c").get("k")  # same key: the same stream both times
+        assert asyncio.get_running_loop().time() - started < 3
+        assert held, "the request was sent"
+        silent[0] = False
+        assert await client.cache("c").get("k") == b"now"
+    finally:
+        await client.aclose()
