@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 4618c385f4250cde969bdad29d2b46f506151adba7e490563d82480793a9cfa2
+# spec sha256: 2795f446df6b298ce63085ba72ce693bc8fee8783ebc44eced502f106bc85229
 """The fleet catalogue: etcd record shapes and broker-to-broker messages.
 
 Broker-to-broker QUIC (TLS 1.3, mutual TLS): each broker's peer certificate is signed by the fleet CA and names its node id as a DNS SAN; both sides check it, and the listener checks it against hello.
@@ -804,6 +804,8 @@ class ReplicaShip(
     entries: list[ReplicaEntry]
     """may be empty (a heartbeat carrying the mark)"""
     commit: U64
+    compacted: U64 = 0
+    """every replica holds the records below this offset, committed and applied: a follower may drop them from its replication log file"""
 
     def __post_init__(self) -> None:
         _check_u64(
@@ -813,6 +815,7 @@ class ReplicaShip(
                 "offset",
                 "prev_generation",
                 "commit",
+                "compacted",
             ),
             (),
         )

@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 4618c385f4250cde969bdad29d2b46f506151adba7e490563d82480793a9cfa2
+# spec sha256: 2795f446df6b298ce63085ba72ce693bc8fee8783ebc44eced502f106bc85229
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
@@ -258,6 +258,7 @@ PEER_MESSAGE_STRATEGIES: Mapping[str, st.SearchStrategy[Any]] = MappingProxyType
                 st.deferred(lambda: FLEET_SHAPE_STRATEGIES["ReplicaEntry"]), max_size=3
             ),
             commit=_U64,
+            compacted=_U64,
         ),
         "replica_ship_ok": st.builds(
             _f.ReplicaShipOk,
