@@ -361,6 +361,7 @@ class _Peer:
     durable: int = 0  # of which fsynced (what the mark counts)
     sent_at: int | None = None  # when the last unanswered ship or fence left
     told_commit: int = 0
+    told_compacted: int = 0
 
 
 # --- the state machine ---------------------------------------------------------------
@@ -577,7 +578,11 @@ class Replica:
                     effects.append(Send(peer, Fence(self.generation, self.node_id)))
         elif self.phase is Phase.LEADER:
             for peer, state in self._peers.items():
-                behind = state.matched < self.length or state.told_commit < self.commit
+                behind = (
+                    state.matched < self.length
+                    or state.told_commit < self.commit
+                    or state.told_compacted < self.stored_from
+                )
                 if behind and (state.sent_at is None or now - state.sent_at >= due):
                     effects.extend(self._ship(peer, now))
         return effects
@@ -788,6 +793,7 @@ class Replica:
         at = max(min(state.next_offset, self.length), self.stored_from)
         state.sent_at = now
         state.told_commit = self.commit
+        state.told_compacted = self.stored_from
         if at < self.base:  # no longer in memory: from the disk
             count = min(self.config.ship_max_records, self.base - at)
             return [
