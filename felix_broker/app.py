@@ -179,7 +179,12 @@ class Broker:
                 self._verifier = TokenVerifier(self.issuer.jwks())
         # Listen first: /ready answers 503 while the logs recover.
         backup = self._backup_offsets if self.fleet is None else self._cluster_backup_offsets
-        self._http = HttpListener(metrics=self.metrics, health=self.health, backup_offsets=backup)
+        self._http = HttpListener(
+            metrics=self.metrics,
+            health=self.health,
+            backup_offsets=backup,
+            replication_halted=self._replication_halted,
+        )
         await self._http.start(config.metrics_bind.host, config.metrics_bind.port)
         if config.durable_enabled:
             assert config.durable_storage_dir is not None
@@ -330,6 +335,10 @@ class Broker:
         if self.fleet is not None:
             await self._start_peer_listener()
 
+    def _replication_halted(self) -> list[Any]:
+        """`/replication/halted`: this broker's halted replicas; `[]` with none."""
+        return self.replication.halted() if self.replication is not None else []
+
     def _inspection(self) -> InspectionService:
         def connections() -> list[ConnectionState]:
             return list(self.session.connections.values()) if self.session else []
@@ -339,9 +348,19 @@ class Broker:
                 catalog=self.catalog, store=self.store, connections=connections
             )
         from felix_broker.fleet.inspection import ClusterInspection
+        from felix_broker.replication.inspect import inspection
+        from felix_common.fleet import ShardId
+
+        def replica(shard: ShardId) -> dict[str, Any] | None:
+            driver = self.replication.driver(shard) if self.replication is not None else None
+            return inspection(driver) if driver is not None else None
 
         return ClusterInspection(
-            catalog=self.catalog, store=self.store, connections=connections, view=self.fleet.view
+            catalog=self.catalog,
+            store=self.store,
+            connections=connections,
+            view=self.fleet.view,
+            replica=replica,
         )
 
     # -- the fleet ----------------------------------------------------------------------

@@ -105,6 +105,7 @@ __all__ = [
     "FenceRefused",
     "Halted",
     "Message",
+    "PeerProgress",
     "PersistBallot",
     "Phase",
     "PromotionRefused",
@@ -346,6 +347,17 @@ class Phase(enum.Enum):
     HALTED = "halted"
 
 
+@dataclass(frozen=True, slots=True)
+class PeerProgress:
+    """A follower as its leader (or a candidate) knows it."""
+
+    node_id: str
+    next_offset: int
+    matched: int
+    durable: int
+    fenced: bool | None = None  # while fencing: whether it answered the fence
+
+
 @dataclass(slots=True)
 class _Pending:
     request_id: int
@@ -455,6 +467,26 @@ class Replica:
         if low < self.base:
             raise IndexError(f"record {low} is below the in-memory base {self.base}")
         return self.log[low - self.base : high - self.base]
+
+    @property
+    def state(self) -> str:
+        """The core's state in one word: leader, settling, fencing, follower, halted."""
+        if self.phase is Phase.LEADER:
+            return "settling" if self.mark is None else "leader"
+        return str(self.phase.value)
+
+    def progress(self) -> tuple[PeerProgress, ...]:
+        """As leader or candidate: each follower's progress as this replica knows it."""
+        return tuple(
+            PeerProgress(
+                peer,
+                state.next_offset,
+                state.matched,
+                state.durable,
+                fenced=peer in self._fence_answers if self.phase is Phase.FENCING else None,
+            )
+            for peer, state in sorted(self._peers.items())
+        )
 
     def tail(self) -> tuple[int, int]:
         """(generation of the last record, length): how far ahead this log is."""

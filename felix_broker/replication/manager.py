@@ -27,6 +27,7 @@ import asyncio
 import logging
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from felix_broker.catalog import Catalog, StreamSpec
 from felix_broker.fleet.peer import PeerDialer
@@ -40,6 +41,7 @@ from .apply import StreamApplier, encode_batch
 from .core import Config
 from .disk import ReplicaDisk
 from .driver import ReplicaDriver, ReplicationRefusedError
+from .inspect import halts
 from .service import ReplicationService, peer_sender
 
 __all__ = ["ReplicationManager"]
@@ -93,6 +95,10 @@ class ReplicationManager:
 
     def driver(self, shard: ShardId) -> ReplicaDriver | None:
         return self.service.drivers.get(shard)
+
+    def halted(self) -> list[Any]:
+        """`/replication/halted`: this broker's halted replicas (`[]` when healthy)."""
+        return halts(self.node_id, list(self.service.drivers.values()))
 
     def read_refusal(self, spec: StreamSpec, index: int) -> tuple[ErrorCode, str | None] | None:
         """The engine's read gate: readers of a replicated shard are served only by its

@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 2795f446df6b298ce63085ba72ce693bc8fee8783ebc44eced502f106bc85229
+# spec sha256: 1bbb5b7e23621c04052cf70bf757bf2499b9387e1590fc45b00f35500bddba7c
 """The fleet catalogue: etcd record shapes and broker-to-broker messages.
 
 Broker-to-broker QUIC (TLS 1.3, mutual TLS): each broker's peer certificate is signed by the fleet CA and names its node id as a DNS SAN; both sides check it, and the listener checks it against hello.
@@ -82,6 +82,7 @@ __all__ = [
     "StaleRoute",
     "PeerError",
     "ForwardRefusal",
+    "ReplicationHalt",
     "ReplicaShard",
     "ReplicaEntry",
     "ReplicatedBatch",
@@ -447,6 +448,31 @@ class ForwardRefusal(msgspec.Struct, omit_defaults=True, kw_only=True):
             raise ValueError(
                 f"exactly one of error, not_leader, stale_route must be present, got {present or 'none'}"
             )
+
+
+class ReplicationHalt(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """A replica that stopped replicating: a leader's ship conflicted with a record below the mark it knew (a correct fleet never does this). It serves nothing and takes no ships until an operator acts; it clears when the replica is removed or rebuilt."""
+
+    shard: ReplicaShard
+    node: str
+    """this broker's node id"""
+    generation: U64
+    """the ballot it held when it halted"""
+    progress: U64
+    """the offset of the conflicting record (what it holds below is committed)"""
+    reason: str
+    """below_commit (an open set of words)"""
+    suggested_action: str
+
+    def __post_init__(self) -> None:
+        _check_u64(
+            self,
+            (
+                "generation",
+                "progress",
+            ),
+            (),
+        )
 
 
 class ReplicaShard(msgspec.Struct, omit_defaults=True, kw_only=True):

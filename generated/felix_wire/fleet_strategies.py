@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 2795f446df6b298ce63085ba72ce693bc8fee8783ebc44eced502f106bc85229
+# spec sha256: 1bbb5b7e23621c04052cf70bf757bf2499b9387e1590fc45b00f35500bddba7c
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
@@ -112,6 +112,15 @@ FLEET_SHAPE_STRATEGIES["ForwardRefusal"] = st.one_of(
     st.builds(
         _f.ForwardRefusal, stale_route=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["StaleRoute"])
     ),
+)
+FLEET_SHAPE_STRATEGIES["ReplicationHalt"] = st.builds(
+    _f.ReplicationHalt,
+    shard=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["ReplicaShard"]),
+    node=_TEXT,
+    generation=_U64,
+    progress=_U64,
+    reason=_TEXT,
+    suggested_action=_TEXT,
 )
 FLEET_SHAPE_STRATEGIES["ReplicaShard"] = st.builds(
     _f.ReplicaShard,
