@@ -490,6 +490,7 @@ class Broker:
             self.peer_dialer,
             config.data_dir / "replication",
             ReplicationConfig(quorum_timeout_ms=config.publish_quorum_timeout_ms),
+            report=self._report_refusal,  # etcd joins later: checked at each report
         )
         self.engine.replication_hook = self.replication.publish
         self.engine.read_gate = self.replication.read_refusal
@@ -525,6 +526,11 @@ class Broker:
         if self.etcd is None:
             raise RuntimeError("not registered in etcd: a move's copy cannot be reported")
         await self.etcd.report_move(shard, record)
+
+    async def _report_refusal(self, shard: Any, record: Any) -> None:
+        if self.etcd is None:
+            raise RuntimeError("not registered in etcd: a refusal cannot be reported")
+        await self.etcd.report_refusal(shard, record)
 
     async def hand_off(self) -> None:
         """A fleet member told to stop: readiness off, ask the placer to drain it, keep

@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 1bbb5b7e23621c04052cf70bf757bf2499b9387e1590fc45b00f35500bddba7c
+# spec sha256: 467f569138b4141a827df5a1935f8fcad55140693341463ea2859f9c168aa4a8
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
@@ -57,6 +57,11 @@ FLEET_SHAPE_STRATEGIES["MoveCopied"] = st.builds(
     generation=_U64,
     files=_U32,
     bytes=_U64,
+)
+FLEET_SHAPE_STRATEGIES["PromotionRefusal"] = st.builds(
+    _f.PromotionRefusal,
+    generation=_U64,
+    ahead=st.lists(_TEXT, max_size=3),
 )
 FLEET_SHAPE_STRATEGIES["Drain"] = st.builds(
     _f.Drain,
@@ -317,6 +322,7 @@ RECORD_STRATEGIES: Mapping[str, st.SearchStrategy[Any]] = MappingProxyType(
         "Assignment": FLEET_SHAPE_STRATEGIES["Assignment"],
         "FinalizedFeature": FLEET_SHAPE_STRATEGIES["FinalizedFeature"],
         "MoveCopied": FLEET_SHAPE_STRATEGIES["MoveCopied"],
+        "PromotionRefusal": FLEET_SHAPE_STRATEGIES["PromotionRefusal"],
         "Drain": FLEET_SHAPE_STRATEGIES["Drain"],
     }
 )
