@@ -21,7 +21,7 @@ A refused promotion is reported (`report`, normally the broker's etcd node: a
 so the placer promotes a replica it names as ahead; the report is withdrawn
 once this replica holds a newer generation (a leader promoted it or it opened).
 Reports run one at a time in the background; a failed one is logged and made
-again on the next change of the routing view.
+again a second later (and the standing one is checked as often, to withdraw it).
 
 Not yet here (reported as unfinished): Leader-consistency replica sets (async
 shipping), caches, group logs.
@@ -30,6 +30,7 @@ shipping), caches, group logs.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -57,6 +58,7 @@ _log = logging.getLogger(__name__)
 # A replica the routing view names leader that is not open (fencing, or its promotion
 # was refused): nobody serves the shard, and a redirect would point back here.
 _SETTLING: tuple[ErrorCode, str | None] = (ErrorCode.SHARD_UNAVAILABLE, "not_ready")
+_REPORT_RETRY_S = 1.0  # while a refusal report stands or failed: look again this often
 
 
 class ReplicationManager:
@@ -180,7 +182,12 @@ class ReplicationManager:
 
     async def _follow(self) -> None:
         while True:
-            await self._wake.wait()
+            if self._reported or self._unreported:  # look again soon: retry, withdraw
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(_REPORT_RETRY_S):
+                        await self._wake.wait()
+            else:
+                await self._wake.wait()
             self._wake.clear()
             try:
                 await self._reconcile(self._view.snapshot)
