@@ -26,6 +26,11 @@ current assignments):
 - a replicated (Quorum) shard whose leader is gone, with a majority of its
   replica set live: a live replica is promoted (``active``, a new generation);
   the replica's core decides whether it is caught up (it refuses otherwise);
+- a promotion refused (``P/progress/{replica}/refused/...`` at the assignment's
+  own generation): a live replica the refusal names as ahead is promoted at a new
+  generation; none live: ``unavailable/owner_unavailable`` with one of them as
+  leader (it takes the shard back on return); a replica whose refusal stands is
+  not promoted again;
 - a shard whose leader is gone: an in-memory stream shard is re-placed at once;
   a durable one (durable streams, and caches, whose logs live on their broker)
   becomes ``unavailable/owner_unavailable`` with its leader kept, and turns
