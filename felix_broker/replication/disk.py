@@ -230,7 +230,7 @@ class ReplicaDisk:
         dropped = self._read_range(self.base, floor)
         weight = self.weight + sum(weigh(e) for e in dropped)
         generation = dropped[-1].generation
-        cut = self._positions[floor - self.base]
+        cut = self._positions[floor - self.base] if floor < self.length else self._size
         fd = self._fd_or_fail()
         name = f"entries-{floor}-{generation}-{weight}.log"
         temp = self.folder / (name + ".tmp")

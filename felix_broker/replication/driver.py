@@ -168,6 +168,7 @@ class ReplicaDriver:
         self.promotion_refused: PromotionRefused | None = None
         self.halted: Halted | None = None
         self.failure: BaseException | None = None
+        self._closed = False
         self._effects: dict[type, Callable[[Any], None]] = {
             Send: self._do_send,
             WriteRecords: self._do_write,
@@ -213,6 +214,7 @@ class ReplicaDriver:
         self._tasks.append(loop.create_task(self._ticker()))
 
     async def close(self) -> None:
+        self._closed = True  # inputs from now on are refused: the disk is going
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -273,7 +275,7 @@ class ReplicaDriver:
     # -- carrying out effects
 
     async def _run(self, step: Callable[[int], list[Effect]]) -> None:
-        if self.failure is not None:  # nothing is written: the client may retry elsewhere
+        if self.failure is not None or self._closed:  # nothing written: retry elsewhere
             raise ReplicationRefusedError(
                 ErrorCode.SHARD_UNAVAILABLE, RetryClass.RETRY, "owner_unavailable"
             )

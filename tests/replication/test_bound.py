@@ -8,7 +8,10 @@ without a majority refuses appends past `max_uncommitted` (`overloaded`).
 
 from __future__ import annotations
 
-from felix_broker.replication.core import Config, Phase
+from pathlib import Path
+
+from felix_broker.replication.core import Config, Entry, Phase
+from felix_broker.replication.disk import ReplicaDisk
 from felix_wire.errors import ErrorCode
 from tests.replication.sim import Cluster
 
@@ -94,3 +97,20 @@ def test_a_leader_without_a_majority_refuses_past_the_uncommitted_bound() -> Non
     refused = [op for op in c.history if op.code == ErrorCode.OVERLOADED.wire]
     assert len(refused) == 150
     assert all(op.retry == "retry_after" for op in refused)
+
+
+def test_the_disk_compacts_up_to_its_whole_length_and_reads_back(tmp_path: Path) -> None:
+    """A floor at the log's very end (every record held everywhere) empties the file;
+    a restart reads back the base and nothing else (regression: an index past the end)."""
+    disk = ReplicaDisk(tmp_path, compact_every=4)
+    disk.recover()
+    disk.write(0, [Entry(1, b"", start=True), *(Entry(1, b"r%d" % i) for i in range(5))])
+    assert disk.compact(6, lambda e: 0 if e.start else 1)
+    disk.write(6, [Entry(2, b"next")])
+    disk.close()
+    again = ReplicaDisk(tmp_path)
+    image = again.recover()
+    assert (image.base, image.base_generation, again.weight) == (6, 1, 5)
+    assert image.entries == (Entry(2, b"next"),)
+    assert again.read(6, 5) == (1, [Entry(2, b"next")])
+    again.close()
