@@ -182,7 +182,12 @@ class Broker:
                 self._verifier = TokenVerifier(self.issuer.jwks())
         # Listen first: /ready answers 503 while the logs recover.
         backup = self._backup_offsets if self.fleet is None else self._cluster_backup_offsets
-        self._http = HttpListener(metrics=self.metrics, health=self.health, backup_offsets=backup)
+        self._http = HttpListener(
+            metrics=self.metrics,
+            health=self.health,
+            backup_offsets=backup,
+            replication_halted=self._replication_halted,
+        )
         await self._http.start(config.metrics_bind.host, config.metrics_bind.port)
         if config.durable_enabled:
             assert config.durable_storage_dir is not None
@@ -333,6 +338,10 @@ class Broker:
         if self.fleet is not None:
             await self._start_peer_listener()
 
+    def _replication_halted(self) -> list[Any]:
+        """`/replication/halted`: this broker's halted replicas; `[]` with none."""
+        return self.replication.halted() if self.replication is not None else []
+
     def _inspection(self) -> InspectionService:
         def connections() -> list[ConnectionState]:
             return list(self.session.connections.values()) if self.session else []
@@ -342,9 +351,19 @@ class Broker:
                 catalog=self.catalog, store=self.store, connections=connections
             )
         from felix_broker.fleet.inspection import ClusterInspection
+        from felix_broker.replication.inspect import inspection
+        from felix_common.fleet import ShardId
+
+        def replica(shard: ShardId) -> dict[str, Any] | None:
+            driver = self.replication.driver(shard) if self.replication is not None else None
+            return inspection(driver) if driver is not None else None
 
         return ClusterInspection(
-            catalog=self.catalog, store=self.store, connections=connections, view=self.fleet.view
+            catalog=self.catalog,
+            store=self.store,
+            connections=connections,
+            view=self.fleet.view,
+            replica=replica,
         )
 
     # -- the fleet ----------------------------------------------------------------------
@@ -475,6 +494,7 @@ class Broker:
             config.data_dir / "replication",
             ReplicationConfig(quorum_timeout_ms=config.publish_quorum_timeout_ms),
             blocked=self._peer_blocked,
+            report=self._report_refusal,  # etcd joins later: checked at each report
         )
         self.engine.replication_hook = self.replication.publish
         self.engine.read_gate = self.replication.read_refusal
@@ -510,6 +530,11 @@ class Broker:
         if self.etcd is None:
             raise RuntimeError("not registered in etcd: a move's copy cannot be reported")
         await self.etcd.report_move(shard, record)
+
+    async def _report_refusal(self, shard: Any, record: Any) -> None:
+        if self.etcd is None:
+            raise RuntimeError("not registered in etcd: a refusal cannot be reported")
+        await self.etcd.report_refusal(shard, record)
 
     async def hand_off(self) -> None:
         """A fleet member told to stop: readiness off, ask the placer to drain it, keep

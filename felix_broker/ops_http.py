@@ -18,8 +18,11 @@ requires wherever GET is served) are answered, anything else is 405.
                            ``skipped`` reasons (felix_broker/fleet/backup.py);
                            with no provider ``{"node_id": "", "shards": [],
                            "skipped": []}``
-``/replication/halted``    JSON list; a standalone broker replicates nothing,
-                           so ``[]`` (the shape is unspecified, U13)
+``/replication/halted``    JSON list of this broker's halted replicas, each a
+                           ``ReplicationHalt`` (spec/fleet.yaml: shard, node,
+                           generation, progress, reason, suggested_action;
+                           felix_broker/replication/inspect.py); ``[]`` when
+                           none halted, and always for a standalone broker
 =========================  ===================================================
 """
 

@@ -32,6 +32,7 @@ from felix_wire.fleet import (
     FinalizedFeature,
     Member,
     MoveCopied,
+    PromotionRefusal,
 )
 from felix_wire.wire_errors import MalformedJsonError, MessageFieldError
 
@@ -43,6 +44,7 @@ __all__ = [
     "Keyspace",
     "Member",
     "MoveCopied",
+    "PromotionRefusal",
     "RecordError",
     "ShardId",
     "ShardKind",
@@ -51,6 +53,7 @@ __all__ = [
     "decode_finalized_feature",
     "decode_member",
     "decode_move_copied",
+    "decode_promotion_refusal",
     "encode_record",
 ]
 
@@ -111,6 +114,13 @@ def decode_move_copied(value: bytes) -> MoveCopied:
         return wire.decode_movecopied(value)
     except (MalformedJsonError, MessageFieldError) as exc:
         raise RecordError(f"not a move progress record: {exc}") from None
+
+
+def decode_promotion_refusal(value: bytes) -> PromotionRefusal:
+    try:
+        return wire.decode_promotionrefusal(value)
+    except (MalformedJsonError, MessageFieldError) as exc:
+        raise RecordError(f"not a promotion refusal record: {exc}") from None
 
 
 def decode_drain(value: bytes) -> Drain:
@@ -226,6 +236,30 @@ class Keyspace:
         parts = wire.parse_move_progress_key(self.prefix, key)
         if parts is None:
             raise RecordError(f"not a move progress key: {key!r}")
+        node, kind, tenant, namespace, name, index = parts
+        try:
+            shard_kind = ShardKind(kind)
+        except ValueError:
+            raise RecordError(f"unknown shard kind in {key!r}") from None
+        return node, ShardId(shard_kind, tenant, namespace, name, index)
+
+    def promotion_refused(self, node_id: str, shard: ShardId) -> str:
+        """Where replica `node_id` reports it refused a promotion of `shard`."""
+        return wire.promotion_refused_key(
+            self.prefix,
+            node_id=node_id,
+            kind=shard.kind.value,
+            tenant=shard.tenant,
+            namespace=shard.namespace,
+            name=shard.name,
+            shard=shard.shard,
+        )
+
+    def refusal_of(self, key: str) -> tuple[str, ShardId] | None:
+        """(replica node id, shard) of a promotion refusal key; None for any other key."""
+        parts = wire.parse_promotion_refused_key(self.prefix, key)
+        if parts is None:
+            return None
         node, kind, tenant, namespace, name, index = parts
         try:
             shard_kind = ShardKind(kind)

@@ -26,6 +26,11 @@ current assignments):
 - a replicated (Quorum) shard whose leader is gone, with a majority of its
   replica set live: a live replica is promoted (``active``, a new generation);
   the replica's core decides whether it is caught up (it refuses otherwise);
+- a promotion refused (``P/progress/{replica}/refused/...`` at the assignment's
+  own generation): a live replica the refusal names as ahead is promoted at a new
+  generation; none live: ``unavailable/owner_unavailable`` with one of them as
+  leader (it takes the shard back on return); a replica whose refusal stands is
+  not promoted again;
 - a shard whose leader is gone: an in-memory stream shard is re-placed at once;
   a durable one (durable streams, and caches, whose logs live on their broker)
   becomes ``unavailable/owner_unavailable`` with its leader kept, and turns
@@ -81,11 +86,13 @@ from felix_common.fleet import (
     AssignmentState,
     Drain,
     Keyspace,
+    PromotionRefusal,
     RecordError,
     ShardId,
     ShardKind,
     decode_assignment,
     decode_move_copied,
+    decode_promotion_refusal,
     encode_record,
 )
 from felix_controlplane.fleet_api import MoveError
@@ -174,10 +181,13 @@ def plan(
     *,
     draining: Iterable[str] = (),
     copied: Mapping[tuple[str, ShardId], int] | None = None,
+    refused: Mapping[tuple[str, ShardId], PromotionRefusal] | None = None,
 ) -> list[Write]:
     """The writes that bring `current` to the placement rule (module docs).
     `draining`: brokers being drained; `copied`: (successor, shard) -> the
-    generation its reported copy was made for."""
+    generation its reported copy was made for; `refused`: (replica, shard) -> the
+    promotion that replica refused (a replica ahead of it)."""
+    refusals = refused or {}
     alive = set(live)
     drained = set(draining) & alive
     members = sorted(alive - drained)  # who may take shards
@@ -249,12 +259,36 @@ def plan(
             elif record.state == _UNAVAILABLE:
                 writes.append(Write(shard, _record(_ACTIVE, record.leader), held.mod_revision))
             continue
+        refusal = refusals.get((record.leader or "", shard))
+        if (
+            refusal is not None
+            and record.state == _ACTIVE
+            and refusal.generation == held.mod_revision
+            and spec.replicated
+        ):
+            # The promoted replica found one further ahead and did not open: promote
+            # one it names (live) at a new generation; none live: unavailable, leader
+            # one of them, so that it takes the shard back when it returns.
+            ahead = [n for n in refusal.ahead if n in record.replicas]
+            live = [n for n in ahead if n in members]
+            if live:
+                choice = max(live, key=lambda n: (rendezvous(shard, n), n))
+                promoted = _record(_ACTIVE, choice, replicas=record.replicas)
+            elif ahead:
+                promoted = _record(
+                    _UNAVAILABLE, ahead[0], OWNER_UNAVAILABLE, replicas=record.replicas
+                )
+            else:
+                continue
+            writes.append(Write(shard, promoted, held.mod_revision))
+            continue
         if record.leader is not None and record.leader in members:
             if record.state == _UNAVAILABLE:  # its broker is back
                 back = _record(_ACTIVE, record.leader, replicas=record.replicas)
                 writes.append(Write(shard, back, held.mod_revision))
             continue
-        promoted_to = _successor(spec, record, members)
+        behind = {node for (node, s) in refusals if s == shard}
+        promoted_to = _successor(spec, record, members, behind)
         if promoted_to is not None:
             # A replicated shard's leader is gone: a live replica takes over at a new
             # generation (this write's revision). Its core fences a majority and opens
@@ -312,16 +346,23 @@ def _handoff(spec: ShardSpec, record: Assignment, members: Sequence[str]) -> str
     return max(live, key=lambda n: (rendezvous(shard, n), n))
 
 
-def _successor(spec: ShardSpec, record: Assignment, members: Sequence[str]) -> str | None:
+def _successor(
+    spec: ShardSpec, record: Assignment, members: Sequence[str], behind: Iterable[str] = ()
+) -> str | None:
     """The live replica to promote when a replicated shard's leader is gone: only while
-    a majority of its replica set is live (the promotion's fence needs one)."""
+    a majority of its replica set is live (the promotion's fence needs one), and never
+    one that refused a promotion of it (it is behind: it withdraws the refusal once it
+    holds a newer generation)."""
     if not spec.replicated or not record.replicas:
         return None
     live = [n for n in record.replicas if n in members and n != record.leader]
     if len(live) < len(record.replicas) // 2 + 1:
         return None
+    candidates = [n for n in live if n not in set(behind)]
+    if not candidates:
+        return None
     shard = spec.shard
-    return max(live, key=lambda n: (rendezvous(shard, n), n))
+    return max(candidates, key=lambda n: (rendezvous(shard, n), n))
 
 
 def _replica_set(
@@ -490,6 +531,7 @@ class Placer:
         current: dict[ShardId, Held] = {}
         draining: dict[str, int] = {}
         copied: dict[tuple[str, ShardId], int] = {}
+        refused: dict[tuple[str, ShardId], PromotionRefusal] = {}
         holder_ok = False
         for kv in kvs:
             if kv.key == keys.placer:
@@ -503,6 +545,13 @@ class Placer:
                     _log.warning("placer: ignoring %s: %s", kv.key, exc)
             elif (asker := keys.drain_requester_of(kv.key)) is not None:
                 draining.setdefault(asker, 0)  # goes with the broker's lease
+            elif kv.key.startswith(keys.progress) and "/refused/" in kv.key:
+                try:
+                    found = keys.refusal_of(kv.key)
+                    if found is not None:
+                        refused[found] = decode_promotion_refusal(kv.value)
+                except RecordError as exc:
+                    _log.warning("placer: ignoring %s: %s", kv.key, exc)
             elif kv.key.startswith(keys.progress):
                 try:
                     node, shard = keys.progress_of(kv.key)
@@ -520,7 +569,7 @@ class Placer:
         for node, revision in draining.items():
             if revision and node not in members:  # a drained broker left: its next start is welcome
                 await self._delete_if(keys.drain(node), revision)
-        writes = plan(specs, members, current, draining=draining, copied=copied)
+        writes = plan(specs, members, current, draining=draining, copied=copied, refused=refused)
         for write in writes:
             if not await self._write(write):
                 # Planned from a stale view (or placement lost): read again.

@@ -21,6 +21,7 @@ from felix_common.fleet import (
     Keyspace,
     Member,
     MoveCopied,
+    PromotionRefusal,
     ShardId,
     encode_record,
 )
@@ -93,6 +94,18 @@ class EtcdNode:
         if not lease or not self.membership.held:
             raise RuntimeError("this broker holds no lease: it cannot report a copy")
         key = self.keys.move_progress(self.node_id, shard)
+        await self.client.put(key, encode_record(record), lease=lease)
+
+    async def report_refusal(self, shard: ShardId, record: PromotionRefusal | None) -> None:
+        """Report a refused promotion of `shard` here (under this broker's own lease),
+        or withdraw the report (None): it then holds a newer generation."""
+        key = self.keys.promotion_refused(self.node_id, shard)
+        if record is None:
+            await self.client.delete(key)
+            return
+        lease = self.membership.lease_id
+        if not lease or not self.membership.held:
+            raise RuntimeError("this broker holds no lease: it cannot report a refusal")
         await self.client.put(key, encode_record(record), lease=lease)
 
     async def request_drain(self) -> bool:

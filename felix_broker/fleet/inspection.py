@@ -4,12 +4,16 @@ this broker's own view (never forwarded), naming this node.
 A shard's role, phase and generation come from the routing snapshot: `leader` and
 `active` only for a shard this broker serves now; a shard another broker leads is
 role `none`, not serving, with its assignment (leader, generation) as held here; a
-shard nobody serves carries its shard_unavailable reason.
+shard nobody serves carries its shard_unavailable reason. A replicated shard with a
+replica here adds the replica's own fields (felix_broker/replication/inspect.py):
+its core's state, ballot, log length, durable length, mark and, at its leader,
+each follower's matched and durable offsets and lag.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
+from typing import Any
 
 import msgspec
 
@@ -42,9 +46,11 @@ class ClusterInspection(InspectionService):
         store: LogStore | None,
         connections: Callable[[], Iterable[ConnectionState]],
         view: FleetView,
+        replica: Callable[[ShardId], dict[str, Any] | None] = lambda _shard: None,
     ) -> None:
         super().__init__(catalog=catalog, store=store, connections=connections)
         self._fleet = view
+        self._replica = replica  # a replicated shard's replica fields here, or None
         self.node_id = view.snapshot.node_id
 
     def _view(self, request: ShardInspect) -> ShardInspection:
@@ -75,7 +81,8 @@ class ClusterInspection(InspectionService):
         )
         leads = snapshot.leads(shard)
         mine = route.leader == snapshot.node_id
-        return msgspec.structs.replace(
+        replica = self._replica(shard)
+        view = msgspec.structs.replace(
             local,
             node_id=self.node_id,
             role="leader" if mine else "none",
@@ -86,3 +93,7 @@ class ClusterInspection(InspectionService):
             assignment=assignment,
             tail=local.tail if mine else None,
         )
+        if replica is not None:  # a replica here: the replication log's view of it
+            role = view.role if mine else "follower"
+            view = msgspec.structs.replace(view, role=role, **replica)
+        return view

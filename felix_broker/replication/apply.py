@@ -73,11 +73,16 @@ class StreamApplier:
         """Stream records applied so far (the stream log's length)."""
         return self.shard.next_offset
 
-    def applied_entries(self, entries: Sequence[Entry]) -> int:
+    def records_of(self, entry: Entry) -> int:
+        """The stream records `entry` becomes (the disk's weight of a record)."""
+        return records_in(entry)
+
+    def applied_entries(self, entries: Sequence[Entry], records_below: int) -> int:
         """After a restart: how many of the replication log's `entries` the stream log
-        already holds (they are applied in order, so it is a prefix)."""
+        already holds (they are applied in order, so it is a prefix), given that the
+        records before `entries` (compacted away) made `records_below` stream records."""
         held = self.records
-        count = at = 0
+        count, at = records_below, 0
         for entry in entries:
             size = records_in(entry)
             if count + size > held:

@@ -9,6 +9,8 @@ never share one. Everything the core does is an answer to an input:
 - `promote(generation, now)`: the control plane made this replica leader;
 - `receive(message, now)`: a peer message (ship, ship answers, fence, fence answers);
 - `synced(length)`: the log's first `length` records are now on disk (fsync done);
+- `applied(length)`: the log's first `length` records are applied to the shard's
+  stream log (the driver's apply task; in-memory entries below it may go);
 - `tick(now)`: time passed (retransmissions, `quorum_timeout`);
 - `lease_expired()` / `lease_renewed()`: the broker's etcd lease lapsed / came back;
 - `Replica.recover(...)`: a restart from what the disk kept.
@@ -17,7 +19,33 @@ Each returns a list of effects, to be carried out in order: `Send` a peer
 message, `WriteRecords` / `Truncate` / `PersistBallot` on the disk (a truncation
 and a ballot are synchronous: fsynced before the next effect; records are
 durable only once `synced` says so), and client outcomes (`Acked`, `Refused`)
-and `PromotionRefused` / `Halted` for the fleet.
+and `PromotionRefused` / `Halted` for the fleet; `ShipStored` (ship records the
+core no longer holds in memory, read from the disk) and `CompactLog` (the disk may
+drop its records below an offset).
+
+**The bound on what is held.** In memory the core keeps only the records from
+`base`: `base` is the least of what is applied (`applied`), committed (`commit`)
+and durable here (`synced_length`), so every record below it is on this
+replica's disk, committed, and in the stream log. What remains in memory is the
+uncommitted suffix plus what is committed but not yet applied. The leader bounds
+the uncommitted suffix: an append that would take it past
+`Config.max_uncommitted` records is refused `overloaded` (retry after; nothing
+written), so a leader that has lost its majority holds at most that many
+records, never an unbounded log. A follower holds at most what a leader shipped
+past the mark. A follower behind `base` is shipped from the disk (`ShipStored`:
+the adapter reads the records and sends an ordinary ship), so lagging costs disk
+reads, not memory.
+
+**Compaction of the replication log file.** The disk keeps the records from
+`stored_from`. The leader moves it to the least of `base` and every follower's
+`matched` (what all replicas hold, committed and applied here), and tells the
+followers in each ship (`compacted`); a follower moves its own to the least of
+that and its `base`. `CompactLog(length)` says the disk may drop what is below.
+Every record below `stored_from` is held by every replica, so no ship ever needs
+it. A follower that never comes back (a dead replica not yet replaced) holds
+`stored_from` where it stopped: the disk file then grows with the stream log
+(bounded by the stream's own retention only); rebuilding such a follower from
+the stream log instead is not implemented.
 
 The rules (the design the fleet serves; decision `quorum-ack-model` in
 spec/messages.yaml):
@@ -67,6 +95,7 @@ from felix_wire.fleet import ShipRefusal  # the catalogued refusal reasons (spec
 
 __all__ = [
     "Acked",
+    "CompactLog",
     "Config",
     "DiskImage",
     "Effect",
@@ -76,6 +105,7 @@ __all__ = [
     "FenceRefused",
     "Halted",
     "Message",
+    "PeerProgress",
     "PersistBallot",
     "Phase",
     "PromotionRefused",
@@ -87,6 +117,7 @@ __all__ = [
     "ShipOk",
     "ShipRefusal",
     "ShipRefused",
+    "ShipStored",
     "Truncate",
     "WriteRecords",
 ]
@@ -116,6 +147,7 @@ class Ship:
     prev_generation: int
     entries: tuple[Entry, ...]
     commit: int
+    compacted: int = 0  # every replica holds the records below: the disk may drop them
 
 
 @dataclass(frozen=True, slots=True)
@@ -230,8 +262,40 @@ class Halted:
     offset: int
 
 
+@dataclass(frozen=True, slots=True)
+class ShipStored:
+    """Ship `count` records from `offset` to `to`, read from the disk (they are below
+    the core's in-memory `base`): the adapter fills in `entries` and the generation
+    of the record at `offset - 1` and sends `Ship(generation, leader, offset, ...,
+    commit, compacted)`."""
+
+    to: str
+    generation: int
+    leader: str
+    offset: int
+    count: int
+    commit: int
+    compacted: int
+
+
+@dataclass(frozen=True, slots=True)
+class CompactLog:
+    """The disk may drop every record below `length` (every replica holds them)."""
+
+    length: int
+
+
 Effect = (
-    Send | WriteRecords | Truncate | PersistBallot | Acked | Refused | PromotionRefused | Halted
+    Send
+    | WriteRecords
+    | Truncate
+    | PersistBallot
+    | Acked
+    | Refused
+    | PromotionRefused
+    | Halted
+    | ShipStored
+    | CompactLog
 )
 
 
@@ -248,11 +312,15 @@ class ReadResult:
 
 @dataclass(frozen=True, slots=True)
 class DiskImage:
-    """What a restarted replica finds on disk: its ballot and its durable records."""
+    """What a restarted replica finds on disk: its ballot and its durable records from
+    `base` (the records below were compacted away; `base_generation` labels the
+    record at `base - 1`)."""
 
     ballot_generation: int = 0
     ballot_leader: str | None = None
     entries: tuple[Entry, ...] = ()
+    base: int = 0
+    base_generation: int = 0
 
 
 @dataclass(frozen=True, slots=True)
@@ -260,10 +328,16 @@ class Config:
     quorum_timeout_ms: int = 5000  # FELIX_PUBLISH_QUORUM_TIMEOUT_MS
     retransmit_ms: int = 200  # resend an unanswered ship or fence after this long
     ship_max_records: int = 64  # records per ship (the bound on one message)
+    max_uncommitted: int = 4096  # records a leader holds past its mark; more: overloaded
 
     def __post_init__(self) -> None:
-        if self.quorum_timeout_ms <= 0 or self.retransmit_ms <= 0 or self.ship_max_records <= 0:
-            raise ValueError("replication timeouts and the ship size must be positive")
+        if (
+            self.quorum_timeout_ms <= 0
+            or self.retransmit_ms <= 0
+            or self.ship_max_records <= 0
+            or self.max_uncommitted <= 0
+        ):
+            raise ValueError("replication timeouts, the ship size and bounds must be positive")
 
 
 class Phase(enum.Enum):
@@ -271,6 +345,17 @@ class Phase(enum.Enum):
     FENCING = "fencing"  # a candidate waiting for a majority of fence answers
     LEADER = "leader"  # settling while `mark` is None
     HALTED = "halted"
+
+
+@dataclass(frozen=True, slots=True)
+class PeerProgress:
+    """A follower as its leader (or a candidate) knows it."""
+
+    node_id: str
+    next_offset: int
+    matched: int
+    durable: int
+    fenced: bool | None = None  # while fencing: whether it answered the fence
 
 
 @dataclass(slots=True)
@@ -288,6 +373,7 @@ class _Peer:
     durable: int = 0  # of which fsynced (what the mark counts)
     sent_at: int | None = None  # when the last unanswered ship or fence left
     told_commit: int = 0
+    told_compacted: int = 0
 
 
 # --- the state machine ---------------------------------------------------------------
@@ -301,7 +387,11 @@ class Replica:
     phase: Phase = Phase.FOLLOWER
     generation: int = 0  # the ballot: the newest generation this replica accepted
     leader: str | None = None
-    log: list[Entry] = field(default_factory=list)
+    log: list[Entry] = field(default_factory=list)  # the records from `base` (in memory)
+    base: int = 0  # the offset of log[0]: below it, applied, committed and on disk
+    base_generation: int = 0  # the generation of the record at base - 1 (0 at 0)
+    stored_from: int = 0  # the disk may have dropped the records below (all hold them)
+    applied_length: int = 0  # records applied to the stream log (the adapter says)
     synced_length: int = 0
     commit: int = 0  # the highest mark this replica knows (never moves backwards)
     mark: int | None = None  # a leader's mark at its generation; None while settling
@@ -312,6 +402,7 @@ class Replica:
     _fence_answers: dict[str, tuple[int, int]] = field(default_factory=dict)
     _pending: list[_Pending] = field(default_factory=list)
     _generation_start: int = 0  # offset of this leader's generation-start record
+    _told_compacted: int = 0  # as follower: the leader's `compacted`
 
     _HANDLERS: ClassVar[dict[type, Callable[[Replica, Message, int], list[Effect]]]]
 
@@ -331,7 +422,10 @@ class Replica:
         replica.generation = disk.ballot_generation
         replica.leader = disk.ballot_leader if disk.ballot_leader != node_id else None
         replica.log = list(disk.entries)
-        replica.synced_length = len(disk.entries)
+        replica.base = replica.stored_from = disk.base
+        replica.base_generation = disk.base_generation
+        replica.synced_length = disk.base + len(disk.entries)
+        replica.commit = disk.base  # only committed records are ever compacted
         return replica
 
     # -- derived views
@@ -357,9 +451,55 @@ class Replica:
         """As follower: the prefix of our log verified to equal the current leader's."""
         return self._matched
 
+    @property
+    def length(self) -> int:
+        """The log's length (records below `base` included)."""
+        return self.base + len(self.log)
+
+    def entry(self, offset: int) -> Entry:
+        """The record at `offset`, which must be at or above `base` (in memory)."""
+        if offset < self.base:
+            raise IndexError(f"record {offset} is below the in-memory base {self.base}")
+        return self.log[offset - self.base]
+
+    def entries(self, low: int, high: int) -> list[Entry]:
+        """The in-memory records in [low, high) (low at or above `base`)."""
+        if low < self.base:
+            raise IndexError(f"record {low} is below the in-memory base {self.base}")
+        return self.log[low - self.base : high - self.base]
+
+    @property
+    def state(self) -> str:
+        """The core's state in one word: leader, settling, fencing, follower, halted."""
+        if self.phase is Phase.LEADER:
+            return "settling" if self.mark is None else "leader"
+        return str(self.phase.value)
+
+    def progress(self) -> tuple[PeerProgress, ...]:
+        """As leader or candidate: each follower's progress as this replica knows it."""
+        return tuple(
+            PeerProgress(
+                peer,
+                state.next_offset,
+                state.matched,
+                state.durable,
+                fenced=peer in self._fence_answers if self.phase is Phase.FENCING else None,
+            )
+            for peer, state in sorted(self._peers.items())
+        )
+
     def tail(self) -> tuple[int, int]:
         """(generation of the last record, length): how far ahead this log is."""
-        return (self.log[-1].generation if self.log else 0, len(self.log))
+        return (self.log[-1].generation if self.log else self.base_generation, self.length)
+
+    def _generation_before(self, offset: int) -> int | None:
+        """The generation of the record at `offset - 1`: 0 at 0, None when it was
+        compacted (committed: every correct leader's record there is the same)."""
+        if offset == 0:
+            return 0
+        if offset - 1 >= self.base:
+            return self.log[offset - 1 - self.base].generation
+        return self.base_generation if offset == self.base else None
 
     def read(self, offset: int, limit: int) -> ReadResult:
         """What a reader of this shard may see from `offset`: records below the mark."""
@@ -370,9 +510,9 @@ class Replica:
         if self.mark is None:
             return ReadResult(code=ErrorCode.SHARD_UNAVAILABLE, reason="not_ready")
         records: list[tuple[int, bytes]] = []
-        at = max(offset, 0)
+        at = max(offset, self.base)  # below `base`: in the stream log, read it there
         while at < self.mark and len(records) < limit:
-            entry = self.log[at]
+            entry = self.log[at - self.base]
             if not entry.start:
                 records.append((at, entry.payload))
             at += 1
@@ -387,11 +527,13 @@ class Replica:
             return [Refused(request_id, ErrorCode.SHARD_UNAVAILABLE, RetryClass.RETRY, "fenced")]
         if not payloads:
             return [Refused(request_id, ErrorCode.INVALID_REQUEST, RetryClass.FATAL, "empty")]
-        first = len(self.log)
+        if self.length - self.commit + len(payloads) > self.config.max_uncommitted:
+            return [Refused(request_id, ErrorCode.OVERLOADED, RetryClass.RETRY_AFTER)]
+        first = self.length
         entries = tuple(Entry(self.generation, p) for p in payloads)
         self.log.extend(entries)
         deadline = now + self.config.quorum_timeout_ms
-        self._pending.append(_Pending(request_id, first, len(self.log), deadline))
+        self._pending.append(_Pending(request_id, first, self.length, deadline))
         effects: list[Effect] = [WriteRecords(first, entries)]
         for peer in self.followers:
             effects.extend(self._ship(peer, now))
@@ -423,9 +565,9 @@ class Replica:
 
     def synced(self, length: int) -> list[Effect]:
         """The disk holds the first `length` records durably (after every effect so far)."""
-        self.synced_length = min(max(self.synced_length, length), len(self.log))
+        self.synced_length = min(max(self.synced_length, length), self.length)
         if self.phase is Phase.LEADER:
-            return self._advance_mark()
+            return [*self._advance_mark(), *self._compact()]
         if self.phase is Phase.FOLLOWER and self.leader is not None:
             durable = min(self.synced_length, self._matched)
             if durable > self._told_durable:
@@ -434,9 +576,16 @@ class Replica:
                     Send(
                         self.leader,
                         ShipOk(self.generation, self.node_id, durable, self._matched),
-                    )
+                    ),
+                    *self._compact(),
                 ]
-        return []
+        return self._compact()
+
+    def applied(self, length: int) -> list[Effect]:
+        """The first `length` records are applied to the stream log: what is also
+        committed and durable here leaves memory (and maybe the disk)."""
+        self.applied_length = max(self.applied_length, length)
+        return self._compact()
 
     def tick(self, now: int) -> list[Effect]:
         effects: list[Effect] = []
@@ -461,7 +610,11 @@ class Replica:
                     effects.append(Send(peer, Fence(self.generation, self.node_id)))
         elif self.phase is Phase.LEADER:
             for peer, state in self._peers.items():
-                behind = state.matched < len(self.log) or state.told_commit < self.commit
+                behind = (
+                    state.matched < self.length
+                    or state.told_commit < self.commit
+                    or state.told_compacted < self.stored_from
+                )
                 if behind and (state.sent_at is None or now - state.sent_at >= due):
                     effects.extend(self._ship(peer, now))
         return effects
@@ -486,9 +639,8 @@ class Replica:
             self.leader = message.leader
             effects.append(PersistBallot(self.generation, self.leader))
         at = message.offset
-        if at > len(self.log) or (
-            at > 0 and self.log[at - 1].generation != message.prev_generation
-        ):
+        before = self._generation_before(at) if at <= self.length else None
+        if at > self.length or before not in (None, message.prev_generation):
             return [
                 *effects,
                 Send(
@@ -503,11 +655,13 @@ class Replica:
             return effects
         self._matched = max(self._matched, at + len(message.entries))
         self.commit = max(self.commit, min(message.commit, self._matched))
+        self._told_compacted = max(self._told_compacted, message.compacted)
         durable = min(self.synced_length, self._matched)
         self._told_durable = max(self._told_durable, durable)
         effects.append(
             Send(message.leader, ShipOk(self.generation, self.node_id, durable, self._matched))
         )
+        effects.extend(self._compact())
         return effects
 
     def _on_ship_ok(self, message: Message, now: int) -> list[Effect]:
@@ -519,8 +673,8 @@ class Replica:
         state.durable = max(state.durable, min(message.durable, state.matched))
         state.next_offset = max(state.next_offset, state.matched)
         state.sent_at = None
-        effects = self._advance_mark()
-        if state.matched < len(self.log):
+        effects = [*self._advance_mark(), *self._compact()]
+        if state.matched < self.length:
             effects.extend(self._ship(message.sender, now))
         return effects
 
@@ -563,7 +717,7 @@ class Replica:
         if message.sender not in self._peers:
             return []
         self._fence_answers[message.sender] = (message.last_generation, message.length)
-        self._peers[message.sender].next_offset = min(message.length, len(self.log))
+        self._peers[message.sender].next_offset = min(message.length, self.length)
         return self._maybe_open(now)
 
     def _on_fence_refused(self, message: Message, now: int) -> list[Effect]:
@@ -579,11 +733,13 @@ class Replica:
         """Where a leader should resume shipping to us, given a ship at `offset` we
         cannot take: our length, or the start of our run of records of the generation
         before `offset` (one round trip per generation, not per record)."""
-        if offset > len(self.log):
-            return len(self.log)
-        generation = self.log[offset - 1].generation
+        if offset > self.length:
+            return self.length
+        if offset - 1 < self.base:  # a compacted (committed) record: resume at base
+            return self.base
+        generation = self.log[offset - 1 - self.base].generation
         at = offset - 1
-        while at > 0 and self.log[at - 1].generation == generation:
+        while at > self.base and self.log[at - 1 - self.base].generation == generation:
             at -= 1
         return at
 
@@ -592,8 +748,10 @@ class Replica:
         effects: list[Effect] = []
         for index, entry in enumerate(entries):
             offset = at + index
-            if offset < len(self.log):
-                if self.log[offset] == entry:
+            if offset < self.base:
+                continue  # committed and compacted: the same record in a correct fleet
+            if offset < self.length:
+                if self.log[offset - self.base] == entry:
                     continue
                 if offset < self.commit:
                     self.phase = Phase.HALTED
@@ -606,7 +764,8 @@ class Replica:
         return effects
 
     def _truncate(self, length: int) -> list[Effect]:
-        del self.log[length:]
+        assert length >= self.base, "a truncation below the committed base"
+        del self.log[length - self.base :]
         self.synced_length = min(self.synced_length, length)
         return [Truncate(length)]
 
@@ -621,6 +780,7 @@ class Replica:
         self._told_durable = 0
         self._peers = {}
         self._fence_answers = {}
+        self._told_compacted = 0
         effects.insert(0, PersistBallot(generation, leader))
         return effects
 
@@ -650,7 +810,7 @@ class Replica:
             return [PersistBallot(generation, None), PromotionRefused(generation, ahead)]
         self.phase = Phase.LEADER
         self.mark = None
-        self._generation_start = len(self.log)
+        self._generation_start = self.length
         start = (Entry(self.generation, b"", start=True),)
         self.log.extend(start)
         effects: list[Effect] = [WriteRecords(self._generation_start, start)]
@@ -661,13 +821,51 @@ class Replica:
 
     def _ship(self, peer: str, now: int) -> list[Effect]:
         state = self._peers[peer]
-        at = min(state.next_offset, len(self.log))
-        entries = tuple(self.log[at : at + self.config.ship_max_records])
-        previous = self.log[at - 1].generation if at > 0 else 0
+        # Below `stored_from` every replica holds the records: never ship from there.
+        at = max(min(state.next_offset, self.length), self.stored_from)
         state.sent_at = now
         state.told_commit = self.commit
-        ship = Ship(self.generation, self.node_id, at, previous, entries, self.commit)
+        state.told_compacted = self.stored_from
+        if at < self.base:  # no longer in memory: from the disk
+            count = min(self.config.ship_max_records, self.base - at)
+            return [
+                ShipStored(
+                    peer,
+                    self.generation,
+                    self.node_id,
+                    at,
+                    count,
+                    self.commit,
+                    self.stored_from,
+                )
+            ]
+        low = at - self.base
+        entries = tuple(self.log[low : low + self.config.ship_max_records])
+        previous = self._generation_before(at)
+        assert previous is not None  # at >= base
+        ship = Ship(
+            self.generation, self.node_id, at, previous, entries, self.commit, self.stored_from
+        )
         return [Send(peer, ship)]
+
+    def _compact(self) -> list[Effect]:
+        """Drop from memory what is applied, committed and durable here; move the
+        disk's floor to what every replica holds (see the module docstring)."""
+        floor = min(self.applied_length, self.commit, self.synced_length, self.length)
+        if floor > self.base:
+            self.base_generation = self.log[floor - 1 - self.base].generation
+            del self.log[: floor - self.base]
+            self.base = floor
+        if self.phase is Phase.LEADER:
+            held = min([self.base, *(p.matched for p in self._peers.values())])
+        elif self.phase is Phase.FOLLOWER and self.leader is not None:
+            held = min(self.base, self._told_compacted)
+        else:
+            return []
+        if held <= self.stored_from:
+            return []
+        self.stored_from = held
+        return [CompactLog(held)]
 
     def _quorum_length(self) -> int:
         """The longest prefix a majority (this leader included) holds durably."""

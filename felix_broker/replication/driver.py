@@ -18,7 +18,13 @@ effects, in order:
   `Applier` (a stream shard's storage, `apply.StreamApplier`), every entry below
   the replica's commit mark is applied to it in log order by the apply task, on
   leader and followers alike, and an acknowledgement waits for its entry to be
-  applied (it then carries the stream offset).
+  applied (it then carries the stream offset). Once applied, the core is told
+  (`applied`), so what is applied, committed and durable leaves its memory.
+- `ShipStored`: the records are read back from the disk (the core no longer
+  holds them in memory) and sent as an ordinary ship, like `Send`.
+- `CompactLog`: noted; after its next fsync the sync task rewrites the file
+  from that floor (`ReplicaDisk.compact`, at most once per `compact_every`
+  records), under the lock and off the event loop's thread.
 - `PromotionRefused` / `Halted`: kept (`promotion_refused`, `halted`) and passed
   to `on_event` for the fleet (the shard stays unavailable).
 
@@ -45,6 +51,7 @@ from felix_wire.errors import ErrorCode, RetryClass
 
 from .core import (
     Acked,
+    CompactLog,
     Config,
     Effect,
     Entry,
@@ -57,6 +64,7 @@ from .core import (
     Replica,
     Send,
     Ship,
+    ShipStored,
     Truncate,
     WriteRecords,
 )
@@ -74,7 +82,9 @@ Sender = Callable[[str, WireMessage], Awaitable[None]]
 class Applier(Protocol):
     """Where committed entries go (a stream shard's storage)."""
 
-    def applied_entries(self, entries: Sequence[Entry]) -> int: ...
+    def applied_entries(self, entries: Sequence[Entry], records_below: int) -> int: ...
+
+    def records_of(self, entry: Entry) -> int: ...
 
     async def apply(self, entries: Sequence[Entry]) -> list[int | None]: ...
 
@@ -148,13 +158,17 @@ class ReplicaDriver:
         self._applier = applier
         self._acked: dict[int, Acked] = {}  # committed, waiting to be applied
         self._commit_moved = asyncio.Event()
-        self.applied = applier.applied_entries(replica.log) if applier is not None else 0
+        self.applied = replica.base
+        if applier is not None:
+            self.applied += applier.applied_entries(replica.log, disk.weight)
+        self._compact_to = 0  # the floor CompactLog allowed, for the sync task
         self._next_request = 1
         self._tasks: list[asyncio.Task[None]] = []
         self.dropped = 0
         self.promotion_refused: PromotionRefused | None = None
         self.halted: Halted | None = None
         self.failure: BaseException | None = None
+        self._closed = False
         self._effects: dict[type, Callable[[Any], None]] = {
             Send: self._do_send,
             WriteRecords: self._do_write,
@@ -164,7 +178,11 @@ class ReplicaDriver:
             Refused: self._do_refused,
             PromotionRefused: self._do_promotion_refused,
             Halted: self._do_halted,
+            ShipStored: self._do_ship_stored,
+            CompactLog: self._do_compact,
         }
+        for effect in replica.applied(self.applied):
+            self._effects[type(effect)](effect)
 
     @classmethod
     def open(
@@ -196,6 +214,7 @@ class ReplicaDriver:
         self._tasks.append(loop.create_task(self._ticker()))
 
     async def close(self) -> None:
+        self._closed = True  # inputs from now on are refused: the disk is going
         for task in self._tasks:
             task.cancel()
         await asyncio.gather(*self._tasks, return_exceptions=True)
@@ -256,7 +275,7 @@ class ReplicaDriver:
     # -- carrying out effects
 
     async def _run(self, step: Callable[[int], list[Effect]]) -> None:
-        if self.failure is not None:  # nothing is written: the client may retry elsewhere
+        if self.failure is not None or self._closed:  # nothing written: retry elsewhere
             raise ReplicationRefusedError(
                 ErrorCode.SHARD_UNAVAILABLE, RetryClass.RETRY, "owner_unavailable"
             )
@@ -331,6 +350,23 @@ class ReplicaDriver:
         if self._on_event is not None:
             self._on_event(self.shard, effect)
 
+    def _do_ship_stored(self, effect: ShipStored) -> None:
+        previous, entries = self._disk.read(effect.offset, effect.count)
+        ship = Ship(
+            effect.generation,
+            effect.leader,
+            effect.offset,
+            previous,
+            tuple(entries),
+            effect.commit,
+            effect.compacted,
+        )
+        self._do_send(Send(effect.to, ship))
+
+    def _do_compact(self, effect: CompactLog) -> None:
+        self._compact_to = max(self._compact_to, effect.length)
+        self._want_sync.set()
+
     def _do_halted(self, effect: Halted) -> None:
         self.halted = effect
         _log.error("%s: replica halted at offset %d", self.shard, effect.offset)
@@ -366,6 +402,16 @@ class ReplicaDriver:
                 length = min(length, cut)
             with contextlib.suppress(ReplicationRefusedError):
                 await self._run(functools.partial(self._synced, length))
+            if self._compact_to - self._disk.base >= self._disk.compact_every:
+                try:
+                    async with self._lock:
+                        await asyncio.to_thread(self._disk.compact, self._compact_to, self._weigh)
+                except Exception as exc:
+                    self._stop(exc)
+                    return
+
+    def _weigh(self, entry: Entry) -> int:
+        return self._applier.records_of(entry) if self._applier is not None else 0
 
     async def _apply_committed(self) -> None:
         applier = self._applier
@@ -376,11 +422,13 @@ class ReplicaDriver:
             while self.replica.commit > self.applied:
                 low, high = self.applied, self.replica.commit
                 try:
-                    bases = await applier.apply(self.replica.log[low:high])
+                    bases = await applier.apply(self.replica.entries(low, high))
                 except Exception as exc:  # the stream log failed: this replica stops
                     self._stop(exc)
                     return
                 self.applied = high
+                with contextlib.suppress(ReplicationRefusedError):
+                    await self._run(functools.partial(self._applied, high))
                 at = dict(zip(range(low, high), bases, strict=True))
                 for request_id, acked in list(self._acked.items()):
                     if acked.first_offset + acked.count <= high:
@@ -394,6 +442,9 @@ class ReplicaDriver:
 
     def _synced(self, length: int, _now: int) -> list[Effect]:
         return self.replica.synced(length)
+
+    def _applied(self, length: int, _now: int) -> list[Effect]:
+        return self.replica.applied(length)
 
     async def _ticker(self) -> None:
         while True:

@@ -16,17 +16,25 @@ the core, answered with its stream offset once a majority holds it and it is
 applied, or failed with `ReplicationRefusedError` (quorum_timeout past
 FELIX_PUBLISH_QUORUM_TIMEOUT_MS, not_leader, fenced, leadership_lost).
 
+A refused promotion is reported (`report`, normally the broker's etcd node: a
+`PromotionRefusal` under ``P/progress/{node_id}/refused/...`` on its own lease)
+so the placer promotes a replica it names as ahead; the report is withdrawn
+once this replica holds a newer generation (a leader promoted it or it opened).
+Reports run one at a time in the background; a failed one is logged and made
+again a second later (and the standing one is checked as often, to withdraw it).
+
 Not yet here (reported as unfinished): Leader-consistency replica sets (async
-shipping), caches, group logs, and the placer's promotion of a replica when a
-leader's lease lapses (the placer keeps the leader, unavailable, as before).
+shipping), caches, group logs.
 """
 
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
+from typing import Any
 
 from felix_broker.catalog import Catalog, StreamSpec
 from felix_broker.fleet.peer import PeerDialer
@@ -34,12 +42,13 @@ from felix_broker.fleet.routing import AssignmentState, RoutingSnapshot, ShardId
 from felix_broker.fleet.view import FleetView
 from felix_broker.streams.engine import Engine, PublishRequest, now_micros
 from felix_wire.errors import ErrorCode, RetryClass
-from felix_wire.fleet import ReplicatedBatch
+from felix_wire.fleet import PromotionRefusal, ReplicatedBatch
 
 from .apply import StreamApplier, encode_batch
-from .core import Config
+from .core import Config, Effect, PromotionRefused
 from .disk import ReplicaDisk
 from .driver import ReplicaDriver, ReplicationRefusedError
+from .inspect import halts
 from .service import Blocked, ReplicationService, peer_sender
 
 __all__ = ["ReplicationManager"]
@@ -49,6 +58,7 @@ _log = logging.getLogger(__name__)
 # A replica the routing view names leader that is not open (fencing, or its promotion
 # was refused): nobody serves the shard, and a redirect would point back here.
 _SETTLING: tuple[ErrorCode, str | None] = (ErrorCode.SHARD_UNAVAILABLE, "not_ready")
+_REPORT_RETRY_S = 1.0  # while a refusal report stands or failed: look again this often
 
 
 class ReplicationManager:
@@ -61,6 +71,7 @@ class ReplicationManager:
         root: Path,
         config: Config,
         blocked: Blocked | None = None,
+        report: Callable[[ShardId, PromotionRefusal | None], Awaitable[None]] | None = None,
     ) -> None:
         """`blocked`: a test-mode partition of replication (see `service`)."""
         self._view = view
@@ -74,6 +85,9 @@ class ReplicationManager:
         self._task: asyncio.Task[None] | None = None
         self._wake = asyncio.Event()
         self._writes: set[asyncio.Task[None]] = set()
+        self._report = report
+        self._reported: dict[ShardId, int] = {}  # refusals standing in etcd (generation)
+        self._unreported: dict[ShardId, PromotionRefused] = {}
 
     @property
     def node_id(self) -> str:
@@ -96,6 +110,10 @@ class ReplicationManager:
 
     def driver(self, shard: ShardId) -> ReplicaDriver | None:
         return self.service.drivers.get(shard)
+
+    def halted(self) -> list[Any]:
+        """`/replication/halted`: this broker's halted replicas (`[]` when healthy)."""
+        return halts(self.node_id, list(self.service.drivers.values()))
 
     def read_refusal(self, spec: StreamSpec, index: int) -> tuple[ErrorCode, str | None] | None:
         """The engine's read gate: readers of a replicated shard are served only by its
@@ -167,7 +185,12 @@ class ReplicationManager:
 
     async def _follow(self) -> None:
         while True:
-            await self._wake.wait()
+            if self._reported or self._unreported:  # look again soon: retry, withdraw
+                with contextlib.suppress(TimeoutError):
+                    async with asyncio.timeout(_REPORT_RETRY_S):
+                        await self._wake.wait()
+            else:
+                await self._wake.wait()
             self._wake.clear()
             try:
                 await self._reconcile(self._view.snapshot)
@@ -197,10 +220,40 @@ class ReplicationManager:
                 and route.generation > driver.replica.generation
             ):
                 await driver.promote(route.generation)
+        await self._report_refusals()
         for shard in set(self.service.drivers) - wanted:
             gone = self.service.remove(shard)
             if gone is not None:
                 await gone.close()
+
+    def _on_event(self, shard: ShardId, effect: Effect) -> None:
+        if isinstance(effect, PromotionRefused) and self._report is not None:
+            self._unreported[shard] = effect
+            self._wake.set()  # reported by the follow task, one at a time
+
+    async def _report_refusals(self) -> None:
+        """Report refusals not yet in etcd; withdraw those the replica moved past."""
+        if self._report is None:
+            return
+        for shard, effect in list(self._unreported.items()):
+            try:
+                record = PromotionRefusal(generation=effect.generation, ahead=list(effect.ahead))
+                await self._report(shard, record)
+            except Exception as exc:
+                _log.warning("replication: %s: refusal not reported: %s", shard, exc)
+                continue
+            self._unreported.pop(shard, None)
+            self._reported[shard] = effect.generation
+        for shard, generation in list(self._reported.items()):
+            driver = self.driver(shard)
+            if driver is not None and driver.replica.generation <= generation:
+                continue
+            try:
+                await self._report(shard, None)
+            except Exception as exc:
+                _log.warning("replication: %s: refusal not withdrawn: %s", shard, exc)
+                continue
+            del self._reported[shard]
 
     def _open(self, shard: ShardId, spec: StreamSpec, replicas: tuple[str, ...]) -> ReplicaDriver:
         folder = self._root / shard.tenant / shard.namespace / shard.name / str(shard.shard)
@@ -219,6 +272,7 @@ class ReplicationManager:
             peer_sender(self._dialer, address_of, self._blocked),
             config=self._config,
             applier=applier,
+            on_event=self._on_event,
         )
         self.service.add(driver)
         driver.start()

@@ -83,6 +83,7 @@ def _ship_out(m: Any, s: ReplicaShard) -> WireMessage:
         prev_generation=ship.prev_generation,
         entries=[_entry_out(e) for e in ship.entries],
         commit=ship.commit,
+        compacted=ship.compacted,
     )
 
 
@@ -144,6 +145,7 @@ def _ship_in(w: Any) -> Message:
         ship.prev_generation,
         tuple(_entry_in(e) for e in ship.entries),
         ship.commit,
+        ship.compacted,
     )
 
 

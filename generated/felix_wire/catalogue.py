@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 342fbaf644cf67fc4982e74746c34883851b2d004ebb95c5729683112385e98c
+# spec sha256: 12fa63996024c79bd6507d4c168697d8e8546a177350956ab589900d856ee94f
 """Read-only index of the catalogue: every name the generated layer knows.
 
 Tests count these against tests/vectors/protocol-tables.yaml; tools (the conformance
@@ -30,7 +30,7 @@ __all__ = [
     "COUNTS",
 ]
 
-SPEC_SHA256 = "342fbaf644cf67fc4982e74746c34883851b2d004ebb95c5729683112385e98c"
+SPEC_SHA256 = "12fa63996024c79bd6507d4c168697d8e8546a177350956ab589900d856ee94f"
 
 
 class Decision(NamedTuple):

@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 4618c385f4250cde969bdad29d2b46f506151adba7e490563d82480793a9cfa2
+# spec sha256: 467f569138b4141a827df5a1935f8fcad55140693341463ea2859f9c168aa4a8
 """The fleet catalogue: etcd record shapes and broker-to-broker messages.
 
 Broker-to-broker QUIC (TLS 1.3, mutual TLS): each broker's peer certificate is signed by the fleet CA and names its node id as a DNS SAN; both sides check it, and the listener checks it against hello.
@@ -67,6 +67,8 @@ __all__ = [
     "parse_move_progress_key",
     "drain_request_key",
     "parse_drain_request_key",
+    "promotion_refused_key",
+    "parse_promotion_refused_key",
     "drains_key",
     "parse_drains_key",
     "AssignmentState",
@@ -77,11 +79,13 @@ __all__ = [
     "Assignment",
     "FinalizedFeature",
     "MoveCopied",
+    "PromotionRefusal",
     "Drain",
     "LeaderHint",
     "StaleRoute",
     "PeerError",
     "ForwardRefusal",
+    "ReplicationHalt",
     "ReplicaShard",
     "ReplicaEntry",
     "ReplicatedBatch",
@@ -258,6 +262,41 @@ def parse_drain_request_key(prefix: str, key: str) -> tuple[str] | None:
     return (parts[1],)
 
 
+def promotion_refused_key(
+    prefix: str, *, node_id: str, kind: str, tenant: str, namespace: str, name: str, shard: int
+) -> str:
+    """`{prefix}/progress/{node_id}/refused/{kind}/{tenant}/{namespace}/{name}/{shard}`: written by a replica (node_id) the placer promoted that found a fenced replica further ahead, attached to its own lease: it did not open at `generation`; the placer promotes one it names ahead (if live) at a new generation, or keeps the shard unavailable. Deleted by the replica once it holds a newer generation (value: PromotionRefusal)."""
+    _check_part("node_id", node_id)
+    _check_part("kind", kind)
+    _check_part("tenant", tenant)
+    _check_part("namespace", namespace)
+    _check_part("name", name)
+    return f"{prefix.rstrip('/')}/progress/{node_id}/refused/{kind}/{tenant}/{namespace}/{name}/{shard}"
+
+
+def parse_promotion_refused_key(
+    prefix: str, key: str
+) -> tuple[str, str, str, str, str, int] | None:
+    """The placeholders of a `progress/{node_id}/refused/{kind}/{tenant}/{namespace}/{name}/{shard}` key below `prefix`, or None when `key` is not one."""
+    parts = _split(prefix, key, 8)
+    if parts is None:
+        return None
+    if parts[0] != "progress":
+        return None
+    if parts[2] != "refused":
+        return None
+    if not parts[7].isdigit():
+        return None
+    return (
+        parts[1],
+        parts[3],
+        parts[4],
+        parts[5],
+        parts[6],
+        int(parts[7]),
+    )
+
+
 def drains_key(prefix: str, *, node_id: str) -> str:
     """`{prefix}/drains/{node_id}`: written by the control plane: the broker is being drained; the placer moves every shard it leads elsewhere and places nothing new on it; deleted when the drain is cancelled or the broker leaves (value: Drain)."""
     _check_part("node_id", node_id)
@@ -387,6 +426,18 @@ class MoveCopied(msgspec.Struct, omit_defaults=True, kw_only=True):
         )
 
 
+class PromotionRefusal(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """A promoted replica did not open: a replica it fenced holds a log further ahead."""
+
+    generation: U64
+    """the generation of the assignment it refused (the key's mod_revision the placer wrote)"""
+    ahead: list[str]
+    """the replicas whose logs are further ahead (promote one of those)"""
+
+    def __post_init__(self) -> None:
+        _check_u64(self, ("generation",), ())
+
+
 class Drain(msgspec.Struct, omit_defaults=True, kw_only=True):
     """An operator's (or the broker's own) request to move every shard a broker leads elsewhere."""
 
@@ -447,6 +498,31 @@ class ForwardRefusal(msgspec.Struct, omit_defaults=True, kw_only=True):
             raise ValueError(
                 f"exactly one of error, not_leader, stale_route must be present, got {present or 'none'}"
             )
+
+
+class ReplicationHalt(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """A replica that stopped replicating: a leader's ship conflicted with a record below the mark it knew (a correct fleet never does this). It serves nothing and takes no ships until an operator acts; it clears when the replica is removed or rebuilt."""
+
+    shard: ReplicaShard
+    node: str
+    """this broker's node id"""
+    generation: U64
+    """the ballot it held when it halted"""
+    progress: U64
+    """the offset of the conflicting record (what it holds below is committed)"""
+    reason: str
+    """below_commit (an open set of words)"""
+    suggested_action: str
+
+    def __post_init__(self) -> None:
+        _check_u64(
+            self,
+            (
+                "generation",
+                "progress",
+            ),
+            (),
+        )
 
 
 class ReplicaShard(msgspec.Struct, omit_defaults=True, kw_only=True):
@@ -804,6 +880,8 @@ class ReplicaShip(
     entries: list[ReplicaEntry]
     """may be empty (a heartbeat carrying the mark)"""
     commit: U64
+    compacted: U64 = 0
+    """every replica holds the records below this offset, committed and applied: a follower may drop them from its replication log file"""
 
     def __post_init__(self) -> None:
         _check_u64(
@@ -813,6 +891,7 @@ class ReplicaShip(
                 "offset",
                 "prev_generation",
                 "commit",
+                "compacted",
             ),
             (),
         )
@@ -1027,6 +1106,7 @@ RECORD_CLASSES: Mapping[str, type[msgspec.Struct]] = MappingProxyType(
         "Assignment": Assignment,
         "FinalizedFeature": FinalizedFeature,
         "MoveCopied": MoveCopied,
+        "PromotionRefusal": PromotionRefusal,
         "Drain": Drain,
     }
 )
@@ -1079,7 +1159,9 @@ def _explain(payload: bytes | bytearray | memoryview, exc: msgspec.ValidationErr
     raise MessageFieldError(kind, field or None, None, _PATH.sub("", text)) from None
 
 
-def encode_record(record: Member | Assignment | FinalizedFeature | MoveCopied | Drain) -> bytes:
+def encode_record(
+    record: Member | Assignment | FinalizedFeature | MoveCopied | PromotionRefusal | Drain,
+) -> bytes:
     """An etcd value: the record's compact JSON."""
     return _ENCODER.encode(record)
 
@@ -1116,6 +1198,12 @@ def decode_finalizedfeature(value: bytes | bytearray | memoryview) -> FinalizedF
 def decode_movecopied(value: bytes | bytearray | memoryview) -> MoveCopied:
     """A `MoveCopied` etcd value. Raises MalformedJsonError or MessageFieldError."""
     record: MoveCopied = _decode_record("MoveCopied", value)
+    return record
+
+
+def decode_promotionrefusal(value: bytes | bytearray | memoryview) -> PromotionRefusal:
+    """A `PromotionRefusal` etcd value. Raises MalformedJsonError or MessageFieldError."""
+    record: PromotionRefusal = _decode_record("PromotionRefusal", value)
     return record
 
 

@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 4618c385f4250cde969bdad29d2b46f506151adba7e490563d82480793a9cfa2
+# spec sha256: 467f569138b4141a827df5a1935f8fcad55140693341463ea2859f9c168aa4a8
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
@@ -58,6 +58,11 @@ FLEET_SHAPE_STRATEGIES["MoveCopied"] = st.builds(
     files=_U32,
     bytes=_U64,
 )
+FLEET_SHAPE_STRATEGIES["PromotionRefusal"] = st.builds(
+    _f.PromotionRefusal,
+    generation=_U64,
+    ahead=st.lists(_TEXT, max_size=3),
+)
 FLEET_SHAPE_STRATEGIES["Drain"] = st.builds(
     _f.Drain,
     requested_by=_TEXT,
@@ -112,6 +117,15 @@ FLEET_SHAPE_STRATEGIES["ForwardRefusal"] = st.one_of(
     st.builds(
         _f.ForwardRefusal, stale_route=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["StaleRoute"])
     ),
+)
+FLEET_SHAPE_STRATEGIES["ReplicationHalt"] = st.builds(
+    _f.ReplicationHalt,
+    shard=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["ReplicaShard"]),
+    node=_TEXT,
+    generation=_U64,
+    progress=_U64,
+    reason=_TEXT,
+    suggested_action=_TEXT,
 )
 FLEET_SHAPE_STRATEGIES["ReplicaShard"] = st.builds(
     _f.ReplicaShard,
@@ -258,6 +272,7 @@ PEER_MESSAGE_STRATEGIES: Mapping[str, st.SearchStrategy[Any]] = MappingProxyType
                 st.deferred(lambda: FLEET_SHAPE_STRATEGIES["ReplicaEntry"]), max_size=3
             ),
             commit=_U64,
+            compacted=_U64,
         ),
         "replica_ship_ok": st.builds(
             _f.ReplicaShipOk,
@@ -307,6 +322,7 @@ RECORD_STRATEGIES: Mapping[str, st.SearchStrategy[Any]] = MappingProxyType(
         "Assignment": FLEET_SHAPE_STRATEGIES["Assignment"],
         "FinalizedFeature": FLEET_SHAPE_STRATEGIES["FinalizedFeature"],
         "MoveCopied": FLEET_SHAPE_STRATEGIES["MoveCopied"],
+        "PromotionRefusal": FLEET_SHAPE_STRATEGIES["PromotionRefusal"],
         "Drain": FLEET_SHAPE_STRATEGIES["Drain"],
     }
 )

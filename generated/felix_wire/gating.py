@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 342fbaf644cf67fc4982e74746c34883851b2d004ebb95c5729683112385e98c
+# spec sha256: 12fa63996024c79bd6507d4c168697d8e8546a177350956ab589900d856ee94f
 """Feature gating and negotiation, as tables generated from the catalogue.
 
 - MESSAGE_GATES: which flags/features the *receiving* peer must have announced

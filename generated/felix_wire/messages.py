@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 342fbaf644cf67fc4982e74746c34883851b2d004ebb95c5729683112385e98c
+# spec sha256: 12fa63996024c79bd6507d4c168697d8e8546a177350956ab589900d856ee94f
 """Every JSON message of the protocol (frames with flags 0) as a msgspec Struct.
 
 Messages are internally tagged by "type" and encoded compactly, "type" first,
@@ -416,6 +416,10 @@ class ReplicaView(msgspec.Struct, omit_defaults=True, kw_only=True):
     state: str
     """shipping, stalled, copying, rebuilding, halted, fencing (open set)"""
     halted: str | None = None
+    matched: U64 | None = None
+    """the prefix of the leader's replication log this replica holds, verified at this generation (next_offset, lag, matched and durable are replication-log offsets)"""
+    durable: U64 | None = None
+    """of which fsynced (what the quorum mark counts)"""
 
     def __post_init__(self) -> None:
         _check_u64(
@@ -423,6 +427,8 @@ class ReplicaView(msgspec.Struct, omit_defaults=True, kw_only=True):
             (
                 "next_offset",
                 "lag",
+                "matched",
+                "durable",
             ),
             (),
         )
@@ -450,6 +456,14 @@ class ShardInspection(msgspec.Struct, omit_defaults=True, kw_only=True):
     accepted_generation: U64 | None = None
     replicas: list[ReplicaView] = msgspec.field(default_factory=list)
     """omitted when empty"""
+    replica_state: str | None = None
+    """the replication core's state here: leader, settling (led, no mark yet), fencing (a candidate), follower, halted (open set)"""
+    replication_tail: U64 | None = None
+    """the replication log's length here (replication-log offsets, like every replica_ and replicas field; a generation-start record takes one)"""
+    replication_durable: U64 | None = None
+    """of which fsynced here"""
+    replication_mark: U64 | None = None
+    """the quorum mark this replica knows (it only grows)"""
 
     def __post_init__(self) -> None:
         _check_u64(
@@ -459,6 +473,9 @@ class ShardInspection(msgspec.Struct, omit_defaults=True, kw_only=True):
                 "tail",
                 "committed",
                 "accepted_generation",
+                "replication_tail",
+                "replication_durable",
+                "replication_mark",
             ),
             (),
         )

@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 342fbaf644cf67fc4982e74746c34883851b2d004ebb95c5729683112385e98c
+# spec sha256: 12fa63996024c79bd6507d4c168697d8e8546a177350956ab589900d856ee94f
 """Hypothesis strategies for every message and every legal binary flag value.
 
 Derived from the catalogue (hypothesis' `from_type` ignores msgspec.Meta bounds),
@@ -159,6 +159,8 @@ SHAPE_STRATEGIES["ReplicaView"] = st.builds(
     fence=(st.none() | st.booleans()),
     state=_TEXT,
     halted=(st.none() | _TEXT),
+    matched=(st.none() | _U64),
+    durable=(st.none() | _U64),
 )
 SHAPE_STRATEGIES["ShardInspection"] = st.builds(
     _m.ShardInspection,
@@ -177,6 +179,10 @@ SHAPE_STRATEGIES["ShardInspection"] = st.builds(
     committed=(st.none() | _U64),
     accepted_generation=(st.none() | _U64),
     replicas=st.lists(st.deferred(lambda: SHAPE_STRATEGIES["ReplicaView"]), max_size=3),
+    replica_state=(st.none() | _TEXT),
+    replication_tail=(st.none() | _U64),
+    replication_durable=(st.none() | _U64),
+    replication_mark=(st.none() | _U64),
 )
 SHAPE_STRATEGIES["SubscriptionFilter"] = st.builds(
     _m.SubscriptionFilter,

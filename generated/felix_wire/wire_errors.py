@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 342fbaf644cf67fc4982e74746c34883851b2d004ebb95c5729683112385e98c
+# spec sha256: 12fa63996024c79bd6507d4c168697d8e8546a177350956ab589900d856ee94f
 """Local wire errors: bytes we could not parse, or values we could not lay out.
 
 These are *local* protocol errors, kept apart from the broker's *remote* errors

@@ -33,10 +33,10 @@ class KeepsOnRejoin(Replica):
     keeps its own records and writes only past its tail, yet reports the ship held."""
 
     def _store(self, at: int, entries: Sequence[Entry]) -> list[Effect]:
-        fresh = tuple(entries[max(len(self.log) - at, 0) :])
+        fresh = tuple(entries[max(self.length - at, 0) :])
         if not fresh:
             return []
-        offset = len(self.log)
+        offset = self.length
         self.log.extend(fresh)
         return [WriteRecords(offset, fresh)]
 

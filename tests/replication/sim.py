@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from felix_broker.chaos.history import Kind, Operation, Outcome
 from felix_broker.replication.core import (
     Acked,
+    CompactLog,
     Config,
     DiskImage,
     Effect,
@@ -28,6 +29,8 @@ from felix_broker.replication.core import (
     Refused,
     Replica,
     Send,
+    Ship,
+    ShipStored,
     Truncate,
     WriteRecords,
 )
@@ -43,9 +46,19 @@ class Disk:
     ballot_leader: str | None = None
     log: list[Entry] = field(default_factory=list)
     synced: int = 0
+    floor: int = 0  # compacted below: the sim keeps the records (ground truth) but a
+    # restart does not get them back and a stored ship may not read them
 
     def image(self) -> DiskImage:
-        return DiskImage(self.ballot_generation, self.ballot_leader, tuple(self.log[: self.synced]))
+        floor = min(self.floor, self.synced)
+        before = self.log[floor - 1].generation if floor else 0
+        return DiskImage(
+            self.ballot_generation,
+            self.ballot_leader,
+            tuple(self.log[floor : self.synced]),
+            floor,
+            before,
+        )
 
     def durable(self) -> list[Entry]:
         return self.log[: self.synced]
@@ -68,6 +81,8 @@ class Cluster:
         size: int,
         replica: type[Replica] = Replica,
         config: Config | None = None,
+        *,
+        apply: bool = True,
     ) -> None:
         self.names = tuple(f"n{i}" for i in range(size))
         self.replica_type = replica
@@ -89,6 +104,8 @@ class Cluster:
         self.commits: dict[str, int] = {}  # per live node: its last known mark
         self.marks: dict[tuple[str, int], int] = {}  # (node, generation) -> last mark
         self.events: list[Effect] = []  # promotion refusals and halts, for tests to inspect
+        self.applies = apply  # each sync also applies what is committed (compaction)
+        self.stored_ships = 0  # ships read from a disk (below a leader's in-memory base)
 
     # -- driving
 
@@ -121,6 +138,26 @@ class Cluster:
                 self._complete(effect.request_id, Outcome.REFUSED, refusal=effect)
             elif isinstance(effect, PromotionRefused | Halted):
                 self.events.append(effect)
+            elif isinstance(effect, CompactLog):
+                assert effect.length <= disk.synced, (effect, disk.synced)
+                disk.floor = max(disk.floor, effect.length)
+            elif isinstance(effect, ShipStored):
+                assert disk.floor <= effect.offset, (effect, disk.floor)
+                assert effect.offset + effect.count <= disk.synced, (effect, disk.synced)
+                entries = tuple(disk.log[effect.offset : effect.offset + effect.count])
+                before = disk.log[effect.offset - 1].generation if effect.offset else 0
+                ship = Ship(
+                    effect.generation,
+                    effect.leader,
+                    effect.offset,
+                    before,
+                    entries,
+                    effect.commit,
+                    effect.compacted,
+                )
+                if len(self.network) < MAX_IN_FLIGHT:
+                    self.network.append((effect.to, ship))
+                self.stored_ships += 1
 
     def _complete(
         self,
@@ -198,6 +235,12 @@ class Cluster:
         disk = self.disks[name]
         disk.synced = len(disk.log)
         self.apply(name, replica.synced(disk.synced))
+        if self.applies:  # applied at once: everything committed is in the stream log
+            self.apply(name, replica.applied(replica.commit))
+
+    def full_log(self, replica: Replica) -> list[Entry]:
+        """`replica`'s whole log: what it compacted from memory (on its disk) and the rest."""
+        return self.disks[replica.node_id].log[: replica.base] + replica.log
 
     def crash(self, name: str) -> None:
         if self.nodes[name] is None:
@@ -263,7 +306,7 @@ class Cluster:
         result = replica.read(0, 10_000)
         if result.code is not None:
             return None
-        values = [payload for _, payload in result.records]
+        values = self._compacted_values(replica) + [payload for _, payload in result.records]
         self.history.append(
             Operation(
                 client=f"r-{name}",
@@ -295,7 +338,8 @@ class Cluster:
     def final_history(self, leader: Replica) -> list[Operation]:
         """The history with the final log as `leader` serves it (after `settle`)."""
         result = leader.read(0, 100_000)
-        values = [p.decode() for _, p in result.records]
+        held = self._compacted_values(leader) + [p for _, p in result.records]
+        values = [p.decode() for p in held]
         final = Operation(
             client="final",
             kind=Kind.FINAL,
@@ -317,6 +361,11 @@ class Cluster:
             for request_id, r in self.requests.items()
         ]
         return [*self.history, *pending, final]
+
+    def _compacted_values(self, replica: Replica) -> list[bytes]:
+        """What a reader gets below `replica.base` (the stream log, in a broker)."""
+        below = self.disks[replica.node_id].log[: replica.base]
+        return [e.payload for e in below if not e.start]
 
     # -- the invariants, checked after every step
 
@@ -341,10 +390,11 @@ class Cluster:
         # Every leader of a generation at or after a write's acknowledgement holds it
         # (a deposed leader of an older generation that has not heard yet need not).
         for leader in self.leaders():
+            log = self.full_log(leader)
             for payload, (offset, generation) in self.acked.items():
                 if generation > leader.generation:
                     continue
-                if offset >= len(leader.log) or leader.log[offset].payload != payload:
+                if offset >= len(log) or log[offset].payload != payload:
                     self._fail(
                         f"leader {leader.node_id} at generation {leader.generation} lacks "
                         f"{payload!r}@{offset}, acknowledged at generation {generation}"
@@ -369,7 +419,7 @@ class Cluster:
                 ):
                     continue
                 held = replica.verified_length
-                if replica.log[:held] != leader.log[:held]:
+                if self.full_log(replica)[:held] != self.full_log(leader)[:held]:
                     self._fail(
                         f"{replica.node_id}'s first {held} records differ from leader "
                         f"{leader.node_id}'s at generation {leader.generation}"
@@ -377,7 +427,7 @@ class Cluster:
         for leader in self.leaders():
             if leader.mark is None:
                 continue
-            shown = leader.log[: leader.mark]
+            shown = self.full_log(leader)[: leader.mark]
             common = min(len(shown), len(self.committed))
             if shown[:common] != self.committed[:common]:
                 self._fail(

@@ -23,7 +23,7 @@ from tests.replication.sim import Cluster
 
 
 def opened(size: int = 3) -> Cluster:
-    cluster = Cluster(size)
+    cluster = Cluster(size, apply=False)  # no compaction: reads from 0
     cluster.promote("n0")
     cluster.settle()
     cluster.check()
@@ -73,7 +73,7 @@ def test_no_majority_within_the_timeout_answers_quorum_timeout() -> None:
 
 
 def test_a_just_promoted_leader_is_settling_until_a_majority_confirms() -> None:
-    c = Cluster(3)
+    c = Cluster(3, apply=False)
     c.promote("n0")
     leader = c.nodes["n0"]
     assert leader is not None

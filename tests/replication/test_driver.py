@@ -51,9 +51,12 @@ class Broker:
 
 
 class Fleet:
-    def __init__(self, root: Path, ca: CertKeyPair, *, streams: bool = False) -> None:
+    def __init__(
+        self, root: Path, ca: CertKeyPair, *, streams: bool = False, compact_every: int = 1024
+    ) -> None:
         self.root = root
         self.streams = streams
+        self.compact_every = compact_every
         self.brokers = {n: Broker(n, root / n, PeerTls.issue(ca, n)) for n in NODES}
 
     def address_of(self, node: str) -> str | None:
@@ -69,7 +72,7 @@ class Fleet:
         host, port = b.listener.address
         b.address = f"{host}:{port}"
         b.dialer = PeerDialer(b.tls, LIMITS)
-        disk = ReplicaDisk(b.folder / "replication")
+        disk = ReplicaDisk(b.folder / "replication", compact_every=self.compact_every)
         applier = None
         if self.streams:  # the shard's real stream storage, fed committed batches
             config = load_config(environ={}, overrides={"data_dir": str(b.folder)}, cwd=b.folder)
@@ -339,3 +342,62 @@ async def test_readers_stop_at_the_mark_and_a_restarted_replica_does_not_apply_t
     again = fleet.driver("b2")
     assert again.applied == 2  # its start entry and batch 0 were applied before the restart
     assert fleet.brokers["b2"].engine.shard(STREAM, 0).next_offset == 1  # type: ignore[union-attr]
+
+
+def stream_payloads(fleet: Fleet, node: str) -> list[bytes]:
+    engine = fleet.brokers[node].engine
+    assert engine is not None
+    log = engine.shard(STREAM, 0).log
+    assert log is not None
+    return [r.payload for r in log.read(0, max_records=1000, max_bytes=1 << 22)]
+
+
+@pytest.mark.timeout(120)
+async def test_the_replication_log_is_compacted_and_a_lagging_follower_is_served_from_disk(
+    tmp_path: Path,
+) -> None:
+    """Real files: memory holds only what is not yet applied everywhere known, the
+    file is rewritten from the floor every replica holds, a follower that was away
+    catches up from the leader's disk, and a restart from a compacted file applies
+    nothing twice."""
+    fleet = Fleet(tmp_path, generate_ca("compaction"), streams=True, compact_every=8)
+    for node in NODES:
+        await fleet.start(node)
+    try:
+        leader = await opened(fleet, "b1", 1)
+        for i in range(40):
+            await leader.append([batch(i)])
+        await until(lambda: all(fleet.driver(n).applied == 41 for n in NODES))
+        await until(lambda: all(fleet.driver(n)._disk.base >= 32 for n in NODES))
+        for node in NODES:
+            assert len(fleet.driver(node).replica.log) <= 9, node
+            folder = fleet.brokers[node].folder / "replication"
+
+            def entries_files(folder: Path = folder) -> list[str]:
+                return sorted(p.name for p in folder.iterdir() if p.name.startswith("entries"))
+
+            await until(lambda: len(entries_files()) == 1)  # a rewrite may be under way
+            base = fleet.driver(node)._disk.base
+            assert entries_files() == [f"entries-{base}-1-{base - 1}.log"]
+        await fleet.stop("b3")  # away: it misses what follows
+        for i in range(40, 70):
+            await leader.append([batch(i)])
+        assert len(leader.replica.log) <= 9  # memory stays bounded while b3 is away
+        assert leader.replica.stored_from <= 41  # the disk keeps what b3 lacks
+        await fleet.start("b3")
+        await until(lambda: fleet.driver("b3").applied == 71, 20)
+        assert stream_payloads(fleet, "b3") == [b"p%d" % i for i in range(70)]
+        await leader.append([batch(70)])
+        await until(lambda: fleet.driver("b1").replica.stored_from >= 71)
+        await fleet.close()
+        await fleet.start("b2")  # from its compacted file and its stream log
+        again = fleet.driver("b2")
+        # Recovered from the compacted file: only what it kept past its last rewrite.
+        assert again.replica.base == again._disk.base > 0
+        assert len(again.replica.log) <= 2 * 8
+        # Applied exactly what its stream log holds (one start entry, then batches): the
+        # rest is applied once a leader tells it the mark again, never twice.
+        assert again.applied >= again.replica.base
+        assert stream_payloads(fleet, "b2") == [b"p%d" % i for i in range(again.applied - 1)]
+    finally:
+        await fleet.close()

@@ -20,6 +20,7 @@ from felix_common.feed import (
 from felix_common.fleet import Assignment, ShardId, ShardKind
 from felix_controlplane.placement import Held, plan, shard_specs
 from felix_wire.fleet import AssignmentState as RecordState
+from felix_wire.fleet import PromotionRefusal
 
 
 def test_defaults_are_one_replica_and_leader_consistency() -> None:
@@ -172,3 +173,53 @@ def test_no_promotion_without_a_live_majority_or_for_a_leader_consistency_shard(
     leader_level = plan(_specs(1, 3), ["b", "c"], {shard: Held(record, 7)})
     assert leader_level[0].record is not None
     assert (leader_level[0].record.state, leader_level[0].record.leader) == ("unavailable", "a")
+
+
+def test_a_refused_promotion_moves_to_the_live_replica_named_ahead() -> None:
+    shard = ShardId(ShardKind.STREAM, "t", "ns", "q", 0)
+    promoted = Assignment(replicas=["a", "b", "c"], state=RecordState.ACTIVE, leader="b")
+    refusal = PromotionRefusal(generation=9, ahead=["c"])
+    writes = plan(
+        _quorum_specs(), ["b", "c"], {shard: Held(promoted, 9)}, refused={("b", shard): refusal}
+    )
+    assert len(writes) == 1 and writes[0].expected == 9
+    again = writes[0].record
+    assert again is not None and (again.state, again.leader) == ("active", "c")
+    # A refusal of an older generation is history: the newer assignment stands.
+    assert (
+        plan(
+            _quorum_specs(),
+            ["b", "c"],
+            {shard: Held(promoted, 10)},
+            refused={("b", shard): refusal},
+        )
+        == []
+    )
+
+
+def test_a_refused_promotion_with_nobody_ahead_live_stays_unavailable_never_served_short() -> None:
+    shard = ShardId(ShardKind.STREAM, "t", "ns", "q", 0)
+    promoted = Assignment(replicas=["a", "b", "c"], state=RecordState.ACTIVE, leader="b")
+    refused = {("b", shard): PromotionRefusal(generation=9, ahead=["a"])}
+    writes = plan(_quorum_specs(), ["b", "c"], {shard: Held(promoted, 9)}, refused=refused)
+    kept = writes[0].record
+    assert kept is not None
+    assert (kept.state, kept.reason, kept.leader) == ("unavailable", "owner_unavailable", "a")
+    # Meanwhile the replica that refused is not tried again (it is behind); another
+    # live one not known to be behind may be (its core opens only if none is ahead).
+    [tried] = plan(_quorum_specs(), ["b", "c"], {shard: Held(kept, 10)}, refused=refused)
+    assert tried.record is not None and (tried.record.state, tried.record.leader) == (
+        "active",
+        "c",
+    )
+    both = {**refused, ("c", shard): PromotionRefusal(generation=11, ahead=["a"])}
+    [still] = plan(_quorum_specs(), ["b", "c"], {shard: Held(tried.record, 11)}, refused=both)
+    assert still.record is not None and (still.record.state, still.record.leader) == (
+        "unavailable",
+        "a",
+    )
+    assert plan(_quorum_specs(), ["b", "c"], {shard: Held(still.record, 12)}, refused=both) == []
+    # The one ahead returns: it takes the shard back.
+    back = plan(_quorum_specs(), ["a", "b", "c"], {shard: Held(kept, 10)}, refused=refused)
+    assert back[0].record is not None
+    assert (back[0].record.state, back[0].record.leader) == ("active", "a")

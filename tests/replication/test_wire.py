@@ -24,7 +24,7 @@ u64 = st.integers(min_value=0, max_value=2**64 - 1)
 node = st.sampled_from(["b1", "b2", "b3"])
 entry = st.builds(Entry, u64, st.binary(max_size=64), st.booleans())
 messages: st.SearchStrategy[Message] = st.one_of(
-    st.builds(Ship, u64, node, u64, u64, st.tuples(entry, entry) | st.just(()), u64),
+    st.builds(Ship, u64, node, u64, u64, st.tuples(entry, entry) | st.just(()), u64, u64),
     st.builds(ShipOk, u64, node, u64, u64),
     st.builds(ShipRefused, u64, node, st.sampled_from(list(ShipRefusal)), u64),
     st.builds(Fence, u64, node),
