@@ -39,6 +39,7 @@ from felix_broker.fixture.run import (
     _write_tls,
     full_rights,
 )
+from felix_common.catalog import Consistency
 from felix_common.etcd_process import EtcdProcess
 from felix_transport.events import StreamClosedError
 from felix_wire.messages import ShardKind
@@ -61,9 +62,12 @@ class FleetError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """What the workload runs on: the checked log (a durable stream, RF1 today, read
-    back whole at the end), the in-memory stream and the cache. The catalog is made
-    here, so a replicated (Quorum) log is one more field once the catalog has it.
+    """What the workload runs on: the checked logs, each read back whole at the end
+    and judged by every rule (a durable RF1 stream acknowledged after the write, and
+    ``quorum_stream``, a ``Quorum`` stream with ``quorum_replicas`` replicas, on
+    every broker of a 3-broker fleet: its acks promise a majority's disks, so kill -9
+    of its leader must promote a caught-up follower and lose nothing), the
+    in-memory stream and the cache. ``quorum_stream=None`` leaves it out.
 
     ``lose_disk_on_restart`` is a deliberately broken fleet: a restarted broker
     comes back with an empty durable folder (a data folder on tmpfs, a replaced
@@ -72,15 +76,40 @@ class Layout:
 
     log_stream: str = "chaos-log"
     log_shards: int = 2
+    quorum_stream: str | None = "chaos-quorum"
+    quorum_shards: int = 1
+    quorum_replicas: int = 3
     memory_stream: str = "chaos-memory"
     cache: str = "chaos-cache"
     cache_shards: int = 2
     lose_disk_on_restart: bool = False
 
+    @property
+    def logs(self) -> list[tuple[str, int]]:
+        """The checked logs: (stream, shard count), the RF1 log first."""
+        logs = [(self.log_stream, self.log_shards)]
+        if self.quorum_stream is not None:
+            logs.append((self.quorum_stream, self.quorum_shards))
+        return logs
+
     def catalog(self) -> StaticCatalog:
         t, ns = TENANT, NAMESPACE
+        quorum = [
+            StreamSpec(
+                t,
+                ns,
+                name,
+                durable=True,
+                shards=self.quorum_shards,
+                routing=Routing.MODULO,
+                replication_factor=self.quorum_replicas,
+                consistency=Consistency.QUORUM,
+            )
+            for name in ([self.quorum_stream] if self.quorum_stream is not None else [])
+        ]
         return StaticCatalog(
             streams=[
+                *quorum,
                 StreamSpec(
                     t,
                     ns,

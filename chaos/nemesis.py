@@ -8,8 +8,9 @@ the fleet does meanwhile is the run's own.
 
 Faults (`FaultKind`):
 
-- ``kill``: ``kill -9`` of a broker (the owner of a checked log shard, or another
-  one), down for the hold, then restarted on the same data folder and ports;
+- ``kill``: ``kill -9`` of a broker (the owner of a checked log shard, the RF1
+  log's or the Quorum log's leader, or another one), down for the hold, then
+  restarted on the same data folder and ports;
 - ``pause``: SIGSTOP, then SIGCONT after the hold (past the 3 s lease TTL, the
   broker's shards go unavailable meanwhile);
 - ``link``: drop, reset or stall the link interposer's flows (clients entering
@@ -91,17 +92,17 @@ class Nemesis:
             await self.round()
 
     async def _target(self) -> tuple[BrokerProcess, str]:
-        """The owner of a random log shard (by the routing the fleet reports), or
-        another broker: the nemesis's choice, the owner taken from the fleet."""
+        """The owner (leader) of a random checked log's shard (by the routing the
+        fleet reports), or another broker: the nemesis's choice, the owner taken from
+        the fleet. A Quorum log's leader killed or paused is a failover."""
         role = self.rng.choice(self.roles)
         pick = self.rng.randrange(len(self.fleet.brokers))
         owner: BrokerProcess | None = None
         if self.owners is not None:
-            shard = self.rng.randrange(self.fleet.layout.log_shards)
+            stream, shards = self.rng.choice(self.fleet.layout.logs)
+            shard = self.rng.randrange(shards)
             try:
-                answer = await asyncio.wait_for(
-                    self.owners.shard_owners(self.fleet.layout.log_stream), 5.0
-                )
+                answer = await asyncio.wait_for(self.owners.shard_owners(stream), 5.0)
                 addr = next((o.addr for o in answer if o.shard == shard), None)
                 owner = self.fleet.by_addr(addr) if addr else None
             except (BrokerError, ClientError, TimeoutError, OSError) as exc:
