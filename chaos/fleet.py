@@ -39,6 +39,8 @@ from felix_broker.fixture.run import (
     _write_tls,
     full_rights,
 )
+from felix_client import Client, ClientConfig, connect
+from felix_client.errors import BrokerError, ClientError
 from felix_common.catalog import Consistency
 from felix_common.etcd_process import EtcdProcess
 from felix_transport.events import StreamClosedError
@@ -72,7 +74,11 @@ class Layout:
     ``lose_disk_on_restart`` is a deliberately broken fleet: a restarted broker
     comes back with an empty durable folder (a data folder on tmpfs, a replaced
     disk) and serves its shards anyway, which is the bug class of a lagging
-    replica promoted or a rejoining one not truncated: acknowledged writes gone."""
+    replica promoted or a rejoining one not truncated: acknowledged writes gone.
+
+    ``quorum_ack_before_majority`` is another: every broker runs with
+    ``FELIX_TEST_QUORUM_ACK_BEFORE_MAJORITY`` (test mode only), so a Quorum leader
+    acknowledges a write once its own disk holds it."""
 
     log_stream: str = "chaos-log"
     log_shards: int = 2
@@ -83,6 +89,7 @@ class Layout:
     cache: str = "chaos-cache"
     cache_shards: int = 2
     lose_disk_on_restart: bool = False
+    quorum_ack_before_majority: bool = False
 
     @property
     def logs(self) -> list[tuple[str, int]]:
@@ -331,6 +338,8 @@ class ChaosFleet:
                         "FELIX_LOG_LEVEL": "WARNING",
                     }
                 )
+                if layout.quorum_ack_before_majority:
+                    env["FELIX_TEST_QUORUM_ACK_BEFORE_MAJORITY"] = "1"
                 broker = BrokerProcess(
                     node_id,
                     data_dir,
@@ -362,9 +371,11 @@ class ChaosFleet:
         return fleet
 
     async def wait_ready(self, within: float) -> float:
-        """Wait until every shard of every stream and cache has a serving owner and
-        a publish through every broker is acknowledged; return the seconds it took.
-        Raises `FleetError` after `within` seconds."""
+        """Wait until every shard of every stream and cache has a serving owner, a
+        publish through every broker is acknowledged and every checked log's shard
+        answers a read (a Quorum shard whose named leader did not open answers
+        ``shard_unavailable/not_ready``); return the seconds it took. Raises
+        `FleetError` after `within` seconds."""
         loop = asyncio.get_running_loop()
         began = loop.time()
         catalog = self.layout.catalog()
@@ -385,6 +396,7 @@ class ChaosFleet:
                     publish_to=READY_STREAM,
                     timeout=left,
                 )
+                await self._logs_readable(began + within - loop.time())
                 return loop.time() - began
             except ProbeError as exc:
                 raise FleetError(str(exc)) from None
@@ -393,6 +405,45 @@ class ChaosFleet:
                 # (a broker that stalls mid-answer): try again within the bound.
                 _log.info("fleet not ready yet: %s", exc)
                 await asyncio.sleep(0.2)
+
+    async def _logs_readable(self, within: float) -> None:
+        """Every checked log's shard answers a one-record read within `within` s."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        pending = [(s, i) for s, n in self.layout.logs for i in range(n)]
+        last = "no client"
+        client: Client | None = None
+        try:
+            while pending:
+                if loop.time() >= deadline:
+                    raise FleetError(f"{pending[0][0]}/{pending[0][1]} not readable: {last}")
+                try:
+                    if client is None:
+                        client = await asyncio.wait_for(self._connect(), 5.0)
+                    stream, shard = pending[0]
+                    pages = client.stream_read(stream, start=0, shard=shard, max_records=1)
+                    async with asyncio.timeout(5.0):
+                        async for _ in pages:
+                            break
+                        await pages.aclose()  # type: ignore[attr-defined]
+                    pending.pop(0)
+                except (BrokerError, ClientError, TimeoutError, OSError) as exc:
+                    last = f"{type(exc).__name__}: {exc}"
+                    await asyncio.sleep(0.2)
+        finally:
+            if client is not None:
+                with contextlib.suppress(BrokerError, ClientError, TimeoutError, OSError):
+                    await client.aclose()
+
+    async def _connect(self) -> Client:
+        return await connect(
+            self.addrs,
+            tenant_id=TENANT,
+            token=self.token,
+            namespace=NAMESPACE,
+            ca_file=self.ca_file,
+            config=ClientConfig(request_timeout=5.0),
+        )
 
     async def heal(self) -> None:
         """Undo every fault: link healed, fault files cleared, stopped brokers

@@ -470,7 +470,10 @@ class Broker:
             self._engine,
             self.peer_dialer,
             config.data_dir / "replication",
-            ReplicationConfig(quorum_timeout_ms=config.publish_quorum_timeout_ms),
+            ReplicationConfig(
+                quorum_timeout_ms=config.publish_quorum_timeout_ms,
+                ack_before_majority=config.test_quorum_ack_before_majority,
+            ),
         )
         self.engine.replication_hook = self.replication.publish
         self.engine.read_gate = self.replication.read_refusal
