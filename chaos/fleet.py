@@ -435,9 +435,39 @@ class ChaosFleet:
                 with contextlib.suppress(BrokerError, ClientError, TimeoutError, OSError):
                     await client.aclose()
 
-    async def _connect(self) -> Client:
+    async def wait_successor(self, stream: str, old: str, within: float) -> bool:
+        """Until a broker other than the one at `old` leads `stream`'s shard 0 and
+        answers a read there (a follower promoted and open); False after `within` s."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        others = [a for a in self.addrs if a != old]
+        while loop.time() < deadline:
+            try:
+                client = await asyncio.wait_for(self._connect(others), 5.0)
+            except (BrokerError, ClientError, TimeoutError, OSError):
+                await asyncio.sleep(0.2)
+                continue
+            try:
+                owners = await asyncio.wait_for(client.shard_owners(stream), 5.0)
+                addr = next((o.addr for o in owners if o.shard == 0 and o.addr), None)
+                if addr is not None and addr != old:
+                    pages = client.stream_read(stream, start=0, shard=0, max_records=1)
+                    async with asyncio.timeout(5.0):
+                        async for _ in pages:
+                            break
+                        await pages.aclose()  # type: ignore[attr-defined]
+                    return True
+            except (BrokerError, ClientError, TimeoutError, OSError) as exc:
+                _log.info("no successor for %s yet: %s", stream, exc)
+            finally:
+                with contextlib.suppress(BrokerError, ClientError, TimeoutError, OSError):
+                    await client.aclose()
+            await asyncio.sleep(0.2)
+        return False
+
+    async def _connect(self, addrs: list[str] | None = None) -> Client:
         return await connect(
-            self.addrs,
+            addrs or self.addrs,
             tenant_id=TENANT,
             token=self.token,
             namespace=NAMESPACE,

@@ -62,28 +62,6 @@ async def _leader(client: Client) -> str | None:
     return next((o.addr for o in owners if o.shard == 0 and o.addr), None)
 
 
-async def _serving_elsewhere(fleet: ChaosFleet, workload: Workload, old: str) -> None:
-    """Until a broker other than `old` leads the Quorum shard and answers a read."""
-    others = [a for a in fleet.addrs if a != old]
-    for _ in range(150):
-        client = await workload._connect(others, attempts=5)
-        if client is not None:
-            try:
-                addr = await _leader(client)
-                if addr is not None and addr != old:
-                    pages = client.stream_read(STREAM, start=0, shard=0, max_records=1)
-                    async with asyncio.timeout(5.0):
-                        async for _ in pages:
-                            break
-                    return
-            except _OUTCOMES:
-                pass
-            finally:
-                await client.aclose()
-        await asyncio.sleep(0.2)
-    raise AssertionError("no follower was promoted to serve the Quorum shard")
-
-
 async def _scenario(folder: Path, *, broken: bool) -> Verdict:
     layout = Layout(log_shards=1, quorum_ack_before_majority=broken)
     fleet = await ChaosFleet.start(folder, layout)
@@ -109,7 +87,7 @@ async def _scenario(folder: Path, *, broken: bool) -> Verdict:
         for follower in followers:
             follower.signal(signal.SIGCONT)
         await asyncio.gather(*sent)
-        await _serving_elsewhere(fleet, workload, addr)
+        assert await fleet.wait_successor(STREAM, addr, 60.0), "no follower promoted"
         await leader.start()
         await fleet.wait_ready(60.0)
         await final_logs(fleet, rec)

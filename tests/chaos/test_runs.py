@@ -20,7 +20,7 @@ from chaos.run import RunConfig, run
 from felix_broker.chaos.checker import Rule, check
 from felix_broker.chaos.history import Kind, Outcome, load
 
-SECONDS = float(os.environ.get("FELIX_CHAOS_TEST_SECONDS", "40"))
+SECONDS = float(os.environ.get("FELIX_CHAOS_TEST_SECONDS", "30"))
 
 
 @pytest.mark.timeout(SECONDS + 150)
