@@ -21,9 +21,10 @@ loop (2 s per attempt); the time from the kill to the first acknowledged publish
 (on the promoted follower), median of ``--kills`` kills (the old leader restarts
 after each, once its successor serves). The kill comes 1 s after the last write,
 when both followers hold everything: a kill under load can stall today's failover
-(the placer may promote the follower that is behind; its core refuses to open). The lease TTL is 3 s, so most of it is the
-lease lapsing. The machine may be shared and loaded: compare the ratios of one
-run, not absolute figures across runs. ``--quick``: fewer publishes and 3 kills.
+(the placer may promote the follower that is behind; its core refuses to open).
+The lease TTL is 3 s, so most of it is the lease lapsing. The machine may be
+shared and loaded: compare the ratios of one run, not absolute figures across
+runs. ``--quick``: fewer publishes and 3 kills.
 """
 
 from __future__ import annotations
