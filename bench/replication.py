@@ -77,7 +77,7 @@ async def client_for(fleet: ChaosFleet, addrs: list[str]) -> Client:
         token=fleet.token,
         namespace=NAMESPACE,
         ca_file=fleet.ca_file,
-        config=ClientConfig(ack_on_commit=True, request_timeout=10.0),
+        config=ClientConfig(ack_on_commit=True, request_timeout=5.0),
     )
 
 
@@ -167,8 +167,8 @@ async def bench(args: argparse.Namespace) -> None:
     folder = Path(tempfile.mkdtemp(prefix="felix-bench-repl-"))
     fleet = await ChaosFleet.start(folder / "fleet", BenchLayout())
     try:
-        count = 600 if args.quick else 3000
-        samples = 200 if args.quick else 1000
+        count = 300 if args.quick else 3000
+        samples = 100 if args.quick else 1000
         kills = 3 if args.quick else args.kills
         print(
             f"replication on a 3-broker fleet on this machine ({os.cpu_count()} cores, shared: "
