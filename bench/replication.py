@@ -145,15 +145,15 @@ async def failover(fleet: ChaosFleet) -> float:
         await asyncio.sleep(1.0)
         began = time.perf_counter()
         await broker.kill()
-        for _ in range(300):
+        while True:
             try:
                 await client.publish("quorum3", PAYLOAD, timeout=2.0)
                 took = time.perf_counter() - began
                 break
             except _OUTCOMES:
+                if time.perf_counter() - began > 60.0:
+                    raise RuntimeError("no write was accepted within 60 s of the kill") from None
                 await asyncio.sleep(0.02)
-        else:
-            raise RuntimeError("no write was accepted after the leader's kill")
     finally:
         await client.aclose()
     if not await fleet.wait_successor("quorum3", old, 60.0):
