@@ -89,6 +89,7 @@ bench: setup $(BENCH_STAMP)
 	$(PY) bench/read_stall.py --quick
 	$(PY) bench/peers.py --quick
 	$(PY) bench/cluster.py --quick
+	$(PY) bench/replication.py --quick
 
 run: setup
 	$(VENV)/bin/felix-broker

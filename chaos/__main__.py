@@ -63,6 +63,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="broker faults hit only owners of the checked log's shards",
     )
+    parser.add_argument(
+        "--spare-quorum-leader",
+        action="store_true",
+        help="broker faults never hit the Quorum log's leader (today's failover can stall)",
+    )
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.log_shards < 1:
@@ -75,6 +80,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         layout=Layout(log_shards=args.log_shards, lose_disk_on_restart=args.lose_disk_on_restart),
         faults=args.faults,
         roles=("owner",) if args.owners_only else ("owner", "other"),
+        spare_quorum_leader=args.spare_quorum_leader,
     )
     try:
         result = asyncio.run(_run(config))

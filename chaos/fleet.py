@@ -32,6 +32,7 @@ from felix_broker.chaos.faults import FsyncFault, write_fault
 from felix_broker.fixture.interposer import LinkInterposer
 from felix_broker.fixture.probe import ProbeError, fleet_ready
 from felix_broker.fixture.run import (
+    _FLEET_FEATURES,
     _catalog_section,
     _FixtureControlPlane,
     _member_env,
@@ -39,6 +40,9 @@ from felix_broker.fixture.run import (
     _write_tls,
     full_rights,
 )
+from felix_client import Client, ClientConfig, connect
+from felix_client.errors import BrokerError, ClientError
+from felix_common.catalog import Consistency
 from felix_common.etcd_process import EtcdProcess
 from felix_transport.events import StreamClosedError
 from felix_wire.messages import ShardKind
@@ -61,26 +65,59 @@ class FleetError(Exception):
 
 @dataclass(frozen=True, slots=True)
 class Layout:
-    """What the workload runs on: the checked log (a durable stream, RF1 today, read
-    back whole at the end), the in-memory stream and the cache. The catalog is made
-    here, so a replicated (Quorum) log is one more field once the catalog has it.
+    """What the workload runs on: the checked logs, each read back whole at the end
+    and judged by every rule (a durable RF1 stream acknowledged after the write, and
+    ``quorum_stream``, a ``Quorum`` stream with ``quorum_replicas`` replicas, on
+    every broker of a 3-broker fleet: its acks promise a majority's disks, so kill -9
+    of its leader must promote a caught-up follower and lose nothing), the
+    in-memory stream and the cache. ``quorum_stream=None`` leaves it out.
 
     ``lose_disk_on_restart`` is a deliberately broken fleet: a restarted broker
     comes back with an empty durable folder (a data folder on tmpfs, a replaced
     disk) and serves its shards anyway, which is the bug class of a lagging
-    replica promoted or a rejoining one not truncated: acknowledged writes gone."""
+    replica promoted or a rejoining one not truncated: acknowledged writes gone.
+
+    ``quorum_ack_before_majority`` is another: every broker runs with
+    ``FELIX_TEST_QUORUM_ACK_BEFORE_MAJORITY`` (test mode only), so a Quorum leader
+    acknowledges a write once its own disk holds it."""
 
     log_stream: str = "chaos-log"
     log_shards: int = 2
+    quorum_stream: str | None = "chaos-quorum"
+    quorum_shards: int = 1
+    quorum_replicas: int = 3
     memory_stream: str = "chaos-memory"
     cache: str = "chaos-cache"
     cache_shards: int = 2
     lose_disk_on_restart: bool = False
+    quorum_ack_before_majority: bool = False
+
+    @property
+    def logs(self) -> list[tuple[str, int]]:
+        """The checked logs: (stream, shard count), the RF1 log first."""
+        logs = [(self.log_stream, self.log_shards)]
+        if self.quorum_stream is not None:
+            logs.append((self.quorum_stream, self.quorum_shards))
+        return logs
 
     def catalog(self) -> StaticCatalog:
         t, ns = TENANT, NAMESPACE
+        quorum = [
+            StreamSpec(
+                t,
+                ns,
+                name,
+                durable=True,
+                shards=self.quorum_shards,
+                routing=Routing.MODULO,
+                replication_factor=self.quorum_replicas,
+                consistency=Consistency.QUORUM,
+            )
+            for name in ([self.quorum_stream] if self.quorum_stream is not None else [])
+        ]
         return StaticCatalog(
             streams=[
+                *quorum,
                 StreamSpec(
                     t,
                     ns,
@@ -302,6 +339,8 @@ class ChaosFleet:
                         "FELIX_LOG_LEVEL": "WARNING",
                     }
                 )
+                if layout.quorum_ack_before_majority:
+                    env["FELIX_TEST_QUORUM_ACK_BEFORE_MAJORITY"] = "1"
                 broker = BrokerProcess(
                     node_id,
                     data_dir,
@@ -327,15 +366,21 @@ class ChaosFleet:
             raise
         try:
             await fleet.wait_ready(60.0)
+            # A fleet accepts commits (and stores publishers) only once the control plane
+            # finalized those fleet features, as `felix-broker fixture` does.
+            for feature in _FLEET_FEATURES:
+                await plane.finalize(feature)
         except BaseException:
             await fleet.close()
             raise
         return fleet
 
     async def wait_ready(self, within: float) -> float:
-        """Wait until every shard of every stream and cache has a serving owner and
-        a publish through every broker is acknowledged; return the seconds it took.
-        Raises `FleetError` after `within` seconds."""
+        """Wait until every shard of every stream and cache has a serving owner, a
+        publish through every broker is acknowledged and every checked log's shard
+        answers a read (a Quorum shard whose named leader did not open answers
+        ``shard_unavailable/not_ready``); return the seconds it took. Raises
+        `FleetError` after `within` seconds."""
         loop = asyncio.get_running_loop()
         began = loop.time()
         catalog = self.layout.catalog()
@@ -356,6 +401,7 @@ class ChaosFleet:
                     publish_to=READY_STREAM,
                     timeout=left,
                 )
+                await self._logs_readable(began + within - loop.time())
                 return loop.time() - began
             except ProbeError as exc:
                 raise FleetError(str(exc)) from None
@@ -364,6 +410,75 @@ class ChaosFleet:
                 # (a broker that stalls mid-answer): try again within the bound.
                 _log.info("fleet not ready yet: %s", exc)
                 await asyncio.sleep(0.2)
+
+    async def _logs_readable(self, within: float) -> None:
+        """Every checked log's shard answers a one-record read within `within` s."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        pending = [(s, i) for s, n in self.layout.logs for i in range(n)]
+        last = "no client"
+        client: Client | None = None
+        try:
+            while pending:
+                if loop.time() >= deadline:
+                    raise FleetError(f"{pending[0][0]}/{pending[0][1]} not readable: {last}")
+                try:
+                    if client is None:
+                        client = await asyncio.wait_for(self._connect(), 5.0)
+                    stream, shard = pending[0]
+                    pages = client.stream_read(stream, start=0, shard=shard, max_records=1)
+                    async with asyncio.timeout(5.0):
+                        async for _ in pages:
+                            break
+                        await pages.aclose()  # type: ignore[attr-defined]
+                    pending.pop(0)
+                except (BrokerError, ClientError, TimeoutError, OSError) as exc:
+                    last = f"{type(exc).__name__}: {exc}"
+                    await asyncio.sleep(0.2)
+        finally:
+            if client is not None:
+                with contextlib.suppress(BrokerError, ClientError, TimeoutError, OSError):
+                    await client.aclose()
+
+    async def wait_successor(self, stream: str, old: str, within: float) -> bool:
+        """Until a broker other than the one at `old` leads `stream`'s shard 0 and
+        answers a read there (a follower promoted and open); False after `within` s."""
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + within
+        others = [a for a in self.addrs if a != old]
+        while loop.time() < deadline:
+            try:
+                client = await asyncio.wait_for(self._connect(others), 5.0)
+            except (BrokerError, ClientError, TimeoutError, OSError):
+                await asyncio.sleep(0.2)
+                continue
+            try:
+                owners = await asyncio.wait_for(client.shard_owners(stream), 5.0)
+                addr = next((o.addr for o in owners if o.shard == 0 and o.addr), None)
+                if addr is not None and addr != old:
+                    pages = client.stream_read(stream, start=0, shard=0, max_records=1)
+                    async with asyncio.timeout(5.0):
+                        async for _ in pages:
+                            break
+                        await pages.aclose()  # type: ignore[attr-defined]
+                    return True
+            except (BrokerError, ClientError, TimeoutError, OSError) as exc:
+                _log.info("no successor for %s yet: %s", stream, exc)
+            finally:
+                with contextlib.suppress(BrokerError, ClientError, TimeoutError, OSError):
+                    await client.aclose()
+            await asyncio.sleep(0.2)
+        return False
+
+    async def _connect(self, addrs: list[str] | None = None) -> Client:
+        return await connect(
+            addrs or self.addrs,
+            tenant_id=TENANT,
+            token=self.token,
+            namespace=NAMESPACE,
+            ca_file=self.ca_file,
+            config=ClientConfig(request_timeout=5.0),
+        )
 
     async def heal(self) -> None:
         """Undo every fault: link healed, fault files cleared, stopped brokers

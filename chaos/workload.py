@@ -10,9 +10,15 @@ becomes a `felix_broker.chaos.history.Operation` stamped on the run's one clock
 
 Outcomes: an answer is `ok`; a broker's refusal is `refused` with its retry class
 and code (the checker counts only `retry`, `retry_after` and `redirect` as
-"nothing applied"); a timeout, a lost connection or a failed producer is
-`unknown`. Offsets are positions here: RF1 logs carry no generation-start
-records (when they do, `Recorder` must map offsets to positions).
+"nothing applied"); a refusal of class `outcome_unknown` (`quorum_timeout`, a
+storage error after the write), a timeout, a lost connection or a failed producer
+is `unknown`. Offsets are positions here: RF1 logs carry no generation-start
+records, and a Quorum log's generation-start entries take no stream offset
+(`felix_broker.replication.apply`).
+
+The checked logs are `Layout.logs`: plain producers, readers and subscribers use
+every one; idempotent producers and committers only the RF1 log (a Quorum stream
+refuses guarded publishes today).
 
 Log keys in the history are ``stream/shard``; the checked log stream and the
 cache go to one history, the in-memory stream to its own (judged by fewer rules).
@@ -33,7 +39,7 @@ from typing import Literal, TypeVar
 
 from felix_broker.chaos.history import Kind, Operation, Outcome, Write
 from felix_client import Client, ClientConfig, connect
-from felix_client.errors import BrokerError, ClientError
+from felix_client.errors import BrokerError, ClientError, RetryClass
 
 from .fleet import NAMESPACE, TENANT, ChaosFleet
 
@@ -104,7 +110,10 @@ class Recorder:
             self.add(make(Outcome.UNKNOWN, invoke, None, None, None), memory=memory)
             raise
         except _OUTCOMES as exc:
-            outcome = Outcome.REFUSED if isinstance(exc, BrokerError) else Outcome.UNKNOWN
+            # A refusal whose class is outcome_unknown (quorum_timeout: the write may
+            # still commit; a storage error after the write) is an unknown outcome.
+            refused = isinstance(exc, BrokerError) and exc.retry is not RetryClass.OUTCOME_UNKNOWN
+            outcome = Outcome.REFUSED if refused else Outcome.UNKNOWN
             self.add(make(outcome, invoke, self.now(), None, exc), memory=memory)
             return None
         self.add(make(Outcome.OK, invoke, self.now(), value, None), memory=memory)
@@ -177,7 +186,7 @@ class Workload:
         jobs += [self._memory_producer] * w.memory_producers
         jobs += [self._committer] * w.committers
         subscriptions = [
-            (layout.log_stream, shard, False) for shard in range(layout.log_shards)
+            (stream, shard, False) for stream, shards in layout.logs for shard in range(shards)
         ] * w.subscribers + [(layout.memory_stream, 0, True)] * min(1, w.subscribers)
 
         async def worker(index: int, job: Callable[..., Awaitable[None]], *args: object) -> None:
@@ -229,10 +238,11 @@ class Workload:
     async def _publish_loop(
         self, client: Client, name: str, rng: random.Random, stop: asyncio.Event, *, memory: bool
     ) -> None:
-        stream = self.layout.memory_stream if memory else self.layout.log_stream
-        shards = 1 if memory else self.layout.log_shards
-        keys = await self._shard_keys(client, stream, shards)
+        logs = [(self.layout.memory_stream, 1)] if memory else self.layout.logs
+        routing = {s: await self._shard_keys(client, s, n) for s, n in logs}
         while not stop.is_set():
+            stream, shards = rng.choice(logs)
+            keys = routing[stream]
             shard = rng.randrange(shards)
             value = self.value(name)
 
@@ -402,13 +412,15 @@ class Workload:
     async def _reader(
         self, client: Client, name: str, rng: random.Random, stop: asyncio.Event
     ) -> None:
-        stream = self.layout.log_stream
         while not stop.is_set():
-            shard = rng.randrange(self.layout.log_shards)
+            stream, shards = rng.choice(self.layout.logs)
+            shard = rng.randrange(shards)
             key = log_key(stream, shard)
             start = rng.randint(0, self.rec.tails[key])
 
-            async def read(shard: int = shard, start: int = start) -> tuple[list[str], bool]:
+            async def read(
+                stream: str = stream, shard: int = shard, start: int = start
+            ) -> tuple[list[str], bool]:
                 values: list[str] = []
                 pages = client.stream_read(stream, start=start, shard=shard, max_records=_READ_PAGE)
                 count = 0
@@ -584,8 +596,7 @@ async def final_logs(
     states: dict[str, str | None] = {}
     try:
         keys = await workload._shard_keys(client, layout.log_stream, layout.log_shards)
-        for shard in range(layout.log_shards):
-            stream = layout.log_stream
+        for stream, shard in [(s, i) for s, n in layout.logs for i in range(n)]:
             for attempt in range(attempts):
                 invoke = rec.now()
                 try:
@@ -609,6 +620,8 @@ async def final_logs(
                 outcome=Outcome.OK,
             )
             rec.add(op)
+            if stream != layout.log_stream:
+                continue  # guarded publishes (commits) go to the RF1 log only
             for attempt in range(attempts):
                 try:
                     entry = await client.state_get(stream, keys[shard], "last")

@@ -492,7 +492,10 @@ class Broker:
             self._engine,
             self.peer_dialer,
             config.data_dir / "replication",
-            ReplicationConfig(quorum_timeout_ms=config.publish_quorum_timeout_ms),
+            ReplicationConfig(
+                quorum_timeout_ms=config.publish_quorum_timeout_ms,
+                ack_before_majority=config.test_quorum_ack_before_majority,
+            ),
             blocked=self._peer_blocked,
             report=self._report_refusal,  # etcd joins later: checked at each report
         )

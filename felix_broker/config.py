@@ -680,6 +680,14 @@ class BrokerConfig:
         "slow or fail the disk or cut replication with named members; unset (the default), "
         "fsync is plain and replication uncut.",
     )
+    test_quorum_ack_before_majority: bool = _bool(
+        False,
+        "FELIX_TEST_QUORUM_ACK_BEFORE_MAJORITY",
+        doc="Test mode only (needs FELIX_TEST_FAULTS): a deliberately broken broker whose "
+        "Quorum shards count only the leader's own disk toward the quorum mark, so a write "
+        "is acknowledged before a majority holds it; the chaos tests show the history "
+        "checker catching it.",
+    )
     withhold_atomic_commit: bool = _bool(
         False,
         "FELIX_WITHHOLD_ATOMIC_COMMIT",
@@ -1050,6 +1058,11 @@ def _cross_check(config: BrokerConfig, sources: Mapping[str, str], file_source: 
             "subscriber_queue_capacity",
             f"{config.subscriber_queue_capacity} exceeds subscriber_queue_capacity_max "
             f"{config.subscriber_queue_capacity_max}",
+        )
+    if config.test_quorum_ack_before_majority and config.test_faults_file is None:
+        fail(
+            "test_quorum_ack_before_majority",
+            "a deliberately broken broker is for test mode only: it needs test_faults_file",
         )
     if config.preauth_max_frame_bytes > config.max_frame_bytes:
         fail(

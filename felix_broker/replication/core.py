@@ -329,6 +329,9 @@ class Config:
     retransmit_ms: int = 200  # resend an unanswered ship or fence after this long
     ship_max_records: int = 64  # records per ship (the bound on one message)
     max_uncommitted: int = 4096  # records a leader holds past its mark; more: overloaded
+    # Deliberately broken, test mode only (FELIX_TEST_QUORUM_ACK_BEFORE_MAJORITY): the
+    # mark counts the leader's own disk alone, so writes are acked before a majority.
+    ack_before_majority: bool = False
 
     def __post_init__(self) -> None:
         if (
@@ -869,6 +872,8 @@ class Replica:
 
     def _quorum_length(self) -> int:
         """The longest prefix a majority (this leader included) holds durably."""
+        if self.config.ack_before_majority:
+            return self.synced_length
         held = sorted(
             [self.synced_length, *(p.durable for p in self._peers.values())], reverse=True
         )

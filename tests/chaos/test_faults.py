@@ -131,3 +131,14 @@ async def test_a_broker_with_the_knob_fails_and_heals_with_its_fault_file(tmp_pa
             assert refused.value.retry is RetryClass.OUTCOME_UNKNOWN
         finally:
             await client.aclose()
+
+
+def test_the_broken_quorum_knob_is_refused_outside_test_mode(tmp_path: Path) -> None:
+    from felix_broker.config import ConfigError, load_config
+
+    broken = {"FELIX_TEST_QUORUM_ACK_BEFORE_MAJORITY": "true"}
+    with pytest.raises(ConfigError, match="test mode only"):
+        load_config(environ=broken)
+    config = load_config(environ={**broken, "FELIX_TEST_FAULTS": str(tmp_path / "f.json")})
+    assert config.test_quorum_ack_before_majority
+    assert not load_config(environ={}).test_quorum_ack_before_majority
