@@ -1,7 +1,7 @@
 """The broker's test-mode faults: a fault file read only when FELIX_TEST_FAULTS is set.
 
 The chaos nemesis and the client fixture write the file (JSON, replaced atomically);
-the broker reads it at most once per `_RECHECK_S` (a `stat` otherwise), on every
+the broker reads it at most once per `RECHECK_S` (a `stat` otherwise), on every
 fsync and on every replication message it sends or receives. Its keys, each optional:
 
 - ``{"fsync_delay_ms": N}``: each fsync first sleeps N ms (a slow disk);
@@ -32,11 +32,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["FaultFile", "Faults", "FsyncFault", "write_fault"]
+__all__ = ["RECHECK_S", "FaultFile", "Faults", "FsyncFault", "write_fault"]
 
 _log = logging.getLogger(__name__)
 
-_RECHECK_S = 0.05
+RECHECK_S = 0.05
 _MAX_DELAY_MS = 60_000  # a fault is bounded: one fsync never sleeps longer than this
 
 
@@ -94,7 +94,7 @@ class FaultFile:
     def current(self) -> Faults:
         now = time.monotonic()
         with self._lock:
-            if now - self._checked < _RECHECK_S:
+            if now - self._checked < RECHECK_S:
                 return self._fault
             self._checked = now
             try:

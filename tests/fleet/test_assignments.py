@@ -119,7 +119,10 @@ async def test_etcd_stopped_and_restarted_under_a_running_broker(etcd_server: Et
     writer = EtcdClient([ep])
     for shard in S:
         await writer.put(KEYS.assignment(shard), active("a"))
-    a = node(ep, "a", ttl_ms=4000)
+    # etcd's stop and start block this loop (by PID, waiting for the process), so the
+    # lease must outlast them with room to spare on a loaded machine: 8 s (it stops
+    # serving 6 s after its last keepalive).
+    a = node(ep, "a", ttl_ms=8000)
     applied = Applied("a")
     a.view.add_listener(applied)
     await a.start()
@@ -139,7 +142,7 @@ async def test_etcd_stopped_and_restarted_under_a_running_broker(etcd_server: Et
         assert a.membership.losses == 0 and a.membership.incarnation == first
 
         etcd_server.stop()  # now longer than the lease: it must stop serving
-        await eventually(lambda: a.view.fenced, within=10, what="fenced")
+        await eventually(lambda: a.view.fenced, within=15, what="fenced")
         assert not any(a.view.snapshot.leads(s) for s in S)
         await asyncio.sleep(0.5)
         etcd_server.start()
