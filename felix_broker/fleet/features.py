@@ -1,6 +1,6 @@
 """Fleet features on a broker: what it implements, and what it acts on (the enabled set).
 
-A fleet feature is a cluster-wide switch (cluster-facts §A.21). Each broker lists
+A fleet feature is a cluster-wide switch. Each broker lists
 the ones it implements in its member record (``features``); the control plane
 finalizes one once every live broker implements it (``P/features/{name}``,
 one-way), and the routing view carries the finalized set. A broker acts only on

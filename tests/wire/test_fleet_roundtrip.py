@@ -26,8 +26,12 @@ from felix_wire.fleet import (
     StaleRoute,
     assignments_key,
     decode_assignment,
+    decode_drain,
+    decode_finalizedfeature,
     decode_member,
+    decode_movecopied,
     decode_peer_message,
+    decode_promotionrefusal,
     encode_peer_message,
     encode_record,
     members_key,
@@ -40,7 +44,14 @@ from felix_wire.frame import HEADER_SIZE, frame_bytes
 from felix_wire.messages import CacheGet, Unknown
 from felix_wire.wire_errors import MalformedJsonError, MessageFieldError
 
-DECODE_RECORD = {"Member": decode_member, "Assignment": decode_assignment}
+DECODE_RECORD = {
+    "Member": decode_member,
+    "Assignment": decode_assignment,
+    "Drain": decode_drain,
+    "FinalizedFeature": decode_finalizedfeature,
+    "MoveCopied": decode_movecopied,
+    "PromotionRefusal": decode_promotionrefusal,
+}
 
 
 @pytest.mark.parametrize("message_type", sorted(PEER_MESSAGE_CLASSES))
