@@ -22,7 +22,9 @@ that is not a record into one typed `RecordError`. Under the prefix ``P``
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TypeVar
 
 from felix_wire import fleet as wire
 from felix_wire.fleet import (
@@ -84,50 +86,35 @@ class ShardId:
         return (self.kind.value, self.tenant, self.namespace, self.name, self.shard)
 
 
+_R = TypeVar("_R")
+
+
 class RecordError(ValueError):
     """A stored key or value that is not a fleet record."""
 
 
-def decode_member(value: bytes) -> Member:
-    try:
-        return wire.decode_member(value)
-    except (MalformedJsonError, MessageFieldError) as exc:
-        raise RecordError(f"not a member record: {exc}") from None
+def _record_decoder(decode: Callable[[bytes], _R], what: str) -> Callable[[bytes], _R]:
+    """`decode` (a generated record decoder) raising `RecordError` naming `what`."""
+
+    def record(value: bytes) -> _R:
+        try:
+            return decode(value)
+        except (MalformedJsonError, MessageFieldError) as exc:
+            raise RecordError(f"not {what}: {exc}") from None
+
+    return record
 
 
-def decode_finalized_feature(value: bytes) -> FinalizedFeature:
-    try:
-        return wire.decode_finalizedfeature(value)
-    except (MalformedJsonError, MessageFieldError) as exc:
-        raise RecordError(f"not a finalized-feature record: {exc}") from None
-
-
-def decode_assignment(value: bytes) -> Assignment:
-    try:
-        return wire.decode_assignment(value)
-    except (MalformedJsonError, MessageFieldError) as exc:
-        raise RecordError(f"not an assignment record: {exc}") from None
-
-
-def decode_move_copied(value: bytes) -> MoveCopied:
-    try:
-        return wire.decode_movecopied(value)
-    except (MalformedJsonError, MessageFieldError) as exc:
-        raise RecordError(f"not a move progress record: {exc}") from None
-
-
-def decode_promotion_refusal(value: bytes) -> PromotionRefusal:
-    try:
-        return wire.decode_promotionrefusal(value)
-    except (MalformedJsonError, MessageFieldError) as exc:
-        raise RecordError(f"not a promotion refusal record: {exc}") from None
-
-
-def decode_drain(value: bytes) -> Drain:
-    try:
-        return wire.decode_drain(value)
-    except (MalformedJsonError, MessageFieldError) as exc:
-        raise RecordError(f"not a drain record: {exc}") from None
+decode_member = _record_decoder(wire.decode_member, "a member record")
+decode_finalized_feature = _record_decoder(
+    wire.decode_finalizedfeature, "a finalized-feature record"
+)
+decode_assignment = _record_decoder(wire.decode_assignment, "an assignment record")
+decode_move_copied = _record_decoder(wire.decode_movecopied, "a move progress record")
+decode_promotion_refusal = _record_decoder(
+    wire.decode_promotionrefusal, "a promotion refusal record"
+)
+decode_drain = _record_decoder(wire.decode_drain, "a drain record")
 
 
 @dataclass(frozen=True, slots=True)
