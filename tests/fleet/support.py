@@ -1,19 +1,27 @@
 """Helpers for the fleet tests: fleet nodes (the broker's real fleet part, without QUIC),
-a placer over a fixed catalog, and bounded waits."""
+a placer over a fixed catalog, a control plane on etcd, and bounded waits."""
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
 
 from felix_broker.fleet.etcd_node import EtcdNode
 from felix_broker.fleet.routing import RoutingSnapshot, ShardId
 from felix_broker.fleet.view import FleetView
 from felix_common.etcd import EtcdClient
 from felix_common.fleet import Keyspace
+from felix_controlplane.cli import parse_args, run
 from felix_controlplane.placement import Placer, ShardSpec
+from tests.controlplane.support import call
+
+from ..support.wire import NS, TENANT
 
 PREFIX = "/felix-test"
 
@@ -73,3 +81,42 @@ class Applied:
         for shard, generation in self.seen:
             assert generation > last.get(shard, 0), (self.node_id, shard, generation, last)
             last[shard] = generation
+
+
+@asynccontextmanager
+async def etcd_control_plane(
+    tmp: Path, endpoint: str, stream: dict[str, Any]
+) -> AsyncIterator[tuple[str, str]]:
+    """`felix-controlplane --store etcd` with its placer, the tests' tenant and namespace
+    bootstrapped and `stream` (a stream body of its API) created; yields (admin URL,
+    bootstrap secret)."""
+    ready = tmp / "ready.json"
+    args = parse_args(
+        [
+            *("--db", str(tmp / "cp.db"), "--store", "etcd"),
+            *("--etcd-endpoints", endpoint, "--placer-id", "cp-1", "--placer-lease-ttl", "2"),
+            *("--bind", "127.0.0.1:0", "--admin-bind", "127.0.0.1:0"),
+            *("--ready-file", str(ready)),
+        ]
+    )
+    stop = asyncio.Event()
+    plane = asyncio.get_running_loop().create_task(run(args, stop))
+    try:
+        await eventually(ready.exists, what="control plane up")
+        urls = json.loads(ready.read_text())
+        secret = (tmp / "cp.db.bootstrap-secret").read_text().strip()
+        status, answer = await call(
+            "POST",
+            f"{urls['admin_url']}/v1/bootstrap",
+            token=secret,
+            body={"tenant": TENANT, "admin": {"subjects": [f"admin@{TENANT}"]}},
+        )
+        assert status == 201, answer
+        admin = answer["admin_token"]
+        base = f"{urls['url']}/v1/tenants/{TENANT}/namespaces"
+        assert (await call("POST", base, token=admin, body={"name": NS}))[0] == 201
+        assert (await call("POST", f"{base}/{NS}/streams", token=admin, body=stream))[0] == 201
+        yield urls["admin_url"], secret
+    finally:
+        stop.set()
+        await plane

@@ -5,10 +5,7 @@ draining it; bad requests and a missing secret get typed answers."""
 
 from __future__ import annotations
 
-import asyncio
-import json
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AbstractAsyncContextManager, AsyncExitStack
 from pathlib import Path
 from typing import Any
 
@@ -18,12 +15,11 @@ from felix_broker.app import Broker
 from felix_broker.fleet.routing import AssignmentState
 from felix_common.etcd_process import EtcdProcess
 from felix_common.tokens import DevIssuer
-from felix_controlplane.cli import parse_args, run
 from felix_transport import generate_ca
 from tests.controlplane.support import call
 
 from ..support.wire import NS, TENANT
-from .support import eventually
+from .support import etcd_control_plane, eventually
 from .test_fleet_end_to_end import SHARD, STREAM, start_broker
 
 pytestmark = pytest.mark.timeout(120)
@@ -32,40 +28,9 @@ SHARD_PATH = f"stream/{TENANT}/{NS}/{STREAM}/0"
 BODY = {"kind": "stream", "tenant": TENANT, "namespace": NS, "name": STREAM, "shard": 0}
 
 
-@asynccontextmanager
-async def admin_plane(tmp: Path, endpoint: str) -> AsyncIterator[tuple[str, str]]:
+def admin_plane(tmp: Path, endpoint: str) -> AbstractAsyncContextManager[tuple[str, str]]:
     """The control plane with its placer; (admin URL, bootstrap secret)."""
-    ready = tmp / "ready.json"
-    args = parse_args(
-        [
-            *("--db", str(tmp / "cp.db"), "--store", "etcd"),
-            *("--etcd-endpoints", endpoint, "--placer-id", "cp-1", "--placer-lease-ttl", "2"),
-            *("--bind", "127.0.0.1:0", "--admin-bind", "127.0.0.1:0"),
-            *("--ready-file", str(ready)),
-        ]
-    )
-    stop = asyncio.Event()
-    plane = asyncio.get_running_loop().create_task(run(args, stop))
-    try:
-        await eventually(ready.exists, what="control plane up")
-        urls = json.loads(ready.read_text())
-        secret = (tmp / "cp.db.bootstrap-secret").read_text().strip()
-        status, answer = await call(
-            "POST",
-            f"{urls['admin_url']}/v1/bootstrap",
-            token=secret,
-            body={"tenant": TENANT, "admin": {"subjects": [f"admin@{TENANT}"]}},
-        )
-        assert status == 201, answer
-        admin = answer["admin_token"]
-        base = f"{urls['url']}/v1/tenants/{TENANT}/namespaces"
-        assert (await call("POST", base, token=admin, body={"name": NS}))[0] == 201
-        body = {"name": STREAM, "shards": 1}
-        assert (await call("POST", f"{base}/{NS}/streams", token=admin, body=body))[0] == 201
-        yield urls["admin_url"], secret
-    finally:
-        stop.set()
-        await plane
+    return etcd_control_plane(tmp, endpoint, {"name": STREAM, "shards": 1})
 
 
 def leader(brokers: dict[str, Broker]) -> Any:

@@ -10,9 +10,7 @@ hand: what the brokers do follows from the placer's writes alone.
 
 from __future__ import annotations
 
-import asyncio
 import dataclasses
-import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -31,7 +29,6 @@ from felix_common.etcd import EtcdClient
 from felix_common.etcd_process import EtcdProcess
 from felix_common.fleet import Keyspace, decode_assignment
 from felix_common.tokens import DevIssuer, TokenVerifier
-from felix_controlplane.cli import parse_args, run
 from felix_transport import default_impl, generate_ca
 from felix_wire.messages import (
     AckMode,
@@ -42,11 +39,10 @@ from felix_wire.messages import (
     Subscribe,
     Subscribed,
 )
-from tests.controlplane.support import call
 
 from ..support.wire import NS, TENANT, WireClient
 from .harness import NODES, Entry
-from .support import eventually
+from .support import etcd_control_plane, eventually
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -59,37 +55,8 @@ SHARD = ShardId(ShardKind.STREAM, TENANT, NS, STREAM, 0)
 async def control_plane(tmp: Path, endpoint: str) -> AsyncIterator[None]:
     """`felix-controlplane --store etcd` with the placer, the stream created through its
     API (tenant, namespace and stream the brokers' catalog names too)."""
-    ready = tmp / "ready.json"
-    args = parse_args(
-        [
-            *("--db", str(tmp / "cp.db"), "--store", "etcd"),
-            *("--etcd-endpoints", endpoint, "--placer-id", "cp-1", "--placer-lease-ttl", "2"),
-            *("--bind", "127.0.0.1:0", "--admin-bind", "127.0.0.1:0"),
-            *("--ready-file", str(ready)),
-        ]
-    )
-    stop = asyncio.Event()
-    plane = asyncio.get_running_loop().create_task(run(args, stop))
-    try:
-        await eventually(ready.exists, what="control plane up")
-        urls = json.loads(ready.read_text())
-        secret = (tmp / "cp.db.bootstrap-secret").read_text().strip()
-        status, answer = await call(
-            "POST",
-            f"{urls['admin_url']}/v1/bootstrap",
-            token=secret,
-            body={"tenant": TENANT, "admin": {"subjects": [f"admin@{TENANT}"]}},
-        )
-        assert status == 201, answer
-        admin = answer["admin_token"]
-        base = f"{urls['url']}/v1/tenants/{TENANT}/namespaces"
-        assert (await call("POST", base, token=admin, body={"name": NS}))[0] == 201
-        body = {"name": STREAM, "shards": 1}
-        assert (await call("POST", f"{base}/{NS}/streams", token=admin, body=body))[0] == 201
+    async with etcd_control_plane(tmp, endpoint, {"name": STREAM, "shards": 1}):
         yield
-    finally:
-        stop.set()
-        await plane
 
 
 async def start_broker(

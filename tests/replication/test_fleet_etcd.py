@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-import json
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -30,14 +29,12 @@ from felix_broker.fleet.view import FleetView
 from felix_common.catalog import Consistency
 from felix_common.etcd_process import EtcdProcess
 from felix_common.tokens import DevIssuer, TokenVerifier
-from felix_controlplane.cli import parse_args, run
 from felix_transport import default_impl, generate_ca
 from felix_wire.messages import AckMode, Publish, PublishOk
-from tests.controlplane.support import call
 from tests.support.etcd import etcd_server
 
 from ..fleet.harness import NODES, Entry
-from ..fleet.support import eventually
+from ..fleet.support import etcd_control_plane, eventually
 from ..support.wire import NS, TENANT, WireClient
 
 __all__ = ["etcd_server"]
@@ -53,42 +50,15 @@ SPEC = StreamSpec(
 
 @asynccontextmanager
 async def control_plane(tmp: Path, endpoint: str) -> AsyncIterator[None]:
-    ready = tmp / "ready.json"
-    args = parse_args(
-        [
-            *("--db", str(tmp / "cp.db"), "--store", "etcd"),
-            *("--etcd-endpoints", endpoint, "--placer-id", "cp-1", "--placer-lease-ttl", "2"),
-            *("--bind", "127.0.0.1:0", "--admin-bind", "127.0.0.1:0"),
-            *("--ready-file", str(ready)),
-        ]
-    )
-    stop = asyncio.Event()
-    plane = asyncio.get_running_loop().create_task(run(args, stop))
-    try:
-        await eventually(ready.exists, what="control plane up")
-        urls = json.loads(ready.read_text())
-        secret = (tmp / "cp.db.bootstrap-secret").read_text().strip()
-        status, answer = await call(
-            "POST",
-            f"{urls['admin_url']}/v1/bootstrap",
-            token=secret,
-            body={"tenant": TENANT, "admin": {"subjects": [f"admin@{TENANT}"]}},
-        )
-        assert status == 201, answer
-        admin = answer["admin_token"]
-        base = f"{urls['url']}/v1/tenants/{TENANT}/namespaces"
-        assert (await call("POST", base, token=admin, body={"name": NS}))[0] == 201
-        body = {
-            "name": STREAM,
-            "durability": "durable",
-            "consistency": "Quorum",
-            "replication_factor": 3,
-        }
-        assert (await call("POST", f"{base}/{NS}/streams", token=admin, body=body))[0] == 201
+    """The control plane on etcd with the Quorum stream (RF 3) created through its API."""
+    body = {
+        "name": STREAM,
+        "durability": "durable",
+        "consistency": "Quorum",
+        "replication_factor": 3,
+    }
+    async with etcd_control_plane(tmp, endpoint, body):
         yield
-    finally:
-        stop.set()
-        await plane
 
 
 async def start_broker(
