@@ -24,14 +24,22 @@ from felix_wire.messages import (
     Unsupported,
 )
 
+from ..fleet.harness import TOPOLOGIES
 from ..support.wire import OFFICIAL_FEATURES, TENANT, Feature, Flag, WireClient, token
 from .harness import running_broker
 
 pytestmark = pytest.mark.timeout(30)
 
+# The client-visible rules of auth and of a stream's frames run against one broker and
+# against a fleet of three, through the owner and through a non-owner (TOPOLOGIES): a
+# client must not tell which broker it reached. Standalone-only here: the pre-auth
+# bounds, the many-streams timing and the standalone drain (a fleet member's drain hands
+# its shards off: tests/fleet/test_moves.py).
 
-async def test_auth_ok_to_a_client_that_offered_flags(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_auth_ok_to_a_client_that_offered_flags(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         _, answer = await client.authed()
         assert isinstance(answer, AuthOk)
@@ -41,13 +49,14 @@ async def test_auth_ok_to_a_client_that_offered_flags(tmp_path: Path) -> None:
         assert answer.server_features_hi == 0x5
         advertised = answer.server_features or 0
         assert advertised & Feature.FEATURE_STREAM_SHARDS
-        # Nothing a standalone broker cannot answer: no cluster features.
-        for absent in (
+        # The cluster features exactly where there is a cluster: a standalone broker
+        # advertises nothing it cannot answer, every fleet member (owner or not) all.
+        for cluster in (
             Feature.FEATURE_TOPOLOGY,
             Feature.FEATURE_REDIRECT,
             Feature.FEATURE_SHARD_MOVED,
         ):
-            assert not advertised & absent
+            assert bool(advertised & cluster) is (topology != "one"), cluster
         assert answer.publish_window == 256
         client.close()
 
@@ -61,10 +70,11 @@ async def test_plain_ok_without_client_flags(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("with_codes", [True, False])
+@pytest.mark.parametrize("topology", TOPOLOGIES)
 async def test_bad_token_is_unauthenticated_and_ends_the_stream(
-    tmp_path: Path, with_codes: bool
+    tmp_path: Path, with_codes: bool, topology: str
 ) -> None:
-    async with running_broker(tmp_path) as broker:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         features = int(Feature.FEATURE_ERROR_CODES) if with_codes else 0
         stream, answer = await client.authed(tok="not-a-jwt", features=features)
@@ -77,8 +87,9 @@ async def test_bad_token_is_unauthenticated_and_ends_the_stream(
         client.close()
 
 
-async def test_token_of_another_tenant_and_expired_token(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_token_of_another_tenant_and_expired_token(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         _, answer = await client.authed(tok=token(broker, tenant="t2"))
         assert isinstance(answer, Error) and answer.code == "unauthenticated"
@@ -88,8 +99,9 @@ async def test_token_of_another_tenant_and_expired_token(tmp_path: Path) -> None
         client.close()
 
 
-async def test_request_before_auth(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_request_before_auth(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         stream = await client.stream()
         await stream.send(
@@ -101,8 +113,9 @@ async def test_request_before_auth(tmp_path: Path) -> None:
         client.close()
 
 
-async def test_second_auth_is_refused_and_the_stream_goes_on(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_second_auth_is_refused_and_the_stream_goes_on(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         stream, _ = await client.authed()
         await stream.send(client_auth(TENANT, token(broker), client_flags=1, client_features=0))
@@ -136,8 +149,11 @@ async def test_frames_above_the_preauth_cap_are_fine_after_auth(tmp_path: Path) 
         client.close()
 
 
-async def test_auth_timeout_closes_the_connection_with_code_1(tmp_path: Path) -> None:
-    async with running_broker(tmp_path, auth_timeout_ms=300) as broker:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_auth_timeout_closes_the_connection_with_code_1(
+    tmp_path: Path, topology: str
+) -> None:
+    async with running_broker(tmp_path, auth_timeout_ms=300, topology=topology) as broker:
         client = await WireClient.connect(broker)
         await asyncio.wait_for(client.connection.wait_closed(), 5)
         termination = client.connection.termination
@@ -154,8 +170,9 @@ async def test_an_authenticated_stream_stops_the_auth_timeout(tmp_path: Path) ->
         client.close()
 
 
-async def test_unknown_flag_bit_is_a_per_frame_error(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_unknown_flag_bit_is_a_per_frame_error(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         stream, _ = await client.authed()
         await stream.send(encode_header(0x8000, 3) + b"abc")
@@ -169,9 +186,10 @@ async def test_unknown_flag_bit_is_a_per_frame_error(tmp_path: Path) -> None:
         client.close()
 
 
-async def test_idempotent_frames_need_the_acked_bit(tmp_path: Path) -> None:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_idempotent_frames_need_the_acked_bit(tmp_path: Path, topology: str) -> None:
     # 0x0100 is served (streams/guarded.py), but only with 0x0008: 0x0101 is refused.
-    async with running_broker(tmp_path) as broker:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         stream, _ = await client.authed()
         body = struct.pack(">QQ", 7, 0)
@@ -181,8 +199,11 @@ async def test_idempotent_frames_need_the_acked_bit(tmp_path: Path) -> None:
         client.close()
 
 
-async def test_unknown_type_with_and_without_feature_unsupported(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_unknown_type_with_and_without_feature_unsupported(
+    tmp_path: Path, topology: str
+) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         stream, _ = await client.authed()  # offers FEATURE_UNSUPPORTED like the official client
         raw = b'{"type":"frobnicate","request_id":9}'
@@ -194,8 +215,11 @@ async def test_unknown_type_with_and_without_feature_unsupported(tmp_path: Path)
         client.close()
 
 
-async def test_a_broker_message_from_a_client_closes_the_stream(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_a_broker_message_from_a_client_closes_the_stream(
+    tmp_path: Path, topology: str
+) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         stream, _ = await client.authed()
         await stream.send(Subscribed(subscription_id=1))
@@ -205,8 +229,11 @@ async def test_a_broker_message_from_a_client_closes_the_stream(tmp_path: Path) 
         client.close()
 
 
-async def test_malformed_known_message_is_fatal_for_the_stream(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_malformed_known_message_is_fatal_for_the_stream(
+    tmp_path: Path, topology: str
+) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         stream, _ = await client.authed()
         raw = b'{"type":"stream_shards","tenant_id":"t1"}'
@@ -217,8 +244,11 @@ async def test_malformed_known_message_is_fatal_for_the_stream(tmp_path: Path) -
         client.close()
 
 
-async def test_extended_feature_word_only_to_a_client_that_set_the_marker(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_extended_feature_word_only_to_a_client_that_set_the_marker(
+    tmp_path: Path, topology: str
+) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         _, answer = await client.authed(features=OFFICIAL_FEATURES)
         # FEATURE_INSPECT (0x1) and FEATURE_PUBLISH_WIDTH (0x4), with the marker.
