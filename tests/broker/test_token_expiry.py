@@ -25,6 +25,7 @@ from felix_wire.messages import (
     Subscribed,
 )
 
+from ..fleet.harness import TOPOLOGIES, leader_of
 from ..support.wire import NS, TENANT, WireClient, token
 from .harness import running_broker
 
@@ -42,22 +43,31 @@ def publish(request_id: int) -> Publish:
     )
 
 
-async def test_requests_and_subscriptions_end_when_the_token_expires(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_requests_and_subscriptions_end_when_the_token_expires(
+    tmp_path: Path, topology: str
+) -> None:
+    """Through a non-owner the publishes are forwarded (the owner verifies the token
+    too) and the subscription is opened at the leader, where a non-owner redirects."""
+    async with running_broker(tmp_path, topology=topology) as broker:
         # Expired 2 s ago, so it still passes `auth` within the leeway, whose end
         # comes 2 s from now.
         now = int(time.time())
         short = token(broker, ttl_seconds=1, issued_at=now - LEEWAY_SECONDS + 1)
         long = token(broker)
         client = await WireClient.connect(broker)
+        leader = leader_of(broker)
+        reader = client if leader is broker else await WireClient.connect(leader)
         expiring, ok = await client.authed(tok=short)
         assert isinstance(ok, AuthOk), ok
         healthy, ok = await client.authed(tok=long)
         assert isinstance(ok, AuthOk), ok
+        watching, ok = await reader.authed(tok=short)
+        assert isinstance(ok, AuthOk), ok
 
-        await expiring.send(Subscribe(tenant_id=TENANT, namespace=NS, stream="orders"))
-        assert isinstance(await expiring.recv(), Subscribed)
-        events = await client.event_stream()
+        await watching.send(Subscribe(tenant_id=TENANT, namespace=NS, stream="orders"))
+        assert isinstance(await watching.recv(), Subscribed)
+        events = await reader.event_stream()
         assert isinstance(await events.recv(), EventStreamHello)
         await expiring.send(publish(1))
         assert await expiring.recv() == PublishOk(request_id=1)
@@ -77,15 +87,23 @@ async def test_requests_and_subscriptions_end_when_the_token_expires(tmp_path: P
                     await events.recv(timeout=5)
 
         await asyncio.wait_for(drained(), 5)
-        assert broker.metrics.registry.get_sample_value("felix_auth_token_expiries_total") == 1
+        # One expiry per stream that held the token: the publishing one and the
+        # subscribing one, wherever each was served.
+        expiries = sum(
+            b.metrics.registry.get_sample_value("felix_auth_token_expiries_total") or 0
+            for b in {id(broker): broker, id(leader): leader}.values()
+        )
+        assert expiries == 2
         # A stream with a valid token on the same connection is unaffected.
         await healthy.send(publish(3))
         assert await healthy.recv() == PublishOk(request_id=3)
         client.close()
+        reader.close()
 
 
-async def test_a_token_past_the_leeway_is_refused_at_auth(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_a_token_past_the_leeway_is_refused_at_auth(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         stale = token(broker, ttl_seconds=1, issued_at=int(time.time()) - LEEWAY_SECONDS - 5)
         client = await WireClient.connect(broker)
         _stream, answer = await client.authed(tok=stale)
