@@ -22,11 +22,14 @@ from felix_wire.messages import (
     Error,
     GroupDescribe,
     GroupPoll,
+    Message,
+    NotLeader,
     Subscribe,
 )
 from felix_wire.names import InvalidNameError
 from felix_wire.strategies import hostile_names, valid_names
 
+from ..fleet.harness import TOPOLOGIES, leader_of
 from ..support.wire import NS, TENANT, WireClient
 from .harness import running_broker
 
@@ -113,10 +116,33 @@ def tree(root: Path) -> set[str]:
 
 
 @pytest.mark.timeout(60)
-async def test_requests_with_hostile_names_create_nothing_on_disk(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_requests_with_hostile_names_create_nothing_on_disk(
+    tmp_path: Path, topology: str
+) -> None:
+    """Refused wherever they arrive. A non-owner forwards or redirects nothing with an
+    unsafe name, except group requests: it redirects those by their shard before it
+    reads the group name (not_leader naming the owner), and the owner refuses them."""
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         control, _ = await client.authed()
+        leader = leader_of(broker)
+        at_leader = None if leader is broker else await WireClient.connect(leader)
+
+        async def refused(request: Message, *, groups: bool = False) -> Error:
+            await control.send(request)
+            answer = await control.recv()
+            if groups and at_leader is not None and isinstance(answer, NotLeader):
+                assert (answer.node_id, answer.addr) == (
+                    leader.node_id,
+                    f"127.0.0.1:{leader.quic_port}",
+                ), answer
+                stream, _ = await at_leader.authed()
+                await stream.send(request)
+                answer = await stream.recv()
+            assert isinstance(answer, Error), answer
+            return answer
+
         before = tree(tmp_path.parent)
         for rid, hostile in enumerate(HOSTILE, start=1):
             scope = {"tenant_id": TENANT, "namespace": NS, "stream": "log", "shard": 0}
@@ -125,12 +151,10 @@ async def test_requests_with_hostile_names_create_nothing_on_disk(tmp_path: Path
                 GroupDescribe(**scope, group=hostile, request_id=rid),
                 GroupPoll(**scope, group=hostile, max_records=1, request_id=rid),
             ):
-                await control.send(request)
-                answer = await control.recv()
-                assert isinstance(answer, Error), answer
+                answer = await refused(request, groups=True)
                 assert answer.code == ErrorCode.INVALID_REQUEST.wire
             for tenant, namespace, name in ((TENANT, hostile, "c"), (TENANT, NS, hostile)):
-                await control.send(
+                await refused(
                     CachePut(
                         tenant_id=tenant,
                         namespace=namespace,
@@ -140,17 +164,16 @@ async def test_requests_with_hostile_names_create_nothing_on_disk(tmp_path: Path
                         request_id=rid,
                     )
                 )
-                assert isinstance(await control.recv(), Error)
-                await control.send(
+                await refused(
                     CacheGet(
                         tenant_id=tenant, namespace=namespace, cache=name, key="k", request_id=rid
                     )
                 )
-                assert isinstance(await control.recv(), Error)
-                await control.send(Subscribe(tenant_id=tenant, namespace=namespace, stream=name))
-                assert isinstance(await control.recv(), Error)
+                await refused(Subscribe(tenant_id=tenant, namespace=namespace, stream=name))
         # Nothing appeared anywhere near the data directory.
         new = tree(tmp_path.parent) - before
         assert all(d == tmp_path.name or d.startswith(tmp_path.name + os.sep) for d in new), new
         assert {d for d in tree(tmp_path) if ".." in d or "\x00" in d} == set()
         client.close()
+        if at_leader is not None:
+            at_leader.close()
