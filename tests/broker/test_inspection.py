@@ -20,6 +20,7 @@ from felix_wire.messages import (
     SubscriptionsListInfo,
 )
 
+from ..fleet.harness import TOPOLOGIES
 from ..support.wire import NS, TENANT, Feature, WireClient, token
 from .harness import running_broker
 
@@ -36,11 +37,14 @@ def inspect(
     )
 
 
+@pytest.mark.parametrize("topology", TOPOLOGIES)
 @pytest.mark.parametrize("perms", [full_rights(TENANT), [*full_rights(TENANT), "node.view:*"]])
 async def test_without_the_exact_grant_forbidden_and_the_stream_stays_open(
-    tmp_path: Path, perms: list[str]
+    tmp_path: Path, perms: list[str], topology: str
 ) -> None:
-    async with running_broker(tmp_path) as broker:
+    """Inspection is answered where it arrives (cluster-facts A.3: local), so the grant
+    is checked there too, at an owner and at a non-owner alike."""
+    async with running_broker(tmp_path, topology=topology) as broker:
         assert broker.features & Feature.FEATURE_INSPECT
         client = await WireClient.connect(broker)
         stream, _ = await client.authed(tok=token(broker, perms=perms))
