@@ -95,11 +95,12 @@ from felix_common.fleet import (
     decode_promotion_refusal,
     encode_record,
 )
-from felix_controlplane.fleet_api import MoveError
+from felix_controlplane.fleet_api import DEFAULT_MAX_MOVES, MoveError
 from felix_controlplane.store import Snapshot
 from felix_wire.errors import DETAIL_REASONS, ErrorCode
 
 __all__ = [
+    "DEFAULT_MAX_MOVES",
     "Held",
     "MoveError",
     "Placement",
@@ -122,8 +123,6 @@ assert {OWNER_UNAVAILABLE, NOT_ASSIGNED} <= set(DETAIL_REASONS[ErrorCode.SHARD_U
 _ACTIVE = AssignmentState.ACTIVE
 _UNAVAILABLE = AssignmentState.UNAVAILABLE
 _IN_A_MOVE = frozenset({AssignmentState.DRAINING, AssignmentState.MOVING})
-# At most this many shard copies in progress at once (felix-controlplane --max-moves).
-DEFAULT_MAX_MOVES = 2
 
 
 def _record(
@@ -922,6 +921,7 @@ class Placement:
         store: _CatalogStore,
         lease_ttl_s: int = 10,
         interval_s: float = 1.0,
+        max_moves: int = DEFAULT_MAX_MOVES,
     ) -> None:
         self.client = EtcdClient(endpoints, timeout_s=max(0.5, lease_ttl_s / 3))
         self.placer = Placer(
@@ -931,6 +931,7 @@ class Placement:
             store_catalog(store),
             lease_ttl_s=lease_ttl_s,
             interval_s=interval_s,
+            max_moves=max_moves,
         )
         self._task: asyncio.Task[None] | None = None
 
