@@ -110,20 +110,23 @@ class MovingFleet:
 
 @asynccontextmanager
 async def moving_fleet(
-    tmp: Path, etcd: EtcdProcess, **overrides: Any
+    tmp: Path, etcd: EtcdProcess, *, stream_shards: int = 1, **overrides: Any
 ) -> AsyncIterator[MovingFleet]:
     endpoint = etcd.endpoint
     fleet_ca = generate_ca("test fleet")
     issuer = DevIssuer.load_or_create(tmp / "issuer")
     catalog = StaticCatalog(
         streams=[
-            StreamSpec(TENANT, NS, STREAM, shards=1, durable=True),
+            StreamSpec(TENANT, NS, STREAM, shards=stream_shards, durable=True),
             StreamSpec(TENANT, NS, MEMORY.name, shards=1, durable=False),
         ],
         caches=[CacheSpec(TENANT, NS, CACHE.name, shards=1)],
     )
     specs = [
-        ShardSpec(SHARD, durable=True),
+        *(
+            ShardSpec(ShardId(ShardKind.STREAM, TENANT, NS, STREAM, i), durable=True)
+            for i in range(stream_shards)
+        ),
         ShardSpec(MEMORY, durable=False),
         ShardSpec(CACHE, durable=True),
     ]
