@@ -6,15 +6,21 @@ Loopback only and behind the bootstrap secret, like the rest of the admin listen
 
 - ``POST /v1/fleet/moves`` ``{"kind": "stream"|"cache", "tenant", "namespace",
   "name", "shard", "to"}``: move one shard to the broker ``to``. 202
-  ``{"generation"}`` (the fence's); the cut-over follows once ``to`` holds the copy.
+  ``{"generation"}`` (the catch-up's: the old leader copies the shard while it still
+  takes writes; the fence follows once ``to`` holds that copy, the cut-over once it
+  holds the last delta). 409 ``already_moving``, or ``move_limit`` when ``max_moves``
+  copies are in progress (``felix-controlplane --max-moves``).
 - ``GET /v1/fleet/moves``: ``{"items", "queued", "max_moves"}``: the moves and fences
   in progress, as etcd has them (``phase`` ``catching_up``: copied while its leader
   still takes writes; ``fenced``: writes held for the last delta; ``fence``: a fence
   without a successor), and the shards a drain will move that wait for one of the
   ``max_moves`` slots (``felix-controlplane --max-moves``), each with its ``leader``.
 - ``DELETE /v1/fleet/moves/{kind}/{tenant}/{namespace}/{name}/{shard}``: cancel a
-  move before its cut-over (the old leader serves again, at a new generation);
-  409 when the shard is not moving (cut over already, or never moved).
+  move before its cut-over (the old leader serves again, at a new generation):
+  200 ``{"generation", "outcome"}``, ``cancel`` during the catch-up (nothing was
+  held), ``retake`` after the fence (readers ended with shard_moved are sent back
+  to the old leader by ``not_leader``); 409 when the shard is not moving (cut over
+  already, or never moved).
 - ``POST /v1/fleet/fences`` ``{"kind", "tenant", "namespace", "name", "shard"}``:
   fence a shard as a move does, with no successor (writes held then refused,
   readers ended) until cancelled with the DELETE above. 200 ``{"node_id",
@@ -158,8 +164,8 @@ class FleetApi:
 
     async def cancel(self, request: Request, g: dict[str, str]) -> Response:
         shard = ShardId(ShardKind(g["0"]), g["1"], g["2"], g["3"], int(g["4"]))
-        generation = await self._call(self._holder().cancel(shard))
-        return Response(200, {"generation": generation})
+        cancelled = await self._call(self._holder().cancel(shard))
+        return Response(200, {"generation": cancelled.generation, "outcome": cancelled.outcome})
 
     async def fence(self, request: Request, g: dict[str, str]) -> Response:
         shard = _shard(_json(request))

@@ -101,6 +101,7 @@ from felix_wire.errors import DETAIL_REASONS, ErrorCode
 
 __all__ = [
     "DEFAULT_MAX_MOVES",
+    "Cancelled",
     "Held",
     "MoveError",
     "Placement",
@@ -143,6 +144,15 @@ class ShardSpec:
     durable: bool
     replication_factor: int = 1
     replicated: bool = False  # Quorum with RF > 1: its replicas hold its log (promotable)
+
+
+@dataclass(frozen=True, slots=True)
+class Cancelled:
+    """A cancelled move: the generation the old leader serves at again, and whether
+    the move was cancelled before its fence (``cancel``) or after (``retake``)."""
+
+    generation: int
+    outcome: str
 
 
 @dataclass(frozen=True, slots=True)
@@ -695,8 +705,19 @@ class Placer:
             return await self._step(Write(shard, promoted, held.mod_revision))
         if record.successor is not None:
             raise MoveError(
-                409, "conflict", f"{_shard_text(shard)} is moving to {record.successor} already"
+                409,
+                "already_moving",
+                f"{_shard_text(shard)} is moving to {record.successor} already",
             )
+        if self.max_moves:
+            busy = sum(1 for held in (await self._assignments()).values() if copying(held.record))
+            if busy >= self.max_moves:
+                raise MoveError(
+                    409,
+                    "move_limit",
+                    f"{busy} move(s) in progress, at the limit of {self.max_moves}: try again "
+                    "once one ends",
+                )
         # The catch-up: its leader copies it to `to` while still serving it; the fence
         # (moving) follows once `to` reports the copy, the cut-over once it holds the rest.
         return await self._step(Write(shard, _catch_up(record.leader, to), held.mod_revision))
@@ -721,10 +742,13 @@ class Placer:
         )
         return record.leader, await self._step(Write(shard, fenced, held.mod_revision))
 
-    async def cancel(self, shard: ShardId) -> int:
+    async def cancel(self, shard: ShardId) -> Cancelled:
         """Cancel the move (or fence) of `shard` before its cut-over: the old leader
-        serves it again at a new generation. 409 when no move is in progress (never
-        started, or cut over already)."""
+        serves it again at a new generation, without a successor. ``cancel`` during
+        the catch-up (nothing was held, no reader ended), ``retake`` after the fence
+        (held writes go to the old leader, and readers ended with shard_moved are
+        answered not_leader naming it by the successor). 409 when no move is in
+        progress (never started, or cut over already)."""
         self._require_holding()
         held = await self._held(shard)
         record = held.record
@@ -732,8 +756,9 @@ class Placer:
             raise MoveError(
                 409, "conflict", f"{_shard_text(shard)} is not moving (cut over, or never moved)"
             )
+        outcome = "cancel" if catching_up(record) else "retake"
         back = _record(_ACTIVE, record.leader, replicas=record.replicas)
-        return await self._step(Write(shard, back, held.mod_revision))
+        return Cancelled(await self._step(Write(shard, back, held.mod_revision)), outcome)
 
     async def drain(self, node_id: str, requested_by: str) -> list[tuple[ShardId, str]]:
         """Move every shard `node_id` leads elsewhere, and place nothing new on it.

@@ -257,6 +257,7 @@ async def test_readers_ended_by_a_cancelled_move_are_pointed_back_to_the_old_own
         assert delivered == len(seeded)
 
         retaken = await fleet.placer.cancel(SHARD)
+        assert retaken.outcome == "retake"
         release.set()
         await eventually(lambda: fleet.settled_on(owner), what="the old owner serves again")
 
@@ -275,7 +276,7 @@ async def test_readers_ended_by_a_cancelled_move_are_pointed_back_to_the_old_own
             assert isinstance(answer, NotLeader), answer
             assert answer.node_id == owner
             assert answer.addr == f"127.0.0.1:{fleet.brokers[owner].quic_port}"
-            assert answer.generation == retaken
+            assert answer.generation == retaken.generation
         finally:
             follow.close()
         # At the old owner it resumes, and what is published after the retake arrives.
@@ -286,3 +287,77 @@ async def test_readers_ended_by_a_cancelled_move_are_pointed_back_to_the_old_own
             other.close()
         rest = await read_all(fleet.entry(owner), resume, len(seeded) + 1)
         assert [p for _, p in rest] == [*seeded[resume:], b"after"]
+
+
+async def test_a_move_cancelled_during_its_catch_up_holds_nothing_and_ends_no_reader(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    async with moving_fleet(tmp_path, etcd_server) as fleet:
+        owner = fleet.leader()
+        target = next(n for n in NODES if n != owner)
+        seeded = await seed(fleet, owner, 1)
+        target_moves = fleet.brokers[target].moves
+        assert target_moves is not None
+        # The successor does not report the catch-up until the test lets it: no fence.
+        release = asyncio.Event()
+        reported = asyncio.Event()
+        report = target_moves._report
+
+        async def held_report(*args: Any) -> None:
+            reported.set()
+            await release.wait()
+            await report(*args)
+
+        target_moves._report = held_report  # type: ignore[method-assign]
+        client = await WireClient.connect(fleet.entry(owner))
+        control = await client.session()
+        await control.send(
+            Subscribe(
+                tenant_id=TENANT, namespace=NS, stream=STREAM, shard=0,
+                start=StartOffset(offset=0),
+            )
+        )  # fmt: skip
+        subscribed = await control.recv()
+        assert isinstance(subscribed, Subscribed), subscribed
+        events = await client.event_stream(subscribed.subscription_id)
+        await fleet.placer.move(SHARD, target)
+        async with asyncio.timeout(30):
+            await reported.wait()  # the catch-up passes were sent
+        folder = tmp_path / target / "durable"
+        assert any(".incoming" in p.name for p in folder.rglob("*"))  # staged there
+        route = fleet.route(owner)
+        assert route is not None and route.state is AssignmentState.ACTIVE
+        assert route.successor == target
+        # Publishes during the catch-up are served at once (nothing held).
+        other = await WireClient.connect(fleet.entry(owner))
+        try:
+            assert await other.request(publish(b"during", 9000)) == PublishOk(request_id=9000)
+            cancelled = await fleet.placer.cancel(SHARD)
+            assert cancelled.outcome == "cancel"
+            release.set()
+            await eventually(
+                lambda: (
+                    fleet.settled_on(owner)
+                    and (r := fleet.route(owner)) is not None
+                    and r.successor is None
+                ),
+                what="the catch-up dropped",
+            )
+            assert await other.request(publish(b"after", 9001)) == PublishOk(request_id=9001)
+        finally:
+            other.close()
+        # The reader was never ended: it gets everything, then what came after.
+        got: list[bytes] = []
+        while len(got) < len(seeded) + 2:
+            frame = await events.recv(timeout=10)
+            assert isinstance(frame, BATCHES), frame
+            got.extend(frame.payloads)
+        client.close()
+        assert got == [*seeded, b"during", b"after"]
+        moves = fleet.brokers[owner].moves
+        assert moves is not None and SHARD not in moves.stats  # nothing went under a fence
+        # The successor dropped what it had staged.
+        await eventually(
+            lambda: not any(".incoming" in p.name for p in folder.rglob("*")),
+            what="the successor's staging removed",
+        )
