@@ -37,12 +37,19 @@ current assignments):
   ``active`` again when that broker returns; never served empty elsewhere;
 - no live member at all: a new or re-placed shard is ``unavailable/not_assigned``;
 - shards whose stream or cache left the catalog lose their assignment key;
-- a planned move (`Placer.move`, `Placer.drain`): the assignment turns
-  ``moving`` with its ``successor`` (the fence; leader kept). It cuts over
-  (``active``, leader = successor, a new generation) once the successor
-  reports the copy for exactly that generation under
-  ``P/progress/{successor}/moves/...``; it is retaken (``active`` under the old
-  leader) when the successor leaves first, or when cancelled (`Placer.cancel`);
+- a planned move (`Placer.move`, `Placer.drain`) has two phases. The catch-up:
+  the assignment stays ``active`` (leader kept) with its ``successor`` named,
+  while the leader copies the shard to it. The fence: ``moving`` (same leader and
+  successor), once the successor reports that copy under
+  ``P/progress/{successor}/moves/...`` for exactly the catch-up's generation. It
+  cuts over (``active``, leader = successor, a new generation) once the successor
+  reports the copy for exactly the fence's generation. It is dropped (``active``
+  under the old leader, no successor) when the successor leaves first, or when
+  cancelled (`Placer.cancel`: ``cancel`` during the catch-up, ``retake`` after);
+- at most ``max_moves`` copies are in progress at once across the fleet (catching
+  up or fenced; 0: no cap): a drain starts that many, the rest of its shards wait
+  (`Placer.queued`) and start as moves end; `Placer.move` past it is 409
+  ``move_limit``;
 - a broker with a ``P/drains/{node_id}`` key gets nothing new, and every shard
   it leads is moved to the member the rule picks among the others; the key is
   deleted once that broker leaves;

@@ -1,9 +1,11 @@
 """Planned moves on the broker side: holding writes, ending readers, copying a shard.
 
-The control plane's placer drives a move in etcd (felix_controlplane/placement.py):
-the assignment turns ``moving`` with a ``successor`` (the fence), the successor
-reports the copy under ``P/progress/{successor}/moves/...`` (its own lease), and
-the placer cuts over (``active``, leader = successor, a new generation). Here:
+The control plane's placer drives a move in etcd (felix_controlplane/placement.py)
+in two phases: the catch-up (the assignment ``active`` with a ``successor`` named:
+the old leader still serves it and copies it meanwhile), then the fence
+(``moving``) once the successor reported the catch-up under
+``P/progress/{successor}/moves/...`` (its own lease), and the cut-over (``active``,
+leader = successor, a new generation) once it reported the installed copy. Here:
 
 - **Holding** (`MoveHold`): a write (publish, cache or counter op, group request,
   publish_if, commit) for a shard whose assignment is ``moving`` or ``draining``
@@ -20,18 +22,29 @@ the placer cuts over (``active``, leader = successor, a new generation). Here:
   FEATURE_SHARD_MOVED; others see their stream end). ``node_id``/``addr`` name the
   successor during a move, the leader after; none for a lapsed lease (the client
   finds the shard again).
-- **Copying** (old leader): once fenced it lets the publishes already admitted
-  land, waits (bounded) for its readers to end, closes the shard's storage (stream
-  log, group log with cursors and dead letters, or cache log; producer state and
-  commit state live in the stream log's batch marks) and sends every file of it to
-  the successor over the peer channel (`move_chunk`, then `move_done`). An in-memory
+- **Catching up** (old leader, while it still takes writes): bounded passes over
+  the shard's files, each sending (`move_chunk` at the catch-up's generation) what
+  the successor lacks: a log segment (append-only while its log is open) from where
+  the last pass stopped, a file replaced (another inode) or shorter from its start.
+  A pass that sent at most `catchup_bytes` is the last (or after `catchup_passes`);
+  then `move_caught_up`, and the successor reports it, which brings the fence.
+- **Copying the last delta** (old leader): once fenced it lets the publishes already
+  admitted land, waits (bounded) for its readers to end, closes the shard's storage
+  (stream log, group log with cursors and dead letters, or cache log; producer state
+  and commit state live in the stream log's batch marks), sends what changed since
+  the last pass (segments from where they stopped, every other file whole) and
+  `move_final` listing every file with its size. Any failure sends it all again.
+  `MoveService.stats` keeps what went before and under the fence. An in-memory
   shard sends no file (it resumes at the new tail).
-- **Installing** (successor): chunks are staged beside the shard's folders; at
-  `move_done` the successor closes whatever it had of the shard, replaces the
-  folders with the staged copy and reports ``MoveCopied {generation}`` in etcd. A
-  chunk or done for another generation, a sender that is not the shard's leader, or
-  a shard not moving to this broker is refused (nothing is installed). The rename
-  into place is followed by an fsync of the parent folder, before the report.
+- **Installing** (successor): chunks are staged beside the shard's folders and
+  carried from the catch-up on to the fence (same sender); at `move_final` the
+  successor drops staged files the list lacks, refuses unless every listed file
+  holds exactly its size, closes whatever it had of the shard, replaces the folders
+  with the staged copy and reports ``MoveCopied {generation}`` in etcd. A piece for
+  another generation, a sender that is not the shard's leader, or a shard not
+  moving to this broker is refused (nothing is installed). The rename into place
+  is followed by an fsync of the parent folder, before the report. A move dropped
+  before its cut-over (cancelled, retaken) drops what was staged.
 - **Discarding** (old leader): once the assignment cuts over to the successor, the
   old leader closes and removes its own copy of the shard (never served again; a
   later move back brings a fresh copy).
