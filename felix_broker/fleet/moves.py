@@ -489,6 +489,7 @@ class MoveService:
                     total += sent
                     if sent <= self._catchup_bytes:
                         break
+                outgoing.passes, outgoing.precopied = passes, total
                 caught_up = MoveCaughtUp(
                     request_id=outgoing.next_id(),
                     passes=passes,
@@ -503,7 +504,6 @@ class MoveService:
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
                 continue
-            outgoing.passes, outgoing.precopied = passes, total
             _log.info(
                 "caught up %s on %s: %d pass(es), %d bytes; asking for the fence",
                 shard,
