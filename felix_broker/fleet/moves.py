@@ -856,20 +856,16 @@ class MoveService:
         for area, _name in wanted:
             if area not in _areas(shard):
                 raise _Refused(f"no storage area {area!r} for a {shard.kind.value}")
-        extra = set(staged.files) - set(wanted)  # gone at the sender (retention)
-        if extra:
-
-            def unstage() -> None:
-                for area, name in extra:
-                    (self._staging(shard, area) / name).unlink(missing_ok=True)  # type: ignore[arg-type]
-
-            await asyncio.to_thread(unstage)
-            for key in extra:
-                del staged.files[key]
-        if staged.files != wanted:
+        if self._storage.root is None or not self._storage.durable(shard):
+            on_disk: dict[tuple[str, str], int] = {}
+        else:
+            on_disk = await asyncio.to_thread(self._match_staging, shard, wanted)
+        for key in set(staged.files) - set(wanted):  # gone at the sender (retention)
+            del staged.files[key]
+        if on_disk != wanted or (wanted and staged.files != wanted):
             self._staged.pop(shard, None)
             raise _Refused(
-                f"the staged copy of {shard.name} is not the sender's ({len(staged.files)} "
+                f"the staged copy of {shard.name} is not the sender's ({len(on_disk)} "
                 f"file(s) staged, {len(wanted)} listed, or sizes differ)"
             )
         await self._install(
@@ -882,6 +878,24 @@ class MoveService:
             ),
             sender,
         )
+
+    def _match_staging(
+        self, shard: ShardId, wanted: dict[tuple[str, str], int]
+    ) -> dict[tuple[str, str], int]:
+        """Remove staged files `wanted` does not list; the (area, name) -> size of the
+        staged files that remain, as the disk has them."""
+        found: dict[tuple[str, str], int] = {}
+        for area in _areas(shard):
+            folder = self._staging(shard, area)
+            if not folder.is_dir():
+                continue
+            for path in folder.iterdir():
+                key = (area, path.name)
+                if key not in wanted:
+                    path.unlink()
+                    continue
+                found[key] = path.stat().st_size
+        return found
 
     async def _install(self, shard: ShardId, done: MoveDone, sender: str) -> None:
         staged = self._adopt(shard, done.generation, sender) or _Staged(sender, done.generation, {})

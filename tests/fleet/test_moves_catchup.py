@@ -361,3 +361,39 @@ async def test_a_move_cancelled_during_its_catch_up_holds_nothing_and_ends_no_re
             lambda: not any(".incoming" in p.name for p in folder.rglob("*")),
             what="the successor's staging removed",
         )
+
+
+async def test_a_staged_copy_that_lost_a_file_is_sent_again_whole_under_the_fence(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    async with moving_fleet(tmp_path, etcd_server) as fleet:
+        owner = fleet.leader()
+        target = next(n for n in NODES if n != owner)
+        seeded = await seed(fleet, owner, 2)
+        target_moves = fleet.brokers[target].moves
+        assert target_moves is not None
+        report = target_moves._report
+        lost: list[Path] = []
+
+        async def losing_report(*args: Any) -> None:
+            if not lost:  # the catch-up's report: a staged segment goes missing
+                staged = [
+                    p
+                    for p in (tmp_path / target / "durable").rglob("*.log")
+                    if ".incoming" in p.parent.name
+                ]
+                victim = max(staged, key=lambda p: p.stat().st_size)
+                victim.unlink()
+                lost.append(victim)
+            await report(*args)
+
+        target_moves._report = losing_report  # type: ignore[method-assign]
+        await fleet.placer.move(SHARD, target)
+        await eventually(lambda: fleet.settled_on(target), within=60, what="the cut-over")
+        assert lost
+        log = await read_all(fleet.entry(target), 0, len(seeded))
+        assert [p for _, p in log] == seeded
+        moves = fleet.brokers[owner].moves
+        assert moves is not None
+        # The final delta did not match what the successor held: all of it went again.
+        assert moves.stats[SHARD].fenced_bytes >= 2 * 1024 * 1024
