@@ -742,7 +742,11 @@ class Placer:
             raise MoveError(409, "conflict", f"{_shard_text(shard)} has no leader to fence")
         if record.state == MOVING and record.successor == record.leader:
             return record.leader, held.mod_revision  # fenced already
-        if record.state != _ACTIVE or catching_up(record):
+        if catching_up(record):
+            raise MoveError(
+                409, "already_moving", f"{_shard_text(shard)} is moving to {record.successor}"
+            )
+        if record.state != _ACTIVE:
             raise MoveError(409, "conflict", f"{_shard_text(shard)} is {record.state}")
         fenced = Assignment(
             state=MOVING, leader=record.leader, replicas=record.replicas, successor=record.leader
