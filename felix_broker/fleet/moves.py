@@ -114,6 +114,7 @@ _SETTLE_S = 5.0  # admitted publishes landing
 _READERS_S = 2.0  # readers writing what was queued, then shard_moved
 _COPY_ATTEMPTS = 5
 _ROUTE_WAIT_S = 5.0  # a successor waiting for its watch to show the fence
+_TAIL_BYTES = 4096  # the end of what was sent of a file, compared before its next delta
 
 # Set while a held request is dispatched again: it is not held a second time.
 _redispatched: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -209,6 +210,16 @@ class ShardStorage(Protocol):
 Report = Callable[[ShardId, MoveCopied], Awaitable[None]]
 
 
+def _ends_with(path: Path, size: int, tail: bytes) -> bool:
+    """Whether `path`'s bytes just below `size` are still `tail`."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(size - len(tail))
+            return handle.read(len(tail)) == tail
+    except OSError:
+        return False
+
+
 def _fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -280,10 +291,13 @@ class _Staged:
 
 @dataclass(frozen=True, slots=True)
 class _Held:
-    """What the successor holds of one file: the sender's inode and how many bytes."""
+    """What the successor holds of one file: the sender's inode, how many bytes, and
+    the last of them (checked again before a delta: a log truncated and written anew
+    below that point, after a failed write, is sent again whole)."""
 
     inode: int
     size: int
+    tail: bytes
 
 
 @dataclass
@@ -651,14 +665,22 @@ class MoveService:
             listed.append(MoveFile(area=area, path=path.name, size=size))
             held = outgoing.sent.get(key)
             append_only = path.suffix == ".log" or not final
-            if held is not None and held.inode == inode and held.size <= size and append_only:
+            start = 0
+            delta = held is not None and held.inode == inode and held.size <= size
+            if (
+                held is not None
+                and delta
+                and append_only
+                and await asyncio.to_thread(_ends_with, path, held.size, held.tail)
+            ):
                 start = held.size
                 if start == size:
                     continue
-            else:
-                start = 0
-            await self._send_file(shard, generation, successor, outgoing, area, path, start, size)
-            outgoing.sent[key] = _Held(inode, size)
+            prefix = held.tail if held is not None and start else b""
+            tail = await self._send_file(
+                shard, generation, successor, outgoing, area, path, start, size
+            )
+            outgoing.sent[key] = _Held(inode, size, (prefix + tail)[-_TAIL_BYTES:])
             sent += size - start
         return sent, listed
 
@@ -672,9 +694,11 @@ class MoveService:
         path: Path,
         start: int,
         end: int,
-    ) -> None:
-        """Send bytes [start, end) of `path` (a file of size 0: one empty chunk)."""
+    ) -> bytes:
+        """Send bytes [start, end) of `path` (a file of size 0: one empty chunk);
+        returns the last `_TAIL_BYTES` of them."""
         position = start
+        tail = b""
         with path.open("rb") as handle:
             handle.seek(start)
             while True:
@@ -691,8 +715,9 @@ class MoveService:
                 )
                 await self._exchange(successor, chunk, MoveChunkOk)
                 position += len(data)
+                tail = (tail + data)[-_TAIL_BYTES:]
                 if position >= end:
-                    return
+                    return tail
 
     async def _exchange(self, successor: Member, message: PeerMessage, ok: type) -> None:
         answer = await self._dialer.request(successor.node_id, successor.peer_addr, message)
