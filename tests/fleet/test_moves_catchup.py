@@ -11,7 +11,10 @@ joined through etcd, the mutual-TLS peer channel):
   the others listed queued by GET /v1/fleet/moves until a slot frees;
 - a move cancelled after its readers were ended with shard_moved: the readers that
   follow shard_moved to the named successor are pointed back to the old owner
-  (not_leader at the retake's generation) and resume there with nothing missed.
+  (not_leader at the retake's generation) and resume there with nothing missed;
+  cancelled during its catch-up, nothing is held and no reader is ended;
+- a staged copy that lost a file between the catch-up and the fence does not match
+  the old leader's file list: the whole shard is sent again, nothing is lost.
 """
 
 from __future__ import annotations
