@@ -451,7 +451,14 @@ class Broker:
         from felix_broker.fleet.moves import MoveService
         from felix_broker.fleet.owner import OwnerService
         from felix_broker.fleet.peer import PeerListener, PeerTable
-        from felix_wire.fleet import ForwardCacheOp, ForwardPublish, MoveChunk, MoveDone
+        from felix_wire.fleet import (
+            ForwardCacheOp,
+            ForwardPublish,
+            MoveCaughtUp,
+            MoveChunk,
+            MoveDone,
+            MoveFinal,
+        )
 
         fleet, config = self.fleet, self.config
         assert fleet is not None and self._verifier is not None
@@ -473,6 +480,8 @@ class Broker:
             dialer=self.peer_dialer,
             storage=self._move_storage(),
             report=self._report_move,
+            catchup_bytes=config.shard_move_catchup_bytes,
+            catchup_passes=config.shard_move_catchup_passes,
         )
         fleet.view.add_listener(self.moves.on_change)
         if self.cluster_placement is not None:
@@ -482,6 +491,8 @@ class Broker:
         table.register(ForwardCacheOp, owner.handle)
         table.register(MoveChunk, self.moves.handle)
         table.register(MoveDone, self.moves.handle)
+        table.register(MoveCaughtUp, self.moves.handle)
+        table.register(MoveFinal, self.moves.handle)
         from felix_broker.replication.core import Config as ReplicationConfig
         from felix_broker.replication.manager import ReplicationManager
 

@@ -742,6 +742,25 @@ class BrokerConfig:
         doc="How many writes this broker holds at once for shards in a move; one more is "
         "refused shard_unavailable/moving at once.",
     )
+    shard_move_catchup_bytes: int = _int(
+        1 << 20,
+        "FELIX_SHARD_MOVE_CATCHUP_BYTES",
+        minimum=0,
+        maximum=1 << 40,
+        doc="A moving shard is first copied to its successor while its old leader still "
+        "takes writes, in passes that each send what was appended since the previous one; "
+        "a pass that sent at most this many bytes is the last, then writes are held (the "
+        "fence) and only the remaining delta is sent.",
+    )
+    shard_move_catchup_passes: int = _int(
+        8,
+        "FELIX_SHARD_MOVE_CATCHUP_PASSES",
+        minimum=0,
+        maximum=1000,
+        doc="At most this many catch-up passes before the fence, even if writes outpace "
+        "them (the hold then covers a larger last delta); 0 fences at once and copies the "
+        "whole shard under the fence.",
+    )
     shutdown_handoff_timeout_ms: int = _int(
         30000,
         "FELIX_SHUTDOWN_HANDOFF_TIMEOUT_MS",

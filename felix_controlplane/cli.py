@@ -29,6 +29,7 @@ from pathlib import Path
 from felix_common.etcd import parse_endpoints
 from felix_common.files import create_file_once, replace_file
 from felix_controlplane.api import ControlPlane, Settings
+from felix_controlplane.fleet_api import DEFAULT_MAX_MOVES
 from felix_controlplane.http import HttpServer
 from felix_controlplane.store import DEFAULT_MAX_CHANGES, SqliteStore, Store
 from felix_transport import __version__
@@ -162,6 +163,16 @@ def build_parser() -> argparse.ArgumentParser:
         "(default: %(default)s)",
     )
     parser.add_argument(
+        "--max-moves",
+        type=int,
+        default=None,
+        metavar="N",
+        help="at most this many shard copies in progress at once across the fleet (moves "
+        "and drains; 0: no cap); a drain's other shards wait, listed as queued in "
+        "GET /v1/fleet/moves (default: $FELIX_CONTROLPLANE_MAX_MOVES, else "
+        f"{DEFAULT_MAX_MOVES})",
+    )
+    parser.add_argument(
         "--token-ttl",
         type=int,
         default=900,
@@ -213,6 +224,14 @@ def parse_args(argv: Sequence[str] | None = None) -> argparse.Namespace:
         parser.error("--etcd-prefix must start with '/' and not end with it")
     if args.placer_lease_ttl < 1:
         parser.error("--placer-lease-ttl must be at least 1")
+    if args.max_moves is None:
+        text = os.environ.get("FELIX_CONTROLPLANE_MAX_MOVES", "")
+        try:
+            args.max_moves = int(text) if text else DEFAULT_MAX_MOVES
+        except ValueError:
+            parser.error(f"FELIX_CONTROLPLANE_MAX_MOVES must be a whole number, got {text!r}")
+    if args.max_moves < 0:
+        parser.error("--max-moves must be 0 (no cap) or more")
     try:
         loopback = ipaddress.ip_address(args.admin_bind[0]).is_loopback
     except ValueError:
@@ -329,6 +348,7 @@ async def run(args: argparse.Namespace, stop: asyncio.Event) -> None:
             holder_id=args.placer_id,
             store=store,
             lease_ttl_s=args.placer_lease_ttl,
+            max_moves=args.max_moves,
         )
         placement.start()
         plane.placer = placement.placer  # the admin listener's fleet commands

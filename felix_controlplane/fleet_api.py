@@ -6,11 +6,21 @@ Loopback only and behind the bootstrap secret, like the rest of the admin listen
 
 - ``POST /v1/fleet/moves`` ``{"kind": "stream"|"cache", "tenant", "namespace",
   "name", "shard", "to"}``: move one shard to the broker ``to``. 202
-  ``{"generation"}`` (the fence's); the cut-over follows once ``to`` holds the copy.
-- ``GET /v1/fleet/moves``: the moves and fences in progress, as etcd has them.
+  ``{"generation"}`` (the catch-up's: the old leader copies the shard while it still
+  takes writes; the fence follows once ``to`` holds that copy, the cut-over once it
+  holds the last delta). 409 ``already_moving``, or ``move_limit`` when ``max_moves``
+  copies are in progress (``felix-controlplane --max-moves``).
+- ``GET /v1/fleet/moves``: ``{"items", "queued", "max_moves"}``: the moves and fences
+  in progress, as etcd has them (``phase`` ``catching_up``: copied while its leader
+  still takes writes; ``fenced``: writes held for the last delta; ``fence``: a fence
+  without a successor), and the shards a drain will move that wait for one of the
+  ``max_moves`` slots (``felix-controlplane --max-moves``), each with its ``leader``.
 - ``DELETE /v1/fleet/moves/{kind}/{tenant}/{namespace}/{name}/{shard}``: cancel a
-  move before its cut-over (the old leader serves again, at a new generation);
-  409 when the shard is not moving (cut over already, or never moved).
+  move before its cut-over (the old leader serves again, at a new generation):
+  200 ``{"generation", "outcome"}``, ``cancel`` during the catch-up (nothing was
+  held), ``retake`` after the fence (readers ended with shard_moved are sent back
+  to the old leader by ``not_leader``); 409 when the shard is not moving (cut over
+  already, or never moved).
 - ``POST /v1/fleet/fences`` ``{"kind", "tenant", "namespace", "name", "shard"}``:
   fence a shard as a move does, with no successor (writes held then refused,
   readers ended) until cancelled with the DELETE above. 200 ``{"node_id",
@@ -38,7 +48,10 @@ from felix_controlplane.model import ApiError
 if TYPE_CHECKING:
     from felix_controlplane.placement import Placer
 
-__all__ = ["FleetApi", "MoveError"]
+__all__ = ["DEFAULT_MAX_MOVES", "FleetApi", "MoveError"]
+
+# At most this many shard copies in progress at once (felix-controlplane --max-moves).
+DEFAULT_MAX_MOVES = 2
 
 _NAME = r"([A-Za-z0-9_.-]{1,128})"
 SHARD_PATH = rf"(stream|cache)/{_NAME}/{_NAME}/{_NAME}/([0-9]{{1,9}})"
@@ -88,6 +101,12 @@ def _shard_json(shard: ShardId) -> dict[str, Any]:
     }
 
 
+def _phase(state: object, leader: str | None, successor: str | None) -> str:
+    if successor is not None and successor == leader:
+        return "fence"
+    return "catching_up" if str(state) == "active" else "fenced"
+
+
 class FleetApi:
     """Route handlers over the placer this instance runs (None: no placer here)."""
 
@@ -126,23 +145,27 @@ class FleetApi:
         return Response(202, {"generation": generation})
 
     async def moves(self, request: Request, g: dict[str, str]) -> Response:
-        moving = await self._call(self._holder().moves())
+        placer = self._holder()
+        moving = await self._call(placer.moves())
+        queued = await self._call(placer.queued())
         items = [
             {
                 **_shard_json(shard),
                 "state": str(held.record.state),
+                "phase": _phase(held.record.state, held.record.leader, held.record.successor),
                 "leader": held.record.leader,
                 "successor": held.record.successor,
                 "generation": held.mod_revision,
             }
             for shard, held in sorted(moving.items())
         ]
-        return Response(200, {"items": items})
+        waiting = [{**_shard_json(shard), "leader": leader} for shard, leader in queued]
+        return Response(200, {"items": items, "queued": waiting, "max_moves": placer.max_moves})
 
     async def cancel(self, request: Request, g: dict[str, str]) -> Response:
         shard = ShardId(ShardKind(g["0"]), g["1"], g["2"], g["3"], int(g["4"]))
-        generation = await self._call(self._holder().cancel(shard))
-        return Response(200, {"generation": generation})
+        cancelled = await self._call(self._holder().cancel(shard))
+        return Response(200, {"generation": cancelled.generation, "outcome": cancelled.outcome})
 
     async def fence(self, request: Request, g: dict[str, str]) -> Response:
         shard = _shard(_json(request))

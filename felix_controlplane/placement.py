@@ -37,12 +37,19 @@ current assignments):
   ``active`` again when that broker returns; never served empty elsewhere;
 - no live member at all: a new or re-placed shard is ``unavailable/not_assigned``;
 - shards whose stream or cache left the catalog lose their assignment key;
-- a planned move (`Placer.move`, `Placer.drain`): the assignment turns
-  ``moving`` with its ``successor`` (the fence; leader kept). It cuts over
-  (``active``, leader = successor, a new generation) once the successor
-  reports the copy for exactly that generation under
-  ``P/progress/{successor}/moves/...``; it is retaken (``active`` under the old
-  leader) when the successor leaves first, or when cancelled (`Placer.cancel`);
+- a planned move (`Placer.move`, `Placer.drain`) has two phases. The catch-up:
+  the assignment stays ``active`` (leader kept) with its ``successor`` named,
+  while the leader copies the shard to it. The fence: ``moving`` (same leader and
+  successor), once the successor reports that copy under
+  ``P/progress/{successor}/moves/...`` for exactly the catch-up's generation. It
+  cuts over (``active``, leader = successor, a new generation) once the successor
+  reports the copy for exactly the fence's generation. It is dropped (``active``
+  under the old leader, no successor) when the successor leaves first, or when
+  cancelled (`Placer.cancel`: ``cancel`` during the catch-up, ``retake`` after);
+- at most ``max_moves`` copies are in progress at once across the fleet (catching
+  up or fenced; 0: no cap): a drain starts that many, the rest of its shards wait
+  (`Placer.queued`) and start as moves end; `Placer.move` past it is 409
+  ``move_limit``;
 - a broker with a ``P/drains/{node_id}`` key gets nothing new, and every shard
   it leads is moved to the member the rule picks among the others; the key is
   deleted once that broker leaves;
@@ -95,11 +102,13 @@ from felix_common.fleet import (
     decode_promotion_refusal,
     encode_record,
 )
-from felix_controlplane.fleet_api import MoveError
+from felix_controlplane.fleet_api import DEFAULT_MAX_MOVES, MoveError
 from felix_controlplane.store import Snapshot
 from felix_wire.errors import DETAIL_REASONS, ErrorCode
 
 __all__ = [
+    "DEFAULT_MAX_MOVES",
+    "Cancelled",
     "Held",
     "MoveError",
     "Placement",
@@ -145,6 +154,15 @@ class ShardSpec:
 
 
 @dataclass(frozen=True, slots=True)
+class Cancelled:
+    """A cancelled move: the generation the old leader serves at again, and whether
+    the move was cancelled before its fence (``cancel``) or after (``retake``)."""
+
+    generation: int
+    outcome: str
+
+
+@dataclass(frozen=True, slots=True)
 class Held:
     """An assignment as etcd has it: the record and its key's mod_revision."""
 
@@ -182,12 +200,16 @@ def plan(
     draining: Iterable[str] = (),
     copied: Mapping[tuple[str, ShardId], int] | None = None,
     refused: Mapping[tuple[str, ShardId], PromotionRefusal] | None = None,
+    max_moves: int = 0,
 ) -> list[Write]:
     """The writes that bring `current` to the placement rule (module docs).
     `draining`: brokers being drained; `copied`: (successor, shard) -> the
     generation its reported copy was made for; `refused`: (replica, shard) -> the
-    promotion that replica refused (a replica ahead of it)."""
+    promotion that replica refused (a replica ahead of it); `max_moves`: at most
+    this many copies in progress at once across the fleet (0: no cap); a drained
+    broker's other shards wait (queued) until one ends."""
     refusals = refused or {}
+    in_progress = sum(1 for held in current.values() if copying(held.record))
     alive = set(live)
     drained = set(draining) & alive
     members = sorted(alive - drained)  # who may take shards
@@ -224,7 +246,7 @@ def plan(
             place(shard, 0)
             continue
         record = held.record
-        if record.state in _IN_A_MOVE:
+        if record.state in _IN_A_MOVE or (catching_up(record) and record.leader in alive):
             step = _move_step(shard, held, alive, copies)
             if step is not None:
                 writes.append(step)
@@ -250,12 +272,12 @@ def plan(
                     )
                 continue
             if record.state == _ACTIVE and members:
+                if max_moves and in_progress >= max_moves:
+                    continue  # queued: it starts once a move in progress ends
+                in_progress += 1
                 successor = _pick(shard, members, load, cap)
                 load[successor] += 1
-                moving = Assignment(
-                    state=MOVING, leader=record.leader, replicas=[], successor=successor
-                )
-                writes.append(Write(shard, moving, held.mod_revision))
+                writes.append(Write(shard, _catch_up(record.leader, successor), held.mod_revision))
             elif record.state == _UNAVAILABLE:
                 writes.append(Write(shard, _record(_ACTIVE, record.leader), held.mod_revision))
             continue
@@ -312,11 +334,38 @@ def plan(
     return writes
 
 
+def catching_up(record: Assignment) -> bool:
+    """A move's first phase: served by its leader (``active``) while the leader copies
+    it to the named successor."""
+    return (
+        record.state == _ACTIVE
+        and record.successor is not None
+        and record.leader is not None
+        and record.successor != record.leader
+    )
+
+
+def copying(record: Assignment) -> bool:
+    """A move in progress that copies a shard (catching up or fenced); not a fence."""
+    if catching_up(record):
+        return True
+    return (
+        record.state in _IN_A_MOVE
+        and record.successor is not None
+        and record.successor != record.leader
+    )
+
+
+def _catch_up(leader: str, successor: str) -> Assignment:
+    return Assignment(state=_ACTIVE, leader=leader, replicas=[], successor=successor)
+
+
 def _move_step(
     shard: ShardId, held: Held, alive: set[str], copied: Mapping[tuple[str, ShardId], int]
 ) -> Write | None:
-    """The next step of a move in progress: cut over once the successor holds the
-    copy made for this very generation; retake when the successor left."""
+    """The next step of a move in progress: a catch-up is fenced once the successor
+    holds what it copied (for this very generation); a fence cuts over once the
+    successor holds the copy made for its generation; retake when the successor left."""
     record = held.record
     successor, leader = record.successor, record.leader
     if successor is None or leader is None:
@@ -329,9 +378,12 @@ def _move_step(
             return Write(shard, _record(_ACTIVE, leader, replicas=kept), held.mod_revision)
         gone = _record(_UNAVAILABLE, leader, OWNER_UNAVAILABLE, replicas=kept)
         return Write(shard, gone, held.mod_revision)
-    if copied.get((successor, shard)) == held.mod_revision:
-        return Write(shard, _record(_ACTIVE, successor), held.mod_revision)
-    return None
+    if copied.get((successor, shard)) != held.mod_revision:
+        return None
+    if catching_up(record):
+        fenced = Assignment(state=MOVING, leader=leader, replicas=[], successor=successor)
+        return Write(shard, fenced, held.mod_revision)
+    return Write(shard, _record(_ACTIVE, successor), held.mod_revision)
 
 
 def _handoff(spec: ShardSpec, record: Assignment, members: Sequence[str]) -> str | None:
@@ -395,9 +447,13 @@ class Placer:
         *,
         lease_ttl_s: int = 10,
         interval_s: float = 1.0,
+        max_moves: int = DEFAULT_MAX_MOVES,
     ) -> None:
         if lease_ttl_s < 1:
             raise ValueError("the placer lease TTL must be at least 1 s")
+        if max_moves < 0:
+            raise ValueError("max_moves must be 0 (no cap) or more")
+        self.max_moves = max_moves
         self._client = client
         self._keys = keys
         self.holder_id = holder_id
@@ -569,7 +625,15 @@ class Placer:
         for node, revision in draining.items():
             if revision and node not in members:  # a drained broker left: its next start is welcome
                 await self._delete_if(keys.drain(node), revision)
-        writes = plan(specs, members, current, draining=draining, copied=copied, refused=refused)
+        writes = plan(
+            specs,
+            members,
+            current,
+            draining=draining,
+            copied=copied,
+            refused=refused,
+            max_moves=self.max_moves,
+        )
         for write in writes:
             if not await self._write(write):
                 # Planned from a stale view (or placement lost): read again.
@@ -614,7 +678,7 @@ class Placer:
         for kv in kvs:
             try:
                 record = decode_assignment(kv.value)
-                if record.state in _IN_A_MOVE:
+                if record.state in _IN_A_MOVE or catching_up(record):
                     out[self._keys.shard_of(kv.key)] = Held(record, kv.mod_revision)
             except RecordError as exc:
                 _log.warning("placer: ignoring %s: %s", kv.key, exc)
@@ -646,8 +710,24 @@ class Placer:
                 )
             promoted = _record(_ACTIVE, to, replicas=record.replicas)
             return await self._step(Write(shard, promoted, held.mod_revision))
-        moving = Assignment(state=MOVING, leader=record.leader, replicas=[], successor=to)
-        return await self._step(Write(shard, moving, held.mod_revision))
+        if record.successor is not None:
+            raise MoveError(
+                409,
+                "already_moving",
+                f"{_shard_text(shard)} is moving to {record.successor} already",
+            )
+        if self.max_moves:
+            busy = sum(1 for held in (await self._assignments()).values() if copying(held.record))
+            if busy >= self.max_moves:
+                raise MoveError(
+                    409,
+                    "move_limit",
+                    f"{busy} move(s) in progress, at the limit of {self.max_moves}: try again "
+                    "once one ends",
+                )
+        # The catch-up: its leader copies it to `to` while still serving it; the fence
+        # (moving) follows once `to` reports the copy, the cut-over once it holds the rest.
+        return await self._step(Write(shard, _catch_up(record.leader, to), held.mod_revision))
 
     async def _replicated(self, shard: ShardId) -> bool:
         return any(spec.shard == shard and spec.replicated for spec in await self._catalog())
@@ -662,6 +742,10 @@ class Placer:
             raise MoveError(409, "conflict", f"{_shard_text(shard)} has no leader to fence")
         if record.state == MOVING and record.successor == record.leader:
             return record.leader, held.mod_revision  # fenced already
+        if catching_up(record):
+            raise MoveError(
+                409, "already_moving", f"{_shard_text(shard)} is moving to {record.successor}"
+            )
         if record.state != _ACTIVE:
             raise MoveError(409, "conflict", f"{_shard_text(shard)} is {record.state}")
         fenced = Assignment(
@@ -669,19 +753,23 @@ class Placer:
         )
         return record.leader, await self._step(Write(shard, fenced, held.mod_revision))
 
-    async def cancel(self, shard: ShardId) -> int:
+    async def cancel(self, shard: ShardId) -> Cancelled:
         """Cancel the move (or fence) of `shard` before its cut-over: the old leader
-        serves it again at a new generation. 409 when no move is in progress (never
-        started, or cut over already)."""
+        serves it again at a new generation, without a successor. ``cancel`` during
+        the catch-up (nothing was held, no reader ended), ``retake`` after the fence
+        (held writes go to the old leader, and readers ended with shard_moved are
+        answered not_leader naming it by the successor). 409 when no move is in
+        progress (never started, or cut over already)."""
         self._require_holding()
         held = await self._held(shard)
         record = held.record
-        if record.state not in _IN_A_MOVE or record.leader is None:
+        if (record.state not in _IN_A_MOVE and not catching_up(record)) or record.leader is None:
             raise MoveError(
                 409, "conflict", f"{_shard_text(shard)} is not moving (cut over, or never moved)"
             )
+        outcome = "cancel" if catching_up(record) else "retake"
         back = _record(_ACTIVE, record.leader, replicas=record.replicas)
-        return await self._step(Write(shard, back, held.mod_revision))
+        return Cancelled(await self._step(Write(shard, back, held.mod_revision)), outcome)
 
     async def drain(self, node_id: str, requested_by: str) -> list[tuple[ShardId, str]]:
         """Move every shard `node_id` leads elsewhere, and place nothing new on it.
@@ -725,6 +813,29 @@ class Placer:
             with contextlib.suppress(RecordError):
                 record = decode_assignment(kv.value)
                 out[self._keys.shard_of(kv.key)] = Held(record, kv.mod_revision)
+        return out
+
+    async def queued(self) -> list[tuple[ShardId, str]]:
+        """The shards a drain will move that wait for a free move slot (`max_moves`):
+        (shard, its leader), in the order the placer takes them."""
+        _, kvs = await self._client.get_prefix(self._keys.drains)
+        drained: set[str] = set()
+        for kv in kvs:
+            with contextlib.suppress(RecordError):
+                drained.add(self._keys.drained_node_of(kv.key))
+        if not drained:
+            return []
+        replicated = {spec.shard for spec in await self._catalog() if spec.replicated}
+        out: list[tuple[ShardId, str]] = []
+        for shard, held in sorted((await self._assignments()).items()):
+            record = held.record
+            if (
+                record.leader in drained
+                and record.state == _ACTIVE
+                and record.successor is None
+                and not (shard in replicated and record.replicas)
+            ):
+                out.append((shard, record.leader))
         return out
 
     async def undrain(self, node_id: str) -> bool:
@@ -846,6 +957,7 @@ class Placement:
         store: _CatalogStore,
         lease_ttl_s: int = 10,
         interval_s: float = 1.0,
+        max_moves: int = DEFAULT_MAX_MOVES,
     ) -> None:
         self.client = EtcdClient(endpoints, timeout_s=max(0.5, lease_ttl_s / 3))
         self.placer = Placer(
@@ -855,6 +967,7 @@ class Placement:
             store_catalog(store),
             lease_ttl_s=lease_ttl_s,
             interval_s=interval_s,
+            max_moves=max_moves,
         )
         self._task: asyncio.Task[None] | None = None
 

@@ -1,9 +1,11 @@
 """Planned moves on the broker side: holding writes, ending readers, copying a shard.
 
-The control plane's placer drives a move in etcd (felix_controlplane/placement.py):
-the assignment turns ``moving`` with a ``successor`` (the fence), the successor
-reports the copy under ``P/progress/{successor}/moves/...`` (its own lease), and
-the placer cuts over (``active``, leader = successor, a new generation). Here:
+The control plane's placer drives a move in etcd (felix_controlplane/placement.py)
+in two phases: the catch-up (the assignment ``active`` with a ``successor`` named:
+the old leader still serves it and copies it meanwhile), then the fence
+(``moving``) once the successor reported the catch-up under
+``P/progress/{successor}/moves/...`` (its own lease), and the cut-over (``active``,
+leader = successor, a new generation) once it reported the installed copy. Here:
 
 - **Holding** (`MoveHold`): a write (publish, cache or counter op, group request,
   publish_if, commit) for a shard whose assignment is ``moving`` or ``draining``
@@ -20,18 +22,29 @@ the placer cuts over (``active``, leader = successor, a new generation). Here:
   FEATURE_SHARD_MOVED; others see their stream end). ``node_id``/``addr`` name the
   successor during a move, the leader after; none for a lapsed lease (the client
   finds the shard again).
-- **Copying** (old leader): once fenced it lets the publishes already admitted
-  land, waits (bounded) for its readers to end, closes the shard's storage (stream
-  log, group log with cursors and dead letters, or cache log; producer state and
-  commit state live in the stream log's batch marks) and sends every file of it to
-  the successor over the peer channel (`move_chunk`, then `move_done`). An in-memory
+- **Catching up** (old leader, while it still takes writes): bounded passes over
+  the shard's files, each sending (`move_chunk` at the catch-up's generation) what
+  the successor lacks: a log segment (append-only while its log is open) from where
+  the last pass stopped, a file replaced (another inode) or shorter from its start.
+  A pass that sent at most `catchup_bytes` is the last (or after `catchup_passes`);
+  then `move_caught_up`, and the successor reports it, which brings the fence.
+- **Copying the last delta** (old leader): once fenced it lets the publishes already
+  admitted land, waits (bounded) for its readers to end, closes the shard's storage
+  (stream log, group log with cursors and dead letters, or cache log; producer state
+  and commit state live in the stream log's batch marks), sends what changed since
+  the last pass (segments from where they stopped, every other file whole) and
+  `move_final` listing every file with its size. Any failure sends it all again.
+  `MoveService.stats` keeps what went before and under the fence. An in-memory
   shard sends no file (it resumes at the new tail).
-- **Installing** (successor): chunks are staged beside the shard's folders; at
-  `move_done` the successor closes whatever it had of the shard, replaces the
-  folders with the staged copy and reports ``MoveCopied {generation}`` in etcd. A
-  chunk or done for another generation, a sender that is not the shard's leader, or
-  a shard not moving to this broker is refused (nothing is installed). The rename
-  into place is followed by an fsync of the parent folder, before the report.
+- **Installing** (successor): chunks are staged beside the shard's folders and
+  carried from the catch-up on to the fence (same sender); at `move_final` the
+  successor drops staged files the list lacks, refuses unless every listed file
+  holds exactly its size, closes whatever it had of the shard, replaces the folders
+  with the staged copy and reports ``MoveCopied {generation}`` in etcd. A piece for
+  another generation, a sender that is not the shard's leader, or a shard not
+  moving to this broker is refused (nothing is installed). The rename into place
+  is followed by an fsync of the parent folder, before the report. A move dropped
+  before its cut-over (cancelled, retaken) drops what was staged.
 - **Discarding** (old leader): once the assignment cuts over to the successor, the
   old leader closes and removes its own copy of the shard (never served again; a
   later move back brings a fresh copy).
@@ -45,8 +58,9 @@ import contextvars
 import logging
 import os
 import shutil
+import stat
 from collections.abc import Awaitable, Callable, Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
@@ -66,11 +80,14 @@ from felix_wire.fleet import (
     AssignmentKind,
     ForwardRefusal,
     ForwardRefused,
+    MoveCaughtUp,
     MoveChunk,
     MoveChunkOk,
     MoveCopied,
     MoveDone,
     MoveDoneOk,
+    MoveFile,
+    MoveFinal,
     PeerError,
     PeerMessage,
 )
@@ -81,6 +98,7 @@ __all__ = [
     "IN_A_MOVE",
     "MoveHold",
     "MoveService",
+    "MoveStats",
     "ShardStorage",
     "moving_refusal",
 ]
@@ -96,6 +114,7 @@ _SETTLE_S = 5.0  # admitted publishes landing
 _READERS_S = 2.0  # readers writing what was queued, then shard_moved
 _COPY_ATTEMPTS = 5
 _ROUTE_WAIT_S = 5.0  # a successor waiting for its watch to show the fence
+_TAIL_BYTES = 4096  # the end of what was sent of a file, compared before its next delta
 
 # Set while a held request is dispatched again: it is not held a second time.
 _redispatched: contextvars.ContextVar[bool] = contextvars.ContextVar(
@@ -191,6 +210,16 @@ class ShardStorage(Protocol):
 Report = Callable[[ShardId, MoveCopied], Awaitable[None]]
 
 
+def _ends_with(path: Path, size: int, tail: bytes) -> bool:
+    """Whether `path`'s bytes just below `size` are still `tail`."""
+    try:
+        with path.open("rb") as handle:
+            handle.seek(size - len(tail))
+            return handle.read(len(tail)) == tail
+    except OSError:
+        return False
+
+
 def _fsync_dir(folder: Path) -> None:
     fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -226,9 +255,21 @@ def _kind(shard: ShardId) -> AssignmentKind:
     return AssignmentKind(shard.kind.value)
 
 
-def _shard_of(message: MoveChunk | MoveDone) -> ShardId:
+def _shard_of(message: MoveChunk | MoveDone | MoveCaughtUp | MoveFinal) -> ShardId:
     kind = ShardKind(str(message.kind))
     return ShardId(kind, message.tenant_id, message.namespace, message.name, message.shard)
+
+
+def _common(shard: ShardId, generation: int) -> dict[str, Any]:
+    """The fields every move message carries: which shard, at which generation."""
+    return {
+        "kind": _kind(shard),
+        "tenant_id": shard.tenant,
+        "namespace": shard.namespace,
+        "name": shard.name,
+        "shard": shard.shard,
+        "generation": generation,
+    }
 
 
 class _Refused(Exception):
@@ -239,8 +280,52 @@ class _Refused(Exception):
 
 @dataclass
 class _Staged:
-    files: set[tuple[str, str]]  # (area, file name)
+    """The successor's staged copy of one shard: from which sender, for which
+    generation (a catch-up's copy is carried on to the fence's), and the size of
+    each staged file ((area, name) -> bytes)."""
+
+    sender: str
+    generation: int
+    files: dict[tuple[str, str], int]
+
+
+@dataclass(frozen=True, slots=True)
+class _Held:
+    """What the successor holds of one file: the sender's inode, how many bytes, and
+    the last of them (checked again before a delta: a log truncated and written anew
+    below that point, after a failed write, is sent again whole)."""
+
+    inode: int
     size: int
+    tail: bytes
+
+
+@dataclass
+class _Outgoing:
+    """The old leader's side of one move: what it sent to `successor` so far."""
+
+    successor: str
+    sent: dict[tuple[str, str], _Held] = field(default_factory=dict)
+    passes: int = 0
+    precopied: int = 0  # bytes sent by the catch-up passes
+    _request_id: int = 0
+
+    def next_id(self) -> int:
+        self._request_id += 1
+        return self._request_id
+
+
+@dataclass(frozen=True, slots=True)
+class MoveStats:
+    """The last move of a shard this broker copied out: how many catch-up passes ran and
+    what they sent while writes were still taken, what was sent under the fence (the
+    hold covers only that), and the time from the fence to the successor's install."""
+
+    generation: int
+    passes: int
+    precopied_bytes: int
+    fenced_bytes: int
+    fenced_s: float
 
 
 class MoveService:
@@ -253,13 +338,21 @@ class MoveService:
         dialer: PeerDialer,
         storage: ShardStorage,
         report: Report,
+        catchup_bytes: int = 1 << 20,
+        catchup_passes: int = 8,
     ) -> None:
         self._view = view
         self._dialer = dialer
         self._storage = storage
         self._report = report
+        # A catch-up pass that sent at most this many bytes is the last one (or after
+        # this many passes): the fence follows, and only the last delta is sent under it.
+        self._catchup_bytes = catchup_bytes
+        self._catchup_passes = catchup_passes
         self._copies: dict[tuple[ShardId, int], asyncio.Task[None]] = {}
-        self._staged: dict[tuple[ShardId, int], _Staged] = {}
+        self._outgoing: dict[ShardId, _Outgoing] = {}
+        self._staged: dict[ShardId, _Staged] = {}
+        self.stats: dict[ShardId, MoveStats] = {}  # the last move out of each shard
         self._install_lock = asyncio.Lock()
         self._discards: set[asyncio.Task[None]] = set()
         self.discarded = 0  # stale copies this broker removed after a cut-over (old leader)
@@ -304,18 +397,28 @@ class MoveService:
                 self._discards.add(task)
                 task.add_done_callback(self._discards.discard)
             if (
+                before is not None
+                and before.successor == me
+                and before.leader != me
+                and (route is None or (route.successor != me and route.leader != me))
+            ):
+                self._abandon(shard)  # cancelled, or retaken: what was staged is dropped
+            if (
                 route is not None
-                and route.state is AssignmentState.MOVING
+                and route.state in (AssignmentState.MOVING, AssignmentState.ACTIVE)
                 and route.leader == me
                 and route.successor not in (None, me)
             ):
                 key = (shard, route.generation)
                 if key not in self._copies:
+                    step = self._copy if route.state is AssignmentState.MOVING else self._catch_up
                     task = asyncio.get_running_loop().create_task(
-                        self._copy(shard, route.generation), name=f"move-copy-{shard.name}"
+                        step(shard, route.generation), name=f"move-copy-{shard.name}"
                     )
                     self._copies[key] = task
                     task.add_done_callback(self._forget_copy(key))
+            elif route is None or route.successor is None or route.leader != me:
+                self._outgoing.pop(shard, None)
 
     def _forget_copy(self, key: tuple[ShardId, int]) -> Callable[[asyncio.Task[None]], None]:
         def forget(_task: asyncio.Task[None]) -> None:
@@ -344,7 +447,23 @@ class MoveService:
         addr = member.client_addr or None if member is not None else None
         return target, addr, route.generation
 
-    # -- the old leader: copy the shard out ----------------------------------------------
+    # -- the old leader: catch up, then copy the last delta under the fence -------------
+
+    def _catching_up(self, shard: ShardId, generation: int) -> Member | None:
+        """The successor while `shard` is still in its catch-up at `generation` (active,
+        led here, a successor named); None once fenced, cancelled or replaced."""
+        snapshot = self._view.snapshot
+        route = snapshot.route(shard)
+        if (
+            route is None
+            or route.generation != generation
+            or route.state is not AssignmentState.ACTIVE
+            or route.leader != snapshot.node_id
+            or route.successor in (None, snapshot.node_id)
+        ):
+            return None
+        assert route.successor is not None
+        return snapshot.members.get(route.successor)
 
     def _still_moving(self, shard: ShardId, generation: int) -> Member | None:
         """The successor while `shard` is still fenced at `generation` with this broker
@@ -361,12 +480,67 @@ class MoveService:
             return None
         return snapshot.members.get(route.successor)
 
+    async def _catch_up(self, shard: ShardId, generation: int) -> None:
+        """Copy `shard` to its successor while it is still served here: bounded passes,
+        each sending what was appended since the previous one, until one pass sent at
+        most `catchup_bytes` (or `catchup_passes` ran); then ask for the fence."""
+        delay = 0.1
+        for attempt in range(1, _COPY_ATTEMPTS + 1):
+            successor = self._catching_up(shard, generation)
+            if successor is None:
+                return  # fenced, cancelled or replaced meanwhile
+            outgoing = _Outgoing(successor.node_id)
+            self._outgoing[shard] = outgoing
+            passes = total = 0
+            try:
+                while passes < self._catchup_passes:
+                    if self._catching_up(shard, generation) is None:
+                        return
+                    sent, _ = await self._send_delta(
+                        shard, generation, successor, outgoing, final=False
+                    )
+                    passes += 1
+                    total += sent
+                    if sent <= self._catchup_bytes:
+                        break
+                outgoing.passes, outgoing.precopied = passes, total
+                caught_up = MoveCaughtUp(
+                    request_id=outgoing.next_id(),
+                    passes=passes,
+                    bytes=total,
+                    **_common(shard, generation),
+                )
+                await self._exchange(successor, caught_up, MoveDoneOk)
+            except (PeerUnavailableError, _Refused, OSError) as exc:
+                _log.warning(
+                    "catch-up of %s to %s, attempt %d: %s", shard, successor.node_id, attempt, exc
+                )
+                await asyncio.sleep(delay)
+                delay = min(delay * 2, 2.0)
+                continue
+            _log.info(
+                "caught up %s on %s: %d pass(es), %d bytes; asking for the fence",
+                shard,
+                successor.node_id,
+                passes,
+                total,
+            )
+            return
+        _log.error(
+            "catch-up of %s at generation %d failed %d times; the shard stays served here "
+            "until the move is cancelled",
+            shard,
+            generation,
+            _COPY_ATTEMPTS,
+        )
+
     async def _copy(self, shard: ShardId, generation: int) -> None:
         storage = self._storage
+        loop = asyncio.get_running_loop()
+        fenced_at = loop.time()
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(_SETTLE_S):
                 await storage.settle()
-        loop = asyncio.get_running_loop()
         deadline = loop.time() + _READERS_S
         while storage.readers(shard) and loop.time() < deadline:
             await asyncio.sleep(0.02)
@@ -376,16 +550,46 @@ class MoveService:
             successor = self._still_moving(shard, generation)
             if successor is None:
                 return  # cancelled, or cut over by a copy sent earlier
+            outgoing = self._outgoing.get(shard)
+            if outgoing is None or outgoing.successor != successor.node_id:
+                outgoing = self._outgoing[shard] = _Outgoing(successor.node_id)
             try:
-                await self._send(shard, generation, successor)
-            except (PeerUnavailableError, _Refused) as exc:
+                sent, files = await self._send_delta(
+                    shard, generation, successor, outgoing, final=True
+                )
+                final = MoveFinal(
+                    request_id=outgoing.next_id(),
+                    files=files,
+                    bytes=sent,
+                    **_common(shard, generation),
+                )
+                await self._exchange(successor, final, MoveDoneOk)
+            except (PeerUnavailableError, _Refused, OSError) as exc:
                 _log.warning(
                     "move of %s to %s, attempt %d: %s", shard, successor.node_id, attempt, exc
                 )
+                # What the successor holds is unknown now: the next attempt sends it all.
+                self._outgoing[shard] = _Outgoing(successor.node_id)
                 await asyncio.sleep(delay)
                 delay = min(delay * 2, 2.0)
                 continue
             self.copied += 1
+            self._outgoing.pop(shard, None)
+            self.stats[shard] = MoveStats(
+                generation=generation,
+                passes=outgoing.passes,
+                precopied_bytes=outgoing.precopied,
+                fenced_bytes=sent,
+                fenced_s=loop.time() - fenced_at,
+            )
+            _log.info(
+                "moved %s to %s: %d file(s); %d bytes before the fence, %d after",
+                shard,
+                successor.node_id,
+                len(files),
+                outgoing.precopied,
+                sent,
+            )
             return
         _log.error(
             "move of %s at generation %d: the copy failed %d times; the shard stays fenced "
@@ -418,59 +622,102 @@ class MoveService:
             "removed the stale copy of %s after its cut-over (generation %d)", shard, generation
         )
 
-    def _files(self, shard: ShardId) -> list[tuple[Area, Path]]:
+    def _files(self, shard: ShardId) -> list[tuple[Area, Path, int, int]]:
+        """(area, path, inode, size) of every file of `shard` now."""
         root = self._storage.root
         if root is None or not self._storage.durable(shard):
             return []
-        out: list[tuple[Area, Path]] = []
+        out: list[tuple[Area, Path, int, int]] = []
         for area in _areas(shard):
             folder = log_dir(root, area, shard.tenant, shard.namespace, shard.name, shard.shard)
             if not folder.is_dir():
                 continue
             for path in sorted(folder.iterdir()):
-                if path.is_file() and not path.name.startswith("."):
-                    out.append((area, path))
+                if path.name.startswith("."):
+                    continue
+                with contextlib.suppress(FileNotFoundError):  # removed meanwhile (retention)
+                    info = path.stat()
+                    if stat.S_ISREG(info.st_mode):
+                        out.append((area, path, info.st_ino, info.st_size))
         return out
 
-    async def _send(self, shard: ShardId, generation: int, successor: Member) -> None:
+    async def _send_delta(
+        self,
+        shard: ShardId,
+        generation: int,
+        successor: Member,
+        outgoing: _Outgoing,
+        *,
+        final: bool,
+    ) -> tuple[int, list[MoveFile]]:
+        """Send what the successor lacks of each file: a segment (append-only while the
+        log is open) from where the last pass stopped; a file replaced (another inode)
+        or shorter from its start; in the final pass every other file whole. Returns the
+        bytes sent and the files as they are now."""
         files = await asyncio.to_thread(self._files, shard)
-        size = 0
-        request_id = 0
-        common = {
-            "kind": _kind(shard),
-            "tenant_id": shard.tenant,
-            "namespace": shard.namespace,
-            "name": shard.name,
-            "shard": shard.shard,
-            "generation": generation,
-        }
-        for area, path in files:
-            position = 0
-            with path.open("rb") as handle:
-                while True:
-                    data = await asyncio.to_thread(handle.read, CHUNK_BYTES)
-                    if not data and position > 0:
-                        break
-                    request_id += 1
-                    chunk = MoveChunk(
-                        request_id=request_id,
-                        area=area,
-                        path=path.name,
-                        position=position,
-                        data=data,
-                        **common,  # type: ignore[arg-type]
-                    )
-                    await self._exchange(successor, chunk, MoveChunkOk)
-                    position += len(data)
-                    if not data:
-                        break  # an empty file: sent once
-            size += position
-        request_id += 1
-        done = MoveDone(request_id=request_id, files=len(files), bytes=size, **common)  # type: ignore[arg-type]
-        await self._exchange(successor, done, MoveDoneOk)
-        _log.info(
-            "moved %s to %s: %d file(s), %d bytes", shard, successor.node_id, len(files), size
-        )
+        present = {(area, path.name) for area, path, _, _ in files}
+        for gone in set(outgoing.sent) - present:
+            del outgoing.sent[gone]
+        sent = 0
+        listed: list[MoveFile] = []
+        for area, path, inode, size in files:
+            key = (area, path.name)
+            listed.append(MoveFile(area=area, path=path.name, size=size))
+            held = outgoing.sent.get(key)
+            append_only = path.suffix == ".log" or not final
+            start = 0
+            delta = held is not None and held.inode == inode and held.size <= size
+            if (
+                held is not None
+                and delta
+                and append_only
+                and await asyncio.to_thread(_ends_with, path, held.size, held.tail)
+            ):
+                start = held.size
+                if start == size:
+                    continue
+            prefix = held.tail if held is not None and start else b""
+            tail = await self._send_file(
+                shard, generation, successor, outgoing, area, path, start, size
+            )
+            outgoing.sent[key] = _Held(inode, size, (prefix + tail)[-_TAIL_BYTES:])
+            sent += size - start
+        return sent, listed
+
+    async def _send_file(
+        self,
+        shard: ShardId,
+        generation: int,
+        successor: Member,
+        outgoing: _Outgoing,
+        area: Area,
+        path: Path,
+        start: int,
+        end: int,
+    ) -> bytes:
+        """Send bytes [start, end) of `path` (a file of size 0: one empty chunk);
+        returns the last `_TAIL_BYTES` of them."""
+        position = start
+        tail = b""
+        with path.open("rb") as handle:
+            handle.seek(start)
+            while True:
+                data = await asyncio.to_thread(handle.read, min(CHUNK_BYTES, end - position))
+                if len(data) < min(CHUNK_BYTES, end - position):
+                    raise _Refused(f"{path.name} shrank while it was sent")
+                chunk = MoveChunk(
+                    request_id=outgoing.next_id(),
+                    area=area,
+                    path=path.name,
+                    position=position,
+                    data=data,
+                    **_common(shard, generation),
+                )
+                await self._exchange(successor, chunk, MoveChunkOk)
+                position += len(data)
+                tail = (tail + data)[-_TAIL_BYTES:]
+                if position >= end:
+                    return tail
 
     async def _exchange(self, successor: Member, message: PeerMessage, ok: type) -> None:
         answer = await self._dialer.request(successor.node_id, successor.peer_addr, message)
@@ -483,15 +730,27 @@ class MoveService:
     # -- the successor: stage and install --------------------------------------------------
 
     async def handle(self, message: PeerMessage, origin: PeerOrigin) -> PeerMessage:
-        """Serve move_chunk and move_done (the peer listener's table sends them here)."""
-        assert isinstance(message, MoveChunk | MoveDone)
+        """Serve move_chunk, move_caught_up, move_final and move_done (the peer
+        listener's table sends them here)."""
+        assert isinstance(message, MoveChunk | MoveDone | MoveCaughtUp | MoveFinal)
         try:
             shard = _shard_of(message)
-            await self._check(shard, message.generation, origin.node_id)
+            fenced_only = isinstance(message, MoveDone | MoveFinal)
+            await self._check(shard, message.generation, origin.node_id, fenced_only)
             if isinstance(message, MoveChunk):
-                await self._stage(shard, message)
+                await self._stage(shard, message, origin.node_id)
                 return MoveChunkOk(request_id=message.request_id)
-            await self._install(shard, message)
+            if isinstance(message, MoveCaughtUp):
+                staged = self._adopt(shard, message.generation, origin.node_id)
+                files = len(staged.files) if staged is not None else 0
+                size = sum(staged.files.values()) if staged is not None else 0
+                record = MoveCopied(generation=message.generation, files=files, bytes=size)
+                await self._report(shard, record)
+                return MoveDoneOk(request_id=message.request_id)
+            if isinstance(message, MoveFinal):
+                await self._install_final(shard, message, origin.node_id)
+                return MoveDoneOk(request_id=message.request_id)
+            await self._install(shard, message, origin.node_id)
             return MoveDoneOk(request_id=message.request_id)
         except _Refused as exc:
             error = PeerError(
@@ -516,8 +775,9 @@ class MoveService:
                 request_id=message.request_id, refusal=ForwardRefusal(error=error)
             )
 
-    async def _check(self, shard: ShardId, generation: int, sender: str) -> None:
-        """The shard must be moving to this broker at `generation`, from `sender`."""
+    async def _check(self, shard: ShardId, generation: int, sender: str, fenced: bool) -> None:
+        """The shard must be moving (or, unless `fenced`, catching up) to this broker at
+        `generation`, from `sender`."""
         loop = asyncio.get_running_loop()
         deadline = loop.time() + _ROUTE_WAIT_S
         while True:
@@ -530,9 +790,12 @@ class MoveService:
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(left):
                     await self._view.wait_changed()
+        states = (
+            {AssignmentState.MOVING} if fenced else {AssignmentState.MOVING, AssignmentState.ACTIVE}
+        )
         if (
             route.generation != generation
-            or route.state is not AssignmentState.MOVING
+            or route.state not in states
             or route.successor != self.node_id
             or route.leader != sender
         ):
@@ -547,11 +810,20 @@ class MoveService:
             raise _Refused("this broker keeps no durable storage", ErrorCode.INVALID_REQUEST)
         return log_dir(root, area, shard.tenant, shard.namespace, shard.name, shard.shard)
 
-    def _staging(self, shard: ShardId, area: Area, generation: int) -> Path:
+    def _staging(self, shard: ShardId, area: Area) -> Path:
         target = self._target(shard, area)
-        return target.parent / f".{target.name}.incoming-{generation}"
+        return target.parent / f".{target.name}.incoming"
 
-    async def _stage(self, shard: ShardId, chunk: MoveChunk) -> None:
+    def _adopt(self, shard: ShardId, generation: int, sender: str) -> _Staged | None:
+        """What is staged of `shard` from `sender`, carried on to `generation` (a
+        catch-up's copy goes on under the fence); None when nothing is."""
+        staged = self._staged.get(shard)
+        if staged is None or staged.sender != sender or staged.generation > generation:
+            return None
+        staged.generation = generation
+        return staged
+
+    async def _stage(self, shard: ShardId, chunk: MoveChunk, sender: str) -> None:
         area = chunk.area
         if area not in _areas(shard):
             raise _Refused(
@@ -560,9 +832,14 @@ class MoveService:
         name = chunk.path
         if not name or "/" in name or "\\" in name or name.startswith("."):
             raise _Refused(f"bad file name {name!r}", ErrorCode.INVALID_REQUEST)
-        folder = self._staging(shard, area, chunk.generation)
-        key = (shard, chunk.generation)
-        staged = self._staged.setdefault(key, _Staged(set(), 0))
+        staged = self._adopt(shard, chunk.generation, sender)
+        if staged is None:
+            # Nothing staged from this sender: start afresh (no leftover may be installed).
+            await asyncio.to_thread(self._clear_staging, shard)
+            staged = self._staged[shard] = _Staged(sender, chunk.generation, {})
+        folder = self._staging(shard, area)
+        if chunk.position > staged.files.get((area, name), 0):
+            raise _Refused(f"{name}: a piece at {chunk.position} past what is staged")
 
         def write() -> None:
             folder.mkdir(parents=True, exist_ok=True)
@@ -571,16 +848,83 @@ class MoveService:
             with path.open(mode) as handle:
                 handle.seek(chunk.position)
                 handle.write(chunk.data)
+                handle.truncate()
                 handle.flush()
                 os.fsync(handle.fileno())
 
         await asyncio.to_thread(write)
-        staged.files.add((area, name))
-        staged.size += len(chunk.data)
+        staged.files[(area, name)] = chunk.position + len(chunk.data)
 
-    async def _install(self, shard: ShardId, done: MoveDone) -> None:
-        key = (shard, done.generation)
-        staged = self._staged.pop(key, _Staged(set(), 0))
+    def _clear_staging(self, shard: ShardId) -> None:
+        if self._storage.root is None:
+            return
+        for area in _areas(shard):
+            staging = self._staging(shard, area)
+            if staging.exists():
+                shutil.rmtree(staging)
+
+    def _abandon(self, shard: ShardId) -> None:
+        """A move to this broker ended without a cut-over here: drop what was staged."""
+        if self._staged.pop(shard, None) is None:
+            return
+        task = asyncio.get_running_loop().create_task(
+            asyncio.to_thread(self._clear_staging, shard), name=f"move-unstage-{shard.name}"
+        )
+        self._discards.add(task)
+        task.add_done_callback(self._discards.discard)
+
+    async def _install_final(self, shard: ShardId, final: MoveFinal, sender: str) -> None:
+        staged = self._adopt(shard, final.generation, sender) or _Staged(
+            sender, final.generation, {}
+        )
+        wanted = {(f.area, f.path): f.size for f in final.files}
+        for area, _name in wanted:
+            if area not in _areas(shard):
+                raise _Refused(f"no storage area {area!r} for a {shard.kind.value}")
+        if self._storage.root is None or not self._storage.durable(shard):
+            on_disk: dict[tuple[str, str], int] = {}
+        else:
+            on_disk = await asyncio.to_thread(self._match_staging, shard, wanted)
+        for key in set(staged.files) - set(wanted):  # gone at the sender (retention)
+            del staged.files[key]
+        if on_disk != wanted or (wanted and staged.files != wanted):
+            self._staged.pop(shard, None)
+            raise _Refused(
+                f"the staged copy of {shard.name} is not the sender's ({len(on_disk)} "
+                f"file(s) staged, {len(wanted)} listed, or sizes differ)"
+            )
+        await self._install(
+            shard,
+            MoveDone(
+                request_id=final.request_id,
+                files=len(wanted),
+                bytes=sum(wanted.values()),
+                **_common(shard, final.generation),
+            ),
+            sender,
+        )
+
+    def _match_staging(
+        self, shard: ShardId, wanted: dict[tuple[str, str], int]
+    ) -> dict[tuple[str, str], int]:
+        """Remove staged files `wanted` does not list; the (area, name) -> size of the
+        staged files that remain, as the disk has them."""
+        found: dict[tuple[str, str], int] = {}
+        for area in _areas(shard):
+            folder = self._staging(shard, area)
+            if not folder.is_dir():
+                continue
+            for path in folder.iterdir():
+                key = (area, path.name)
+                if key not in wanted:
+                    path.unlink()
+                    continue
+                found[key] = path.stat().st_size
+        return found
+
+    async def _install(self, shard: ShardId, done: MoveDone, sender: str) -> None:
+        staged = self._adopt(shard, done.generation, sender) or _Staged(sender, done.generation, {})
+        self._staged.pop(shard, None)
         if len(staged.files) != done.files:
             raise _Refused(
                 f"staged {len(staged.files)} file(s) of {shard.name}, the sender sent {done.files}"
@@ -592,7 +936,9 @@ class MoveService:
                 def replace() -> None:
                     for area in _areas(shard):
                         target = self._target(shard, area)
-                        staging = self._staging(shard, area, done.generation)
+                        staging = self._staging(shard, area)
+                        # Only what was sent is installed (a staged file the sender no
+                        # longer has was dropped by the checks above).
                         _install_folder(staging, target)
 
                 await asyncio.to_thread(replace)

@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 467f569138b4141a827df5a1935f8fcad55140693341463ea2859f9c168aa4a8
+# spec sha256: 67b5afe00c64dff732ea2d1efb2f2abbef85796ae26a982f41e242ec88e5e242
 """The fleet catalogue: etcd record shapes and broker-to-broker messages.
 
 Broker-to-broker QUIC (TLS 1.3, mutual TLS): each broker's peer certificate is signed by the fleet CA and names its node id as a DNS SAN; both sides check it, and the listener checks it against hello.
@@ -89,6 +89,7 @@ __all__ = [
     "ReplicaShard",
     "ReplicaEntry",
     "ReplicatedBatch",
+    "MoveFile",
     "CacheOp",
     "CacheOpAnswer",
     "Hello",
@@ -111,6 +112,8 @@ __all__ = [
     "ReplicaFenceOk",
     "ReplicaFenceRefused",
     "ReplicaReceived",
+    "MoveCaughtUp",
+    "MoveFinal",
     "PeerMessage",
     "PEER_MESSAGE_CLASSES",
     "DIALER_TO_LISTENER",
@@ -573,6 +576,19 @@ class ReplicatedBatch(msgspec.Struct, omit_defaults=True, kw_only=True):
         )
 
 
+class MoveFile(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One file of a moving shard's storage as the old leader holds it once the shard is closed: the successor's staged copy must hold exactly these bytes."""
+
+    area: str
+    """streams, groups or cache"""
+    path: str
+    """the file's name inside the shard's folder of that area (one path segment)"""
+    size: U64
+
+    def __post_init__(self) -> None:
+        _check_u64(self, ("size",), ())
+
+
 CacheOp = Union[
     CacheGet,
     CachePut,
@@ -1024,6 +1040,74 @@ class ReplicaReceived(
     held: bool
 
 
+class MoveCaughtUp(
+    msgspec.Struct, tag_field="type", tag="move_caught_up", omit_defaults=True, kw_only=True
+):
+    """The old leader's catch-up passes (move_chunk at the catch-up generation, sent while it still accepts writes) are done: the successor keeps what it staged and reports it in etcd (move_progress at this generation), so the placer fences the shard.
+
+    Direction: dialer_to_listener.
+    Answered by: move_done_ok, forward_refused.
+    """
+
+    request_id: U64
+    kind: AssignmentKind
+    tenant_id: str
+    namespace: str
+    name: str
+    shard: U32
+    generation: U64
+    """the catch-up assignment's generation (active, with the successor named)"""
+    passes: U32
+    """how many passes were copied"""
+    bytes: U64
+    """how many bytes the passes sent"""
+
+    def __post_init__(self) -> None:
+        _check_u64(
+            self,
+            (
+                "request_id",
+                "generation",
+                "bytes",
+            ),
+            (),
+        )
+
+
+class MoveFinal(
+    msgspec.Struct, tag_field="type", tag="move_final", omit_defaults=True, kw_only=True
+):
+    """After the fence the old leader sent the last delta (move_chunk at the fence's generation): the successor drops staged files not listed, checks every listed file holds exactly its size, installs the copy and reports it (move_progress). A mismatch is refused; the old leader then sends the whole shard again.
+
+    Direction: dialer_to_listener.
+    Answered by: move_done_ok, forward_refused.
+    """
+
+    request_id: U64
+    kind: AssignmentKind
+    tenant_id: str
+    namespace: str
+    name: str
+    shard: U32
+    generation: U64
+    """the fence's generation (moving)"""
+    files: list[MoveFile]
+    """every file of the shard"""
+    bytes: U64
+    """how many bytes were sent after the fence (the final delta)"""
+
+    def __post_init__(self) -> None:
+        _check_u64(
+            self,
+            (
+                "request_id",
+                "generation",
+                "bytes",
+            ),
+            (),
+        )
+
+
 PeerMessage = Union[
     Hello,
     HelloOk,
@@ -1045,6 +1129,8 @@ PeerMessage = Union[
     ReplicaFenceOk,
     ReplicaFenceRefused,
     ReplicaReceived,
+    MoveCaughtUp,
+    MoveFinal,
 ]
 """Any known peer message."""
 
@@ -1070,6 +1156,8 @@ PEER_MESSAGE_CLASSES: Mapping[str, type[PeerMessage]] = MappingProxyType(
         "replica_fence_ok": ReplicaFenceOk,
         "replica_fence_refused": ReplicaFenceRefused,
         "replica_received": ReplicaReceived,
+        "move_caught_up": MoveCaughtUp,
+        "move_final": MoveFinal,
     }
 )
 DIALER_TO_LISTENER = frozenset(
@@ -1085,6 +1173,8 @@ DIALER_TO_LISTENER = frozenset(
         "replica_fence",
         "replica_fence_ok",
         "replica_fence_refused",
+        "move_caught_up",
+        "move_final",
     }
 )
 LISTENER_TO_DIALER = frozenset(

@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 467f569138b4141a827df5a1935f8fcad55140693341463ea2859f9c168aa4a8
+# spec sha256: 67b5afe00c64dff732ea2d1efb2f2abbef85796ae26a982f41e242ec88e5e242
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
@@ -149,6 +149,12 @@ FLEET_SHAPE_STRATEGIES["ReplicatedBatch"] = st.builds(
     producer_id=(st.none() | _U64),
     sequence=(st.none() | _U64),
     digest=(st.none() | _U64),
+)
+FLEET_SHAPE_STRATEGIES["MoveFile"] = st.builds(
+    _f.MoveFile,
+    area=_TEXT,
+    path=_TEXT,
+    size=_U64,
 )
 FLEET_SHAPE_STRATEGIES["CacheOp"] = st.one_of(
     _CLIENT_MESSAGES["cache_get"],
@@ -313,6 +319,30 @@ PEER_MESSAGE_STRATEGIES: Mapping[str, st.SearchStrategy[Any]] = MappingProxyType
         "replica_received": st.builds(
             _f.ReplicaReceived,
             held=st.booleans(),
+        ),
+        "move_caught_up": st.builds(
+            _f.MoveCaughtUp,
+            request_id=_U64,
+            kind=st.sampled_from(_f.AssignmentKind),
+            tenant_id=_TEXT,
+            namespace=_TEXT,
+            name=_TEXT,
+            shard=_U32,
+            generation=_U64,
+            passes=_U32,
+            bytes=_U64,
+        ),
+        "move_final": st.builds(
+            _f.MoveFinal,
+            request_id=_U64,
+            kind=st.sampled_from(_f.AssignmentKind),
+            tenant_id=_TEXT,
+            namespace=_TEXT,
+            name=_TEXT,
+            shard=_U32,
+            generation=_U64,
+            files=st.lists(st.deferred(lambda: FLEET_SHAPE_STRATEGIES["MoveFile"]), max_size=3),
+            bytes=_U64,
         ),
     }
 )

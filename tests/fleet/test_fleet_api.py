@@ -83,7 +83,11 @@ async def test_move_cancel_and_drain_through_the_admin_listener(
         await eventually(lambda: leader(brokers) == other, within=30, what="cut over")
         status, answer = await admin("DELETE", f"/v1/fleet/moves/{SHARD_PATH}")
         assert status == 409, answer
-        assert (await admin("GET", "/v1/fleet/moves"))[1] == {"items": []}
+        assert (await admin("GET", "/v1/fleet/moves"))[1] == {
+            "items": [],
+            "queued": [],
+            "max_moves": 2,
+        }
 
         # A drain of the new owner moves the shard back; undrained afterwards.
         assert (await admin("POST", f"/v1/fleet/drains/{other}"))[0] == 202

@@ -95,18 +95,74 @@ def _moving(leader: str, successor: str, revision: int = 50) -> Held:
     return Held(record, revision)
 
 
-def test_a_drained_brokers_shards_are_fenced_toward_the_others_and_nothing_lands_on_it() -> None:
+def test_a_drained_brokers_shards_catch_up_toward_the_others_and_nothing_lands_on_it() -> None:
     placed = applied(plan(specs(6, durable=True), ["a", "b", "c"], {}))
     writes = plan(specs(6, durable=True), ["a", "b", "c"], placed, draining=["a"])
     led_by_a = {s for s, h in placed.items() if h.record.leader == "a"}
     assert {w.shard for w in writes} == led_by_a
     for w in writes:
-        assert w.record.state == "moving" and w.record.leader == "a"
+        # The catch-up: still served by a (active) while a copies it to its successor.
+        assert w.record.state == "active" and w.record.leader == "a"
         assert w.record.successor in ("b", "c")
         assert w.expected == placed[w.shard].mod_revision
     # A new stream while a drains: none of it on a.
     fresh = plan(specs(4, name="new"), ["a", "b", "c"], {}, draining=["a"])
     assert {w.record.leader for w in fresh} <= {"b", "c"}
+
+
+def test_a_drain_starts_at_most_max_moves_copies_and_queues_the_rest() -> None:
+    spec = specs(12, durable=True)
+    placed = {s.shard: Held(Assignment(state=RecordState.ACTIVE, leader="a", replicas=[]), 10 + i)
+              for i, s in enumerate(spec)}  # fmt: skip
+    first = plan(spec, ["a", "b", "c"], placed, draining=["a"], max_moves=3)
+    assert len(first) == 3 and all(w.record.successor in ("b", "c") for w in first)
+    current = applied(first, placed)
+    # Nothing more while three are in progress (catching up, then fenced).
+    assert plan(spec, ["a", "b", "c"], current, draining=["a"], max_moves=3) == []
+    one = first[0].shard
+    fenced = plan(
+        spec, ["a", "b", "c"], current, draining=["a"], max_moves=3,
+        copied={(str(current[one].record.successor), one): current[one].mod_revision},
+    )  # fmt: skip
+    assert [(w.shard, w.record.state) for w in fenced] == [(one, "moving")]
+    current = applied(fenced, current)
+    assert plan(spec, ["a", "b", "c"], current, draining=["a"], max_moves=3) == []
+    # One cut over: one more starts.
+    successor = str(current[one].record.successor)
+    cut = plan(
+        spec, ["a", "b", "c"], current, draining=["a"], max_moves=3,
+        copied={(successor, one): current[one].mod_revision},
+    )  # fmt: skip
+    assert [(w.shard, w.record.state, w.record.leader) for w in cut] == [(one, "active", successor)]
+    current = applied(cut, current)
+    (started,) = plan(spec, ["a", "b", "c"], current, draining=["a"], max_moves=3)
+    assert started.shard not in {w.shard for w in first} and started.record.successor
+    # No cap: every shard of a at once.
+    assert len(plan(spec, ["a", "b", "c"], placed, draining=["a"], max_moves=0)) == 12
+
+
+def _catching_up(leader: str, successor: str, revision: int = 40) -> Held:
+    record = Assignment(state=RecordState.ACTIVE, leader=leader, replicas=[], successor=successor)
+    return Held(record, revision)
+
+
+def test_a_catch_up_is_fenced_only_for_a_copy_of_its_own_generation() -> None:
+    spec = specs(1, durable=True)
+    shard = spec[0].shard
+    current = {shard: _catching_up("a", "b", revision=40)}
+    assert plan(spec, ["a", "b"], current) == []
+    assert plan(spec, ["a", "b"], current, copied={("b", shard): 39}) == []
+    (fence,) = plan(spec, ["a", "b"], current, copied={("b", shard): 40})
+    assert (fence.record.state, fence.record.leader, fence.record.successor) == ("moving", "a", "b")
+    # Its successor left: served by a alone again; its leader lost: unavailable, kept.
+    (back,) = plan(spec, ["a"], current)
+    assert (back.record.state, back.record.leader, back.record.successor) == ("active", "a", None)
+    (lost,) = plan(spec, ["b", "c"], current)
+    assert (lost.record.state, lost.record.reason, lost.record.successor) == (
+        "unavailable",
+        "owner_unavailable",
+        None,
+    )
 
 
 def test_a_move_cuts_over_only_for_a_copy_of_its_own_generation() -> None:
