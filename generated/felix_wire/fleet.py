@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 467f569138b4141a827df5a1935f8fcad55140693341463ea2859f9c168aa4a8
+# spec sha256: 6aa4d7658cadbd86146c30032de456194cb0ea24df99d0be6af908ca0649f94a
 """The fleet catalogue: etcd record shapes and broker-to-broker messages.
 
 Broker-to-broker QUIC (TLS 1.3, mutual TLS): each broker's peer certificate is signed by the fleet CA and names its node id as a DNS SAN; both sides check it, and the listener checks it against hello.
@@ -75,6 +75,7 @@ __all__ = [
     "AssignmentKind",
     "ForwardAck",
     "ShipRefusal",
+    "CacheOpKind",
     "Member",
     "Assignment",
     "FinalizedFeature",
@@ -89,6 +90,7 @@ __all__ = [
     "ReplicaShard",
     "ReplicaEntry",
     "ReplicatedBatch",
+    "ReplicatedCacheOp",
     "CacheOp",
     "CacheOpAnswer",
     "Hello",
@@ -356,6 +358,17 @@ class ShipRefusal(enum.StrEnum):
     RESUME = "resume"
 
 
+class CacheOpKind(enum.StrEnum):
+    """what a replicated cache op does; expire is the leader's TTL delete (applied only while the key still holds the version that expired)"""
+
+    PUT = "put"
+    DELETE = "delete"
+    PUT_IF = "put_if"
+    DELETE_IF = "delete_if"
+    COUNTER_ADD = "counter_add"
+    EXPIRE = "expire"
+
+
 class Member(msgspec.Struct, omit_defaults=True, kw_only=True):
     """A live broker's registration."""
 
@@ -568,6 +581,34 @@ class ReplicatedBatch(msgspec.Struct, omit_defaults=True, kw_only=True):
                 "producer_id",
                 "sequence",
                 "digest",
+            ),
+            (),
+        )
+
+
+class ReplicatedCacheOp(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """The payload of a cache shard's ReplicaEntry: one write as the leader admitted it. Every replica applies committed ops in log order to its cache shard, with the leader's clock (now_ms), so entries, versions (cache log offsets), TTLs and counter sums are the leader's on every replica. A condition is checked when the op is applied (at its place in the log), not when it was admitted."""
+
+    op: CacheOpKind
+    key: str
+    now_ms: U64
+    """the leader's wall clock when it admitted the op (TTL deadlines and expiry checks)"""
+    value: bytes | None = None
+    """put and put_if"""
+    ttl_ms: U64 | None = None
+    """put and put_if; absent or 0: no expiry"""
+    version: U64 | None = None
+    """put_if: the version the key must hold (absent: the key must be absent); delete_if and expire: the version the key must hold"""
+    delta: I64 | None = None
+    """counter_add"""
+
+    def __post_init__(self) -> None:
+        _check_u64(
+            self,
+            (
+                "now_ms",
+                "ttl_ms",
+                "version",
             ),
             (),
         )

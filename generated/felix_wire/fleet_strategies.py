@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 467f569138b4141a827df5a1935f8fcad55140693341463ea2859f9c168aa4a8
+# spec sha256: 6aa4d7658cadbd86146c30032de456194cb0ea24df99d0be6af908ca0649f94a
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
@@ -149,6 +149,16 @@ FLEET_SHAPE_STRATEGIES["ReplicatedBatch"] = st.builds(
     producer_id=(st.none() | _U64),
     sequence=(st.none() | _U64),
     digest=(st.none() | _U64),
+)
+FLEET_SHAPE_STRATEGIES["ReplicatedCacheOp"] = st.builds(
+    _f.ReplicatedCacheOp,
+    op=st.sampled_from(_f.CacheOpKind),
+    key=_TEXT,
+    now_ms=_U64,
+    value=(st.none() | _BLOB),
+    ttl_ms=(st.none() | _U64),
+    version=(st.none() | _U64),
+    delta=(st.none() | _I64),
 )
 FLEET_SHAPE_STRATEGIES["CacheOp"] = st.one_of(
     _CLIENT_MESSAGES["cache_get"],
