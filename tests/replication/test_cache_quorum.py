@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 
+from felix_broker.cache.shard import CacheLimits
 from felix_broker.catalog import CacheSpec, StaticCatalog
 from felix_broker.fleet.routing import AssignmentState, Route, ShardId, ShardKind
 from felix_broker.replication.driver import ReplicaDriver
@@ -228,4 +229,34 @@ async def test_a_leader_without_a_majority_answers_quorum_timeout_and_serves_not
         value = await ask(s, get("k", 4))
         assert isinstance(value, CacheValue) and value.value == b"old"  # not past the mark
         assert await ask(s, counter("c", 5)) == CounterValue(value=None, request_id=5)
+        client.close()
+
+
+async def test_only_the_leader_expires_ttls_and_every_replica_applies_its_deletes(
+    tmp_path: Path,
+) -> None:
+    limits = CacheLimits(ttl_pass_interval=0.05)
+    async with running_fleet(tmp_path, with_catalog=CATALOG, cache_limits=limits) as fleet:
+        await opened(fleet, "node-a", 1)
+        client = await WireClient.connect(fleet.entry("node-a"))
+        s = await client.session()
+        short = CachePut(
+            tenant_id=TENANT,
+            namespace=NS,
+            cache=CACHE,
+            key="t",
+            value=b"x",
+            ttl_ms=300,
+            request_id=1,
+        )
+        assert await ask(s, short) == CacheOk(request_id=1)
+        assert await ask(s, put("keep", b"y", 2)) == CacheOk(request_id=2)
+        await until(lambda: all("t" in state(fleet, n)[0] for n in NODES))
+        # The expiry is one replicated delete: gone on every replica, the rest kept.
+        await until(lambda: all("t" not in state(fleet, n)[0] for n in NODES))
+        want = state(fleet, "node-a")
+        assert set(want[0]) == {"keep"}
+        await until(lambda: all(state(fleet, n) == want for n in NODES))
+        gone = await ask(s, get("t", 3))
+        assert isinstance(gone, CacheValue) and gone.value is None
         client.close()
