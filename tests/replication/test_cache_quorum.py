@@ -260,3 +260,29 @@ async def test_only_the_leader_expires_ttls_and_every_replica_applies_its_delete
         gone = await ask(s, get("t", 3))
         assert isinstance(gone, CacheValue) and gone.value is None
         client.close()
+
+
+async def test_a_leader_whose_lease_lapsed_serves_no_reads_and_takes_no_writes(
+    tmp_path: Path,
+) -> None:
+    async with running_fleet(tmp_path, with_catalog=CATALOG) as fleet:
+        await opened(fleet, "node-a", 1)
+        client = await WireClient.connect(fleet.entry("node-a"))
+        s = await client.session()
+        assert await ask(s, put("k", b"v", 1)) == CacheOk(request_id=1)
+        fleet.routes[SHARD] = Route(
+            1, AssignmentState.UNAVAILABLE, leader="node-a", replicas=NODES, reason="fenced"
+        )
+        fleet.publish()
+        replication = fleet.brokers["node-a"].cache_replication
+        assert replication is not None
+        await until(lambda: replication.read_refusal(QUORUM, 0) is not None)
+        assert replication.read_refusal(QUORUM, 0) == (ErrorCode.SHARD_UNAVAILABLE, "fenced")
+        for message in (get("k", 2), put("k", b"w", 3), counter("n", 4)):
+            answer = await ask(s, message)
+            assert isinstance(answer, Error) and answer.code == "shard_unavailable", answer
+        lead(fleet, "node-a", 1)  # the lease renewed: served again, nothing lost
+        await until(lambda: serving(fleet, "node-a"))
+        value = await ask(s, get("k", 5))
+        assert isinstance(value, CacheValue) and value.value == b"v"
+        client.close()
