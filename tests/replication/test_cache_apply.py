@@ -183,3 +183,18 @@ async def test_a_reopened_replica_rebuilds_its_cache_shard_from_the_replication_
     assert snapshot(applier.shard) == before
     await driver.close()
     await applier.shard.close()
+
+
+def test_the_fixtures_catalog_section_keeps_a_quorum_caches_replication() -> None:
+    """The chaos runner and the fixture hand brokers their catalogue as YAML: a
+    Quorum cache must stay Quorum with its replication factor (it used to be
+    written as a Leader cache of one replica)."""
+    from felix_broker.catalog import CacheSpec, StaticCatalog, load_catalog
+    from felix_broker.fixture.run import _catalog_section
+    from felix_common.catalog import Consistency
+
+    spec = CacheSpec(
+        "t1", "default", "qc", shards=2, replication_factor=3, consistency=Consistency.QUORUM
+    )
+    loaded = load_catalog(_catalog_section(StaticCatalog(streams=[], caches=[spec])))
+    assert loaded.cache("t1", "default", "qc") == spec
