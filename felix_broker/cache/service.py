@@ -52,6 +52,7 @@ from prometheus_client import Counter
 
 from felix_broker.cache.records import Kind, decode_record
 from felix_broker.cache.shard import (
+    ENTRY_OVERHEAD,
     CacheLimits,
     CacheShard,
     Entry,
@@ -685,7 +686,16 @@ class CacheService:
         """One write of a replicated cache, answered at the quorum mark (see
         felix_broker/replication/cache.py); a refusal raises `_Refused`."""
         assert self.replication is not None
-        index = shard_for_key(op.key.encode(), spec.shards, CACHE_MODE)
+        key = op.key.encode()
+        if op.value is not None:  # refused before it takes a place in the log
+            size = len(key) + len(op.value) + ENTRY_OVERHEAD
+            if size > self.limits.max_shard_bytes:
+                raise _Refused(
+                    ErrorCode.LIMIT_EXCEEDED,
+                    f"an entry of {size} bytes exceeds the shard bound of "
+                    f"{self.limits.max_shard_bytes} bytes",
+                )
+        index = shard_for_key(key, spec.shards, CACHE_MODE)
         try:
             outcome = await self.replication.write(spec, index, op)
         except ReplicationRefusedError as exc:

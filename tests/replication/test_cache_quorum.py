@@ -286,3 +286,21 @@ async def test_a_leader_whose_lease_lapsed_serves_no_reads_and_takes_no_writes(
         value = await ask(s, get("k", 5))
         assert isinstance(value, CacheValue) and value.value == b"v"
         client.close()
+
+
+async def test_an_entry_bigger_than_the_shard_bound_is_refused_before_it_is_replicated(
+    tmp_path: Path,
+) -> None:
+    limits = CacheLimits(max_shard_bytes=4096)
+    async with running_fleet(tmp_path, with_catalog=CATALOG, cache_limits=limits) as fleet:
+        await opened(fleet, "node-a", 1)
+        held = driver(fleet, "node-a")
+        assert held is not None
+        length = held.replica.length
+        client = await WireClient.connect(fleet.entry("node-a"))
+        s = await client.session()
+        answer = await ask(s, put("big", b"x" * 5000, 1))
+        assert isinstance(answer, Error) and answer.code == "limit_exceeded", answer
+        assert held.replica.length == length  # nothing took a place in the log
+        assert await ask(s, put("small", b"x", 2)) == CacheOk(request_id=2)
+        client.close()
