@@ -68,6 +68,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         action="store_true",
         help="broker faults never hit the Quorum log's leader (today's failover can stall)",
     )
+    parser.add_argument(
+        "--quorum-cache",
+        action="store_true",
+        help="the checked cache is Quorum with 3 replicas (default: Leader, RF 1)",
+    )
     parser.add_argument("--verbose", action="store_true")
     args = parser.parse_args(argv)
     if args.seconds <= 0 or args.log_shards < 1:
@@ -77,7 +82,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         out=args.out,
         seconds=args.seconds,
         seed=args.seed,
-        layout=Layout(log_shards=args.log_shards, lose_disk_on_restart=args.lose_disk_on_restart),
+        layout=Layout(
+            log_shards=args.log_shards,
+            lose_disk_on_restart=args.lose_disk_on_restart,
+            cache_replicas=3 if args.quorum_cache else 1,
+        ),
         faults=args.faults,
         roles=("owner",) if args.owners_only else ("owner", "other"),
         spare_quorum_leader=args.spare_quorum_leader,

@@ -70,7 +70,8 @@ class Layout:
     ``quorum_stream``, a ``Quorum`` stream with ``quorum_replicas`` replicas, on
     every broker of a 3-broker fleet: its acks promise a majority's disks, so kill -9
     of its leader must promote a caught-up follower and lose nothing), the
-    in-memory stream and the cache. ``quorum_stream=None`` leaves it out.
+    in-memory stream and the cache (``Quorum`` with ``cache_replicas`` replicas when
+    that is above 1). ``quorum_stream=None`` leaves it out.
 
     ``lose_disk_on_restart`` is a deliberately broken fleet: a restarted broker
     comes back with an empty durable folder (a data folder on tmpfs, a replaced
@@ -89,6 +90,7 @@ class Layout:
     memory_stream: str = "chaos-memory"
     cache: str = "chaos-cache"
     cache_shards: int = 2
+    cache_replicas: int = 1  # > 1: the cache is Quorum with this many replicas
     lose_disk_on_restart: bool = False
     quorum_ack_before_majority: bool = False
 
@@ -129,7 +131,18 @@ class Layout:
                 StreamSpec(t, ns, self.memory_stream, durable=False, shards=1),
                 StreamSpec(t, ns, READY_STREAM, durable=False, shards=1),
             ],
-            caches=[CacheSpec(t, ns, self.cache, shards=self.cache_shards)],
+            caches=[
+                CacheSpec(
+                    t,
+                    ns,
+                    self.cache,
+                    shards=self.cache_shards,
+                    replication_factor=self.cache_replicas,
+                    consistency=(
+                        Consistency.QUORUM if self.cache_replicas > 1 else Consistency.LEADER
+                    ),
+                )
+            ],
         )
 
 

@@ -51,6 +51,7 @@ if TYPE_CHECKING:  # the fleet (and so etcd) is imported only by a broker that j
     from felix_broker.fleet.node import FleetNode
     from felix_broker.fleet.peer import PeerDialer, PeerListener
     from felix_broker.fleet.placement import ClusterPlacement
+    from felix_broker.replication.cache import CacheReplication
     from felix_broker.replication.manager import ReplicationManager
 
 __all__ = ["SERVER_FEATURES", "SERVER_FLAGS", "Broker", "Verifier"]
@@ -99,6 +100,7 @@ class Broker:
         self.moves: MoveService | None = None  # this broker's part in planned moves
         self.cluster_placement: ClusterPlacement | None = None
         self.replication: ReplicationManager | None = None  # a fleet member's replicas
+        self.cache_replication: CacheReplication | None = None  # ... of Quorum caches
         self._cache_limits = cache_limits
         fsync: Callable[[int], None] = os.fsync
         # Test mode only: the fault file's fsync and replication faults (chaos, fixture).
@@ -513,10 +515,37 @@ class Broker:
         self.engine.replication_hook = self.replication.publish
         self.engine.read_gate = self.replication.read_refusal
         self.replication.start()
+        self.cache_replication = self._cache_replication(config)
         for kind, handler in self.replication.service.handlers.items():
             table.register(kind, handler)
         self.peer_listener = PeerListener(fleet.tls, table.handle, fleet.limits)
         await self.peer_listener.start(fleet.peer_host, fleet.peer_port)
+
+    def _cache_replication(self, config: BrokerConfig) -> CacheReplication:
+        """Quorum caches (RF > 1) replicated like Quorum streams, on the same peer handlers."""
+        from felix_broker.replication.cache import CacheReplication, CacheShards
+        from felix_broker.replication.core import Config as ReplicationConfig
+
+        assert self.fleet is not None and self.replication is not None
+        assert self.cache is not None and self.peer_dialer is not None
+        cache = self.cache
+        replication = CacheReplication(
+            self.fleet.view,
+            lambda: self.catalog,
+            CacheShards(cache.limits, cache.evictions, cache.adopt, cache.release),
+            self.peer_dialer,
+            config.data_dir / "replication",
+            ReplicationConfig(
+                quorum_timeout_ms=config.publish_quorum_timeout_ms,
+                ack_before_majority=config.test_quorum_ack_before_majority,
+            ),
+            self.replication.service,
+            blocked=self._peer_blocked,
+            on_event=self.replication.on_event,
+        )
+        cache.replication = replication
+        replication.start()
+        return replication
 
     def _move_storage(self) -> Any:
         from felix_broker.fleet.moves import ServiceStorage
@@ -648,6 +677,8 @@ class Broker:
             await self.etcd.stop()  # revokes the lease: the placer re-places at once
         if self.peer_listener is not None:
             await self.peer_listener.close()
+        if self.cache_replication is not None:
+            await self.cache_replication.close()
         if self.replication is not None:
             await self.replication.close()
         if self.peer_dialer is not None:

@@ -141,6 +141,11 @@ class CacheSpec:
         _check_names(self.tenant_id, self.namespace, ("cache", self.name))
         check_replication(self.replication_factor, self.consistency)
 
+    @property
+    def replicated(self) -> bool:
+        """Whether a fleet runs this cache's writes through replication (Quorum, RF > 1)."""
+        return self.consistency is Consistency.QUORUM and self.replication_factor > 1
+
 
 def _check_names(tenant: str, namespace: str, named: tuple[NameKind, str]) -> None:
     """Raises InvalidNameError (a ValueError) for a name breaking the rule."""

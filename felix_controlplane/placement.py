@@ -905,10 +905,11 @@ def shard_specs(
             shard = ShardId(ShardKind.STREAM, tenant, namespace, name, index)
             out.append(ShardSpec(shard, durable, factor, named in replicated))
     for tenant, namespace, name, count in caches:
-        factor = factors.get((ShardKind.CACHE, tenant, namespace, name), 1)
+        named = (ShardKind.CACHE, tenant, namespace, name)
+        factor = factors.get(named, 1)
         for index in range(count):
             shard = ShardId(ShardKind.CACHE, tenant, namespace, name, index)
-            out.append(ShardSpec(shard, True, factor))
+            out.append(ShardSpec(shard, True, factor, named in replicated))
     return out
 
 
@@ -936,9 +937,10 @@ def store_catalog(store: _CatalogStore) -> CatalogShards:
             elif key.kind == "cache":
                 cache = cache_spec(key.tenant, key.namespace, body)
                 caches.append((key.tenant, key.namespace, key.name, cache.shards))
-                factors[(ShardKind.CACHE, key.tenant, key.namespace, key.name)] = (
-                    cache.replication_factor
-                )
+                named = (ShardKind.CACHE, key.tenant, key.namespace, key.name)
+                factors[named] = cache.replication_factor
+                if cache.replicated:
+                    quorum.add(named)
         return shard_specs(streams, caches, factors, frozenset(quorum))
 
     return read

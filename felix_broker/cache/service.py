@@ -46,12 +46,13 @@ import contextlib
 import itertools
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any, TypeVar
+from typing import Any, Protocol, TypeVar
 
 from prometheus_client import Counter
 
 from felix_broker.cache.records import Kind, decode_record
 from felix_broker.cache.shard import (
+    ENTRY_OVERHEAD,
     CacheLimits,
     CacheShard,
     Entry,
@@ -62,6 +63,7 @@ from felix_broker.cache.watch import Change, Watcher
 from felix_broker.catalog import CacheSpec, Catalog
 from felix_broker.config import BrokerConfig, FsyncMode
 from felix_broker.metrics import BrokerMetrics
+from felix_broker.replication.driver import ReplicationRefusedError
 from felix_broker.session.context import RequestContext
 from felix_broker.session.dispatch import DispatchTable, Handler
 from felix_broker.session.protocol import StreamProtocol
@@ -71,8 +73,9 @@ from felix_common.permissions import Action, cache_object
 from felix_transport import Stream, StreamClosedError
 from felix_transport.events import ConnectionClosedError
 from felix_wire.codec import encode_frame
-from felix_wire.errors import ErrorCode
+from felix_wire.errors import ErrorCode, RetryClass
 from felix_wire.features import Feature
+from felix_wire.fleet import CacheOpKind, ReplicatedCacheOp
 from felix_wire.messages import (
     CacheConditionResult,
     CacheDelete,
@@ -90,6 +93,7 @@ from felix_wire.messages import (
     CounterGet,
     CounterValue,
     CursorErrorReason,
+    ErrorDetail,
     EventStreamHello,
     ShardMoved,
     SubscribeCursorError,
@@ -131,10 +135,47 @@ _DURABLE_FEATURES = _MEMORY_FEATURES | int(
 class _Refused(Exception):
     """A request refused with an error frame."""
 
-    def __init__(self, code: ErrorCode, text: str) -> None:
+    def __init__(
+        self,
+        code: ErrorCode,
+        text: str,
+        *,
+        retry: RetryClass | None = None,
+        reason: str | None = None,
+    ) -> None:
         super().__init__(text)
         self.code = code
         self.text = text
+        self.retry = retry
+        self.reason = reason
+
+    def frame(self, proto: StreamProtocol) -> bytes:
+        detail = ErrorDetail(reason=self.reason) if self.reason else None
+        return proto.error(self.code, self.text, retry=self.retry, detail=detail)
+
+
+class Outcome(Protocol):
+    """What applying one replicated write gave (felix_broker/replication/cache.py)."""
+
+    @property
+    def applied(self) -> bool: ...
+    @property
+    def version(self) -> int | None: ...
+    @property
+    def value(self) -> bytes | None: ...
+    @property
+    def total(self) -> int | None: ...
+    @property
+    def error(self) -> tuple[ErrorCode, str] | None: ...
+
+
+class ReplicatedCaches(Protocol):
+    """A fleet member's replication of Quorum caches (`CacheReplication`): the write
+    path and the read gate of their shards."""
+
+    def read_refusal(self, spec: CacheSpec, index: int) -> tuple[ErrorCode, str | None] | None: ...
+
+    async def write(self, spec: CacheSpec, index: int, op: ReplicatedCacheOp) -> Outcome: ...
 
 
 class CacheService:
@@ -159,6 +200,9 @@ class CacheService:
         self._started = False
         self._closed = False
         self._fsync = metrics.timed_fsync()
+        # A fleet member's replication of Quorum caches (RF > 1); None: every cache is
+        # written here directly (standalone, or Leader caches).
+        self.replication: ReplicatedCaches | None = None
         registry = metrics.registry
         self.evictions = Counter(
             "felix_cache_evictions",
@@ -257,6 +301,8 @@ class CacheService:
     async def _ttl_pass(self) -> None:
         now = now_ms()
         for shard in list(self._shards.values()):
+            if shard.replicated:
+                continue  # its leader writes expiry through replication
             try:
                 expired = shard.expire_due(now)
             except StorageError as exc:
@@ -273,7 +319,7 @@ class CacheService:
         await asyncio.gather(*pending, return_exceptions=True)
 
     def _maybe_compact(self, shard: CacheShard) -> None:
-        if shard.wants_compaction and not self._closed:
+        if shard.wants_compaction and not self._closed and not shard.replicated:
             # Marked now, not when the task first runs, so the writes before that
             # do not start a second compaction of the same shard.
             shard.compacting = True
@@ -325,6 +371,24 @@ class CacheService:
             await found.close()
         except StorageError as exc:
             _log.error("closing a moved cache shard failed: %s", exc)
+
+    async def adopt(self, spec: CacheSpec, index: int, shard: CacheShard) -> None:
+        """Serve `shard` (a replica's, rebuilt from its replication log) for one shard of
+        a replicated cache; the one held before is closed (its watches end)."""
+        scope = (spec.tenant_id, spec.namespace, spec.name, index)
+        previous = self._shards.get(scope)
+        self._shards[scope] = shard
+        if previous is not None and previous is not shard:
+            for watcher in previous.watchers():
+                watcher.close()
+            try:
+                await previous.close()
+            except StorageError as exc:
+                _log.error("closing a replaced cache shard failed: %s", exc)
+
+    async def release(self, spec: CacheSpec, index: int) -> None:
+        """`release_shard` by spec (a replica of a replicated cache shard went)."""
+        await self.release_shard(spec.tenant_id, spec.namespace, spec.name, index)
 
     def shard_watches(self, key: tuple[str, str, str, int]) -> int:
         """How many watches of one shard are still open."""
@@ -397,7 +461,7 @@ class CacheService:
                     spec = self._admit(ctx, request, action)
                     answer = await op(spec, request, ctx)
                 except _Refused as refused:
-                    answer = proto.error(refused.code, refused.text)
+                    answer = refused.frame(proto)
                 except StorageError as exc:
                     _log.error("cache request failed in storage: %s", exc)
                     answer = proto.error(ErrorCode.STORAGE, f"cache storage failed: {exc}")
@@ -419,7 +483,7 @@ class CacheService:
             try:
                 return op(self._admit(ctx, request, action), request, ctx)
             except _Refused as refused:
-                return proto.error(refused.code, refused.text)
+                return refused.frame(proto)
             except StorageError as exc:
                 _log.error("cache request failed in storage: %s", exc)
                 return proto.error(ErrorCode.STORAGE, f"cache storage failed: {exc}")
@@ -459,7 +523,10 @@ class CacheService:
 
     def _get_now(self, spec: CacheSpec, request: CacheGet, ctx: RequestContext) -> bytes:
         key = request.key
-        entry = self.shard_of_key(spec, key).get(key, now_ms())
+        replicated = self._gate(spec, key)
+        shard = self.shard_of_key(spec, key)
+        # A replica's reads leave its recency order alone (eviction follows writes only).
+        entry = shard.live(key, now_ms()) if replicated else shard.get(key, now_ms())
         return ctx.proto.message(
             CacheValue(
                 tenant_id=request.tenant_id,
@@ -475,21 +542,36 @@ class CacheService:
 
     async def _delete(self, spec: CacheSpec, request: CacheDelete, ctx: RequestContext) -> bytes:
         key = request.key
-        shard = self.shard_of_key(spec, key)
-        removed, offset = shard.delete(key, now_ms())
-        await shard.wait_durable(offset)
+        if self._replicated(spec):
+            op = ReplicatedCacheOp(op=CacheOpKind.DELETE, key=key, now_ms=now_ms())
+            value = (await self._write(spec, op)).value
+        else:
+            shard = self.shard_of_key(spec, key)
+            removed, offset = shard.delete(key, now_ms())
+            await shard.wait_durable(offset)
+            value = removed.value if removed is not None else None
         return ctx.proto.message(
             CacheValue(
                 tenant_id=request.tenant_id,
                 namespace=request.namespace,
                 cache=request.cache,
                 key=key,
-                value=removed.value if removed is not None else None,
+                value=value,
                 request_id=request.request_id,
             )
         )
 
     async def _put_request(self, spec: CacheSpec, request: CachePut, ctx: RequestContext) -> bytes:
+        if self._replicated(spec):
+            op = ReplicatedCacheOp(
+                op=CacheOpKind.PUT,
+                key=request.key,
+                now_ms=now_ms(),
+                value=request.value,
+                ttl_ms=request.ttl_ms or None,
+            )
+            await self._write(spec, op)
+            return ctx.proto.message(CacheOk(request_id=request.request_id or 0))
         shard = self.shard_of_key(spec, request.key)
         entry = self._put(shard, request.key, request.value, request.ttl_ms)
         await shard.wait_durable(entry.offset)
@@ -499,9 +581,24 @@ class CacheService:
 
     async def _put_if(self, spec: CacheSpec, request: CachePutIf, ctx: RequestContext) -> bytes:
         key = request.key
-        shard = self.shard_of_key(spec, key)
         condition = request.condition
         wanted = condition.version if isinstance(condition, VersionCondition) else None
+        if self._replicated(spec):
+            op = ReplicatedCacheOp(
+                op=CacheOpKind.PUT_IF,
+                key=key,
+                now_ms=now_ms(),
+                value=request.value,
+                ttl_ms=request.ttl_ms or None,
+                version=wanted,
+            )
+            outcome = await self._write(spec, op)
+            return ctx.proto.message(
+                CacheConditionResult(
+                    applied=outcome.applied, version=outcome.version, request_id=request.request_id
+                )
+            )
+        shard = self.shard_of_key(spec, key)
         await shard.settle(key)
         try:
             applied, version, offset = shard.put_if(
@@ -519,6 +616,16 @@ class CacheService:
         self, spec: CacheSpec, request: CacheDeleteIf, ctx: RequestContext
     ) -> bytes:
         key = request.key
+        if self._replicated(spec):
+            op = ReplicatedCacheOp(
+                op=CacheOpKind.DELETE_IF, key=key, now_ms=now_ms(), version=request.version
+            )
+            outcome = await self._write(spec, op)
+            return ctx.proto.message(
+                CacheConditionResult(
+                    applied=outcome.applied, version=outcome.version, request_id=request.request_id
+                )
+            )
         shard = self.shard_of_key(spec, key)
         await shard.settle(key)
         applied, version, offset = shard.delete_if(key, request.version, now_ms())
@@ -530,6 +637,12 @@ class CacheService:
     async def _counter_add(
         self, spec: CacheSpec, request: CounterAdd, ctx: RequestContext
     ) -> bytes:
+        if self._replicated(spec):
+            op = ReplicatedCacheOp(
+                op=CacheOpKind.COUNTER_ADD, key=request.key, now_ms=now_ms(), delta=request.delta
+            )
+            total = (await self._write(spec, op)).total
+            return ctx.proto.message(CounterValue(value=total, request_id=request.request_id))
         shard = self.shard_of_key(spec, request.key)
         try:
             total, offset = shard.counter_add(request.key, request.delta)
@@ -542,9 +655,54 @@ class CacheService:
     async def _counter_get(
         self, spec: CacheSpec, request: CounterGet, ctx: RequestContext
     ) -> bytes:
+        self._gate(spec, request.key)
         shard = self.shard_of_key(spec, request.key)
         value = shard.counter(request.key)
         return ctx.proto.message(CounterValue(value=value, request_id=request.request_id))
+
+    # -- replicated (Quorum) caches in a fleet -------------------------------------
+
+    def _replicated(self, spec: CacheSpec) -> bool:
+        return self.replication is not None and spec.replicated
+
+    def _gate(self, spec: CacheSpec, key: str) -> bool:
+        """For a read of `key`: raises the refusal of a replicated shard not served
+        here; whether the shard is replicated."""
+        if not self._replicated(spec):
+            return False
+        self._gate_index(spec, shard_for_key(key.encode(), spec.shards, CACHE_MODE))
+        return True
+
+    def _gate_index(self, spec: CacheSpec, index: int) -> None:
+        if self.replication is None or not spec.replicated:
+            return
+        refused = self.replication.read_refusal(spec, index)
+        if refused is not None:
+            code, reason = refused
+            text = f"{code.wire}: {reason}" if reason else code.wire
+            raise _Refused(code, text, reason=reason)
+
+    async def _write(self, spec: CacheSpec, op: ReplicatedCacheOp) -> Outcome:
+        """One write of a replicated cache, answered at the quorum mark (see
+        felix_broker/replication/cache.py); a refusal raises `_Refused`."""
+        assert self.replication is not None
+        key = op.key.encode()
+        if op.value is not None:  # refused before it takes a place in the log
+            size = len(key) + len(op.value) + ENTRY_OVERHEAD
+            if size > self.limits.max_shard_bytes:
+                raise _Refused(
+                    ErrorCode.LIMIT_EXCEEDED,
+                    f"an entry of {size} bytes exceeds the shard bound of "
+                    f"{self.limits.max_shard_bytes} bytes",
+                )
+        index = shard_for_key(key, spec.shards, CACHE_MODE)
+        try:
+            outcome = await self.replication.write(spec, index, op)
+        except ReplicationRefusedError as exc:
+            raise _Refused(exc.code, str(exc), retry=exc.retry, reason=exc.reason) from None
+        if outcome.error is not None:
+            raise _Refused(*outcome.error)
+        return outcome
 
     def _put(self, shard: CacheShard, key: str, value: bytes, ttl_ms: int | None) -> Entry:
         try:
@@ -568,6 +726,7 @@ class CacheService:
             )
         if request.key is not None:
             # A key watch follows its key's shard; `shard` is ignored (K7).
+            self._gate(spec, request.key)
             shard = self.shard_of_key(spec, request.key)
         else:
             if request.shard is None and spec.shards > 1:
@@ -581,6 +740,7 @@ class CacheService:
                     ErrorCode.INVALID_REQUEST,
                     f"cache {spec.name} has {spec.shards} shard(s), not {index + 1}",
                 )
+            self._gate_index(spec, index)
             shard = self.shard(spec, index)
         log = shard.log
         assert log is not None

@@ -143,6 +143,10 @@ class CacheShard:
         self._prefix_watchers: set[Watcher] = set()
         self._next_version = _now_us()
         self._last_stamp_us = 0
+        # A replica's shard of a replicated (Quorum) cache: written only by applying its
+        # replication log (felix_broker/replication/cache.py), so never expired on this
+        # broker's clock nor compacted by the cache service.
+        self.replicated = False
 
     # -- life cycle -------------------------------------------------------------------
 
@@ -387,6 +391,26 @@ class CacheShard:
             self._remove(key)
             done += 1
         return done
+
+    def expired(self, now: int, limit: int) -> list[tuple[str, int]]:
+        """Up to `limit` entries whose TTL passed, as (key, version), earliest deadline
+        first; nothing changes (a replicated shard's leader writes their deletes)."""
+        found: list[tuple[str, int]] = []
+        kept: list[tuple[int, str, int]] = []
+        while self._expiry and len(found) < limit:
+            item = self._expiry[0]
+            expires, key, version = item
+            if expires > now:
+                break
+            heapq.heappop(self._expiry)
+            entry = self.entries.get(key)
+            if entry is None or entry.version != version or entry.expires_at_ms != expires:
+                continue  # overwritten or deleted since
+            found.append((key, version))
+            kept.append(item)
+        for item in kept:  # still there until its delete is applied
+            heapq.heappush(self._expiry, item)
+        return found
 
     def _trim_expiry_heap(self) -> None:
         # Overwritten TTL entries leave stale heap items; rebuild before they pile up.

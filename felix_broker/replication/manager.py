@@ -221,10 +221,16 @@ class ReplicationManager:
             ):
                 await driver.promote(route.generation)
         await self._report_refusals()
-        for shard in set(self.service.drivers) - wanted:
+        streams = {shard for shard in self.service.drivers if shard.kind is ShardKind.STREAM}
+        for shard in streams - wanted:  # cache shards' drivers are replication/cache.py's
             gone = self.service.remove(shard)
             if gone is not None:
                 await gone.close()
+
+    def on_event(self, shard: ShardId, effect: Effect) -> None:
+        """A driver's event for the fleet (a refused promotion is reported to etcd);
+        also the cache shards' drivers' (replication/cache.py)."""
+        self._on_event(shard, effect)
 
     def _on_event(self, shard: ShardId, effect: Effect) -> None:
         if isinstance(effect, PromotionRefused) and self._report is not None:

@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 67b5afe00c64dff732ea2d1efb2f2abbef85796ae26a982f41e242ec88e5e242
+# spec sha256: 9f25cde8cf3f2e3f1982dc29633466ece48de1cf2350db1e5498b56c275a31ad
 """The fleet catalogue: etcd record shapes and broker-to-broker messages.
 
 Broker-to-broker QUIC (TLS 1.3, mutual TLS): each broker's peer certificate is signed by the fleet CA and names its node id as a DNS SAN; both sides check it, and the listener checks it against hello.
@@ -75,6 +75,7 @@ __all__ = [
     "AssignmentKind",
     "ForwardAck",
     "ShipRefusal",
+    "CacheOpKind",
     "Member",
     "Assignment",
     "FinalizedFeature",
@@ -90,6 +91,7 @@ __all__ = [
     "ReplicaEntry",
     "ReplicatedBatch",
     "MoveFile",
+    "ReplicatedCacheOp",
     "CacheOp",
     "CacheOpAnswer",
     "Hello",
@@ -359,6 +361,17 @@ class ShipRefusal(enum.StrEnum):
     RESUME = "resume"
 
 
+class CacheOpKind(enum.StrEnum):
+    """what a replicated cache op does; expire is the leader's TTL delete (applied only while the key still holds the version that expired)"""
+
+    PUT = "put"
+    DELETE = "delete"
+    PUT_IF = "put_if"
+    DELETE_IF = "delete_if"
+    COUNTER_ADD = "counter_add"
+    EXPIRE = "expire"
+
+
 class Member(msgspec.Struct, omit_defaults=True, kw_only=True):
     """A live broker's registration."""
 
@@ -587,6 +600,34 @@ class MoveFile(msgspec.Struct, omit_defaults=True, kw_only=True):
 
     def __post_init__(self) -> None:
         _check_u64(self, ("size",), ())
+
+
+class ReplicatedCacheOp(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """The payload of a cache shard's ReplicaEntry: one write as the leader admitted it. Every replica applies committed ops in log order to its cache shard, with the leader's clock (now_ms), so entries, versions (cache log offsets), TTLs and counter sums are the leader's on every replica. A condition is checked when the op is applied (at its place in the log), not when it was admitted."""
+
+    op: CacheOpKind
+    key: str
+    now_ms: U64
+    """the leader's wall clock when it admitted the op (TTL deadlines and expiry checks)"""
+    value: bytes | None = None
+    """put and put_if"""
+    ttl_ms: U64 | None = None
+    """put and put_if; absent or 0: no expiry"""
+    version: U64 | None = None
+    """put_if: the version the key must hold (absent: the key must be absent); delete_if and expire: the version the key must hold"""
+    delta: I64 | None = None
+    """counter_add"""
+
+    def __post_init__(self) -> None:
+        _check_u64(
+            self,
+            (
+                "now_ms",
+                "ttl_ms",
+                "version",
+            ),
+            (),
+        )
 
 
 CacheOp = Union[

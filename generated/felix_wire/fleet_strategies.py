@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 67b5afe00c64dff732ea2d1efb2f2abbef85796ae26a982f41e242ec88e5e242
+# spec sha256: 9f25cde8cf3f2e3f1982dc29633466ece48de1cf2350db1e5498b56c275a31ad
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
@@ -155,6 +155,16 @@ FLEET_SHAPE_STRATEGIES["MoveFile"] = st.builds(
     area=_TEXT,
     path=_TEXT,
     size=_U64,
+)
+FLEET_SHAPE_STRATEGIES["ReplicatedCacheOp"] = st.builds(
+    _f.ReplicatedCacheOp,
+    op=st.sampled_from(_f.CacheOpKind),
+    key=_TEXT,
+    now_ms=_U64,
+    value=(st.none() | _BLOB),
+    ttl_ms=(st.none() | _U64),
+    version=(st.none() | _U64),
+    delta=(st.none() | _I64),
 )
 FLEET_SHAPE_STRATEGIES["CacheOp"] = st.one_of(
     _CLIENT_MESSAGES["cache_get"],

@@ -85,11 +85,11 @@ class Applied:
 
 @asynccontextmanager
 async def etcd_control_plane(
-    tmp: Path, endpoint: str, stream: dict[str, Any]
+    tmp: Path, endpoint: str, stream: dict[str, Any], cache: dict[str, Any] | None = None
 ) -> AsyncIterator[tuple[str, str]]:
     """`felix-controlplane --store etcd` with its placer, the tests' tenant and namespace
-    bootstrapped and `stream` (a stream body of its API) created; yields (admin URL,
-    bootstrap secret)."""
+    bootstrapped and `stream` (a stream body of its API) created, and `cache` (a cache
+    body) if given; yields (admin URL, bootstrap secret)."""
     ready = tmp / "ready.json"
     args = parse_args(
         [
@@ -116,6 +116,9 @@ async def etcd_control_plane(
         base = f"{urls['url']}/v1/tenants/{TENANT}/namespaces"
         assert (await call("POST", base, token=admin, body={"name": NS}))[0] == 201
         assert (await call("POST", f"{base}/{NS}/streams", token=admin, body=stream))[0] == 201
+        if cache is not None:
+            created = await call("POST", f"{base}/{NS}/caches", token=admin, body=cache)
+            assert created[0] == 201, created
         yield urls["admin_url"], secret
     finally:
         stop.set()

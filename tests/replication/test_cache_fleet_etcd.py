@@ -1,0 +1,276 @@
+"""A Quorum cache end to end: a real etcd, the control plane (its store in etcd, the
+placer running) with the cache defined through its API at replication_factor 3, and
+three brokers that joined through etcd (real QUIC, mutual TLS between peers, real
+storage). Nothing sets a route by hand.
+
+- puts and counter adds acknowledged by the leader survive its loss: the placer
+  promotes a replica at a new generation, which serves the same values, versions
+  and exact counter totals;
+- a leader cut off from both its replicas (the test-mode fault file's
+  ``peer_blocked``) answers ``quorum_timeout`` (outcome unknown), and the write it
+  could not replicate is not served as acknowledged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from felix_broker.app import Broker
+from felix_broker.catalog import CacheSpec, StaticCatalog, StreamSpec
+from felix_broker.chaos.faults import Faults, write_fault
+from felix_broker.config import load_config
+from felix_broker.fleet.node import FleetNode
+from felix_broker.fleet.peer import PeerTls
+from felix_broker.fleet.routing import AssignmentState, RoutingSnapshot, ShardId, ShardKind
+from felix_broker.fleet.view import FleetView
+from felix_common.catalog import Consistency
+from felix_common.etcd_process import EtcdProcess
+from felix_common.tokens import DevIssuer, TokenVerifier
+from felix_transport import default_impl, generate_ca
+from felix_wire.messages import (
+    CacheGet,
+    CacheOk,
+    CachePut,
+    CacheValue,
+    CounterAdd,
+    CounterGet,
+    CounterValue,
+    Error,
+)
+from tests.support.etcd import etcd_server
+
+from ..fleet.harness import NODES, Entry
+from ..fleet.support import etcd_control_plane, eventually
+from ..support.wire import NS, TENANT, WireClient, WireStream
+
+__all__ = ["etcd_server"]
+
+pytestmark = pytest.mark.timeout(180)
+
+CACHE = "qcache"
+SHARD = ShardId(ShardKind.CACHE, TENANT, NS, CACHE, 0)
+SPEC = CacheSpec(TENANT, NS, CACHE, replication_factor=3, consistency=Consistency.QUORUM)
+PLAIN = StreamSpec(TENANT, NS, "plain")
+QUORUM_TIMEOUT_MS = 1000
+
+
+@asynccontextmanager
+async def control_plane(tmp: Path, endpoint: str) -> AsyncIterator[None]:
+    """The control plane on etcd with the Quorum cache (RF 3) created through its API."""
+    cache = {"name": CACHE, "consistency": "Quorum", "replication_factor": 3}
+    async with etcd_control_plane(tmp, endpoint, {"name": "plain"}, cache):
+        yield
+
+
+async def start_broker(
+    tmp: Path, node_id: str, endpoint: str, fleet_ca: Any, issuer: DevIssuer
+) -> Broker:
+    settings: dict[str, Any] = {
+        "quic_bind": "127.0.0.1:0",
+        "metrics_bind": "127.0.0.1:0",
+        "peer_bind": "127.0.0.1:0",
+        "data_dir": str(tmp / node_id),
+        "quic_impl": default_impl(),
+        "node_id": node_id,
+        "etcd_endpoints": endpoint,
+        "node_lease_ttl_ms": 3000,
+        "publish_quorum_timeout_ms": QUORUM_TIMEOUT_MS,
+        "test_faults_file": str(faults_file(tmp, node_id)),
+    }
+    config = dataclasses.replace(
+        load_config(environ={}, overrides=settings),
+        catalog=StaticCatalog(streams=[PLAIN], caches=[SPEC]),
+    )
+    fleet = FleetNode(
+        tls=PeerTls.issue(fleet_ca, node_id), view=FleetView(RoutingSnapshot(node_id=node_id))
+    )
+    broker = Broker(config, verifier=TokenVerifier(issuer.jwks()), fleet=fleet)
+    await broker.start()
+    return broker
+
+
+def faults_file(tmp: Path, node_id: str) -> Path:
+    return tmp / f"{node_id}-faults.json"
+
+
+def serving(broker: Broker) -> bool:
+    replication = broker.cache_replication
+    held = replication.driver(SHARD) if replication is not None else None
+    return held is not None and held.refusal() is None
+
+
+def state(broker: Broker) -> tuple[dict[str, tuple[bytes, int]], dict[str, int]]:
+    assert broker.cache is not None
+    shard = broker.cache.shard(SPEC, 0)
+    return (
+        {k: (e.value, e.version) for k, e in shard.entries.items()},
+        {k: c.total for k, c in shard.counters.items()},
+    )
+
+
+def put(key: str, value: bytes, rid: int) -> CachePut:
+    return CachePut(
+        tenant_id=TENANT, namespace=NS, cache=CACHE, key=key, value=value, request_id=rid
+    )
+
+
+def get(key: str, rid: int) -> CacheGet:
+    return CacheGet(tenant_id=TENANT, namespace=NS, cache=CACHE, key=key, request_id=rid)
+
+
+def add(key: str, delta: int, rid: int) -> CounterAdd:
+    return CounterAdd(
+        tenant_id=TENANT, namespace=NS, cache=CACHE, key=key, delta=delta, request_id=rid
+    )
+
+
+def counter(key: str, rid: int) -> CounterGet:
+    return CounterGet(tenant_id=TENANT, namespace=NS, cache=CACHE, key=key, request_id=rid)
+
+
+async def ask(stream: WireStream, message: Any) -> Any:
+    await stream.send(message)
+    return await asyncio.wait_for(stream.recv(), 20)
+
+
+class Fleet:
+    def __init__(self, tmp: Path, endpoint: str) -> None:
+        self.tmp = tmp
+        self.endpoint = endpoint
+        self.fleet_ca = generate_ca("test fleet")
+        self.issuer = DevIssuer.load_or_create(tmp / "issuer")
+        self.brokers: dict[str, Broker] = {}
+
+    def route(self, node: str) -> Any:
+        fleet = self.brokers[node].fleet
+        return fleet.view.snapshot.routes.get(SHARD) if fleet is not None else None
+
+    async def session(self, node: str) -> tuple[WireClient, WireStream]:
+        client = await WireClient.connect(Entry(self.brokers[node], self.issuer))
+        return client, await client.session()
+
+
+@asynccontextmanager
+async def running(tmp: Path, endpoint: str) -> AsyncIterator[tuple[Fleet, str, int]]:
+    """The control plane and three brokers; yields the fleet, the cache shard's leader
+    (open) and its generation."""
+    fleet = Fleet(tmp, endpoint)
+    async with AsyncExitStack() as stack:
+        await stack.enter_async_context(control_plane(tmp, endpoint))
+        for node in NODES:
+            fleet.brokers[node] = await start_broker(
+                tmp, node, endpoint, fleet.fleet_ca, fleet.issuer
+            )
+            stack.push_async_callback(fleet.brokers[node].stop)
+
+        def placed() -> bool:
+            routes = [fleet.route(n) for n in NODES]
+            first = routes[0]
+            return (
+                first is not None
+                and first.state is AssignmentState.ACTIVE
+                and all(r == first for r in routes)
+            )
+
+        await eventually(placed, within=30, what="a placed replica set")
+        route = fleet.route(NODES[0])
+        assert sorted(route.replicas) == sorted(NODES)
+        await eventually(
+            lambda: serving(fleet.brokers[route.leader]), within=15, what="the leader open"
+        )
+        yield fleet, route.leader, route.generation
+
+
+async def test_acked_puts_and_counter_adds_survive_the_leaders_loss(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    async with running(tmp_path, etcd_server.endpoint) as (fleet, leader, generation):
+        followers = [n for n in NODES if n != leader]
+        client, s = await fleet.session(leader)
+        for i in range(6):
+            assert await ask(s, put(f"k{i}", b"v%d" % i, i + 1)) == CacheOk(request_id=i + 1)
+        total = 0
+        for i, delta in enumerate([5, -2, 7, 1, 1, 10, -4, 3]):
+            total += delta
+            assert await ask(s, add("hits", delta, 100 + i)) == CounterValue(
+                value=total, request_id=100 + i
+            )
+        client.close()
+        # Counter adds through a follower: forwarded to the leader, acked there.
+        client, s = await fleet.session(followers[0])
+        for i in range(4):
+            total += 2
+            assert await ask(s, add("hits", 2, 200 + i)) == CounterValue(
+                value=total, request_id=200 + i
+            )
+        client.close()
+        want = state(fleet.brokers[leader])
+        assert want[1] == {"hits": total}
+        await eventually(
+            lambda: all(state(fleet.brokers[n]) == want for n in followers),
+            within=15,
+            what="followers' cache state equals the leader's",
+        )
+
+        await fleet.brokers[leader].stop()  # revokes its lease: the placer acts at once
+
+        def successor() -> str | None:
+            route = fleet.route(followers[0])
+            if route is None or route.generation <= generation or route.leader == leader:
+                return None
+            return route.leader if route.state is AssignmentState.ACTIVE else None
+
+        await eventually(lambda: successor() is not None, within=30, what="a successor placed")
+        new = successor()
+        assert new in followers
+        await eventually(lambda: serving(fleet.brokers[new]), within=15, what="successor open")
+        client, s = await fleet.session(new)
+        for i in range(6):
+            answer = await ask(s, get(f"k{i}", i + 1))
+            assert isinstance(answer, CacheValue) and answer.value == b"v%d" % i, answer
+            assert answer.version == want[0][f"k{i}"][1]
+        assert await ask(s, counter("hits", 50)) == CounterValue(value=total, request_id=50)
+        assert await ask(s, add("hits", 1, 51)) == CounterValue(value=total + 1, request_id=51)
+        client.close()
+
+
+async def test_a_leader_cut_off_from_its_replicas_answers_quorum_timeout(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    async with running(tmp_path, etcd_server.endpoint) as (fleet, leader, _generation):
+        followers = [n for n in NODES if n != leader]
+        client, s = await fleet.session(leader)
+        assert await ask(s, put("k", b"acked", 1)) == CacheOk(request_id=1)
+        assert await ask(s, add("c", 3, 2)) == CounterValue(value=3, request_id=2)
+        write_fault(faults_file(tmp_path, leader), Faults(peer_blocked=frozenset(followers)))
+        await asyncio.sleep(0.3)  # the fault file is reread within 50 ms
+        for message in (put("k", b"unacked", 3), add("c", 4, 4)):
+            answer = await ask(s, message)
+            assert isinstance(answer, Error), answer
+            assert (answer.code, answer.retry) == ("quorum_timeout", "outcome_unknown")
+        # Not served as acknowledged: the leader's reads stop at the mark, and no
+        # follower holds it (each holds the acknowledged ops in its replication log,
+        # applied as far as the mark it last heard of).
+        value = await ask(s, get("k", 5))
+        assert isinstance(value, CacheValue) and value.value == b"acked", value
+        assert await ask(s, counter("c", 6)) == CounterValue(value=3, request_id=6)
+        held = fleet.brokers[leader].cache_replication
+        assert held is not None
+        driver = held.driver(SHARD)
+        assert driver is not None and driver.replica.mark is not None
+        acked_length = driver.replica.mark
+        for node in followers:
+            replica = fleet.brokers[node].cache_replication
+            assert replica is not None
+            follower = replica.driver(SHARD)
+            assert follower is not None and follower.replica.length == acked_length
+            entries, counters = state(fleet.brokers[node])
+            assert entries["k"][0] == b"acked" and counters.get("c") in (None, 3)
+        client.close()
