@@ -104,11 +104,15 @@ class WireStream:
                 self._pending.extend(decode_frame(f) for f in self.reader.feed(data))
             return self._pending.pop(0)
 
-        return await asyncio.wait_for(next_one(), timeout)
+        # asyncio.timeout, not wait_for: on 3.11 wait_for swallows a cancellation that
+        # lands as the read completes, and a cancelled test loop then never ends.
+        async with asyncio.timeout(timeout):
+            return await next_one()
 
     async def expect_end(self, timeout: float = 5.0) -> None:
         """The broker finished the stream (FIN) with nothing more to read."""
-        data = await asyncio.wait_for(self.stream.read(), timeout)
+        async with asyncio.timeout(timeout):
+            data = await self.stream.read()
         assert data == b"", f"expected the end of the stream, got {data!r}"
 
     async def nothing(self, wait: float = 0.3) -> None:
@@ -176,7 +180,8 @@ class WireClient:
     ) -> WireStream:
         """The next broker-opened stream; with `subscription_id`, its first frame must be
         the event_stream_hello naming it (and is consumed)."""
-        uni = WireStream(await asyncio.wait_for(self.connection.accept_stream(), timeout))
+        async with asyncio.timeout(timeout):
+            uni = WireStream(await self.connection.accept_stream())
         if subscription_id is not None:
             hello = await uni.recv()
             assert hello == EventStreamHello(subscription_id=subscription_id), hello
