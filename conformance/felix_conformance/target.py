@@ -78,6 +78,7 @@ FIXTURE_VARIABLES = (
     "single_shard_cache",
     "movable_stream",
     "quorum_stream",
+    "flood_stream",
     "control_url",
 )
 CONNECT_TIMEOUT = 10.0
@@ -262,6 +263,7 @@ STREAM_VARIABLES = (
     "publisher_stream",
     "movable_stream",
     "quorum_stream",
+    "flood_stream",
 )
 CACHE_VARIABLES = ("cache", "single_shard_cache")
 
