@@ -244,44 +244,27 @@ _LEADERSHIP_LOST = (
     f"{_CLUSTER} with replication whose leader loses leadership while a write waits "
     "for a majority: the fixture's /partition keeps the leader"
 )
-_OWNER_REFUSED = (
-    f"{_CLUSTER} whose forward is refused with the owner named: the reference broker "
-    "names the owner on successful forwards only"
-)
 # What a catalogue entry no case exercises needs before a case can provoke it:
-# the kit's own judgement of the standalone reference broker, by dimension.
-# Entries a standalone broker cannot be provoked into over QUIC say why.
+# the kit's own judgement of the reference broker (standalone, the fixture's fleet
+# and its limited broker), by dimension. Each says why no case reaches it.
 NEEDS: dict[str, dict[str, str]] = {
     "messages": {
-        "event": "a broker that sends the JSON event encoding",
+        "event": "a broker that sends the JSON event encoding: the reference broker "
+        "sends only binary event batches",
         "stream_deleted": "a stream deleted while subscribed; no bit value is known",
-        "subscription_lagged": "a subscriber that stops reading until its queue overflows",
-        "cache_watch_lagged": "a watcher that stops reading until its queue overflows",
-    },
-    "flag values": {
-        **{f: _OWNER_REFUSED for f in ("0x0290", "0x0690")},
-        **{
-            f: "a stream whose offsets hold no event: skipped_before"
-            for f in ("0x0822", "0x0824", "0x2822", "0x2824", "0x4822", "0x4824")
-        },
-        **{
-            f: "a durable stream that records publishers, skipping offsets"
-            for f in ("0x6822", "0x6824")
-        },
     },
     "error codes": {
         "leadership_lost": _LEADERSHIP_LOST,
         "unacknowledged": f"{_CLUSTER} whose owner takes a forward and never answers",
-        "overloaded": "a target under load: its publish queue full",
-        "limit_exceeded": "a target configured with a small limit",
-        "draining": "a broker shutting down",
-        "internal": "a broker fault",
-        "storage": "a storage fault",
-        "revoked": "a revoked credential",
+        "draining": "a client's auth landing between a broker's drain and its close: the "
+        "reference broker closes every connection once its queued publishes are answered",
+        "internal": "a broker fault no request provokes in a correct broker",
+        "revoked": "a broker that tells a revoked credential from an invalid one: the "
+        "reference broker answers both unauthenticated",
     },
     "features": {
-        "FEATURE_SUBSCRIPTION_LAGGED": "a subscriber whose broker queue overflows",
-        "FEATURE_STREAM_PUBLISH_WINDOW": "a case filling one stream's window as another publishes",
+        "FEATURE_STREAM_PUBLISH_WINDOW": "a case filling one stream's window as another "
+        "publishes: a target whose acked publishes stay unanswered long enough",
     },
 }
 

@@ -9,6 +9,7 @@ fields as base64, like the JSON wire) before it is compared.
 
 from __future__ import annotations
 
+import base64
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -25,7 +26,7 @@ from .matching import match, substitute
 from .model import FrameSpec, parse_int
 from .schema import TranscriptError
 
-__all__ = ["Received", "build_frame", "decode_received", "match_frame", "spec_of"]
+__all__ = ["MAX_FILL", "Received", "build_frame", "decode_received", "match_frame", "spec_of"]
 
 
 @dataclass(frozen=True)
@@ -66,9 +67,27 @@ def decode_received(flags: int, payload: bytes) -> Received:
     return Received(flags, payload, "binary", layout_name(flags), present)
 
 
+MAX_FILL = 1 << 20  # the largest `{$fill: N}` a transcript may ask for
+
+
+def _filled(value: Any) -> Any:
+    """`value` with every `{$fill: N}` replaced by N filler bytes (as base64, the
+    form of every byte field): a large payload without a page of base64."""
+    if isinstance(value, list):
+        return [_filled(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    if set(value) == {"$fill"}:
+        size = value["$fill"]
+        if isinstance(size, bool) or not isinstance(size, int) or not 0 <= size <= MAX_FILL:
+            raise TranscriptError("send", f"$fill takes a byte count from 0 to {MAX_FILL}")
+        return base64.b64encode(b"z" * size).decode()
+    return {k: _filled(v) for k, v in value.items()}
+
+
 def build_frame(spec: FrameSpec, variables: Mapping[str, Any]) -> bytes:
     """The bytes of a frame a transcript sends."""
-    body = substitute(spec.body, variables)
+    body = _filled(substitute(spec.body, variables))
     if spec.kind == "message":
         cls = MESSAGE_CLASSES.get(body["type"])
         if cls is None:

@@ -86,6 +86,12 @@ class Step:
     # and what its JSON answer must match (captures allowed).
     path: str | None = None
     answer: Any = None
+    # send: how many copies of the frame go out, in one write (a flood, bounded by
+    # MAX_REPEAT); expect: how many frames that match none of the alternatives may
+    # come first and are passed over (bounded by MAX_SKIP), e.g. event batches
+    # before the end of a subscription.
+    repeat: int = 1
+    skip: int = 0
 
     def describe(self) -> str:
         where = self.stream or self.conn
@@ -161,6 +167,8 @@ def _step(index: int, raw: dict[str, Any]) -> Step:
         "code": body.get("code"),
         "fin": bool(body.get("fin", False)),
         "broker": body.get("broker"),
+        "repeat": int(body.get("repeat", 1)),
+        "skip": int(body.get("skip", 0)),
     }
     if action == "expect_silence":
         args["seconds"] = float(body["for"])

@@ -4,7 +4,8 @@ A YAML document validated by `schema/profile.schema.json`: where the broker is
 and how to trust it, the credentials, the streams and caches cases may use,
 the extra tokens of the forbidden cases, and the control endpoint the fault
 cases ask for a fault (`control_url`, with `streams.movable_stream` or
-`streams.quorum_stream`).
+`streams.quorum_stream`), and a broker with small bounds the limit cases reach
+(`limited_broker`).
 Everything is optional; the command line overrides it, and a case needing a
 name it lacks gets "setup". Relative paths in it are relative to the profile's
 own folder.
@@ -25,7 +26,7 @@ from typing import Any
 import jsonschema
 import yaml
 
-from .target import CACHE_VARIABLES, STREAM_VARIABLES, fixture_ca_file
+from .target import CACHE_VARIABLES, LIMITED_BROKER, STREAM_VARIABLES, fixture_ca_file
 
 __all__ = ["Profile", "ProfileError", "load_profile", "profile_from_fixture", "render_profile"]
 
@@ -68,7 +69,7 @@ def load_profile(path: Path) -> Profile:
         raise ProfileError(f"{path}: {where}: {best.message}")
     folder = path.parent
     variables: dict[str, Any] = dict(document.get("variables", {}))
-    for name in ("tenant_id", "namespace", "other_tenant", "token", "control_url"):
+    for name in ("tenant_id", "namespace", "other_tenant", "token", "control_url", LIMITED_BROKER):
         if name in document:
             variables[name] = document[name]
     if "token_file" in document:
@@ -94,10 +95,14 @@ def profile_from_fixture(fixture: Path) -> dict[str, Any]:
     for name in ("tenant_id", "token", "namespace"):
         if name in document:
             out[name] = document[name]
-    if "control_url" in document and ("movable_stream" in document or "quorum_stream" in document):
+    faults = ("movable_stream", "quorum_stream", "limited_addrs")
+    if "control_url" in document and any(name in document for name in faults):
         # A fleet fixture fences movable_stream on POST /fence and cuts quorum_stream's
-        # leader off on POST /partition: the fault cases run.
+        # leader off on POST /partition; any fixture with a limited broker fails its
+        # fsyncs on POST /storage-fault: the fault cases run.
         out["control_url"] = document["control_url"]
+    if document.get("limited_addrs"):
+        out[LIMITED_BROKER] = document["limited_addrs"][0]
     sections = {
         "streams": (*STREAM_VARIABLES, "missing_stream"),
         "caches": CACHE_VARIABLES,

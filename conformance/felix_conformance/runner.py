@@ -246,26 +246,35 @@ class _CaseRun:
             text = data.hex()
         else:
             text = decode_received(frames[0].flags, frames[0].payload).describe()
+        if step.repeat > 1:
+            data, text = data * step.repeat, f"{step.repeat} x {text}"
         try:
             await io.write(data, text, fin=step.fin)
         except StreamClosedError as exc:
             raise StepFailedError(step, f"could not send: {exc}") from None
 
     async def _expect(self, step: Step) -> None:
+        """The next frame must match one of the step's alternatives; with `skip`,
+        up to that many frames matching none come first and are passed over."""
         io = self.session.streams[self._name(step)]
-        event = await io.next_event(step.timeout)
         expected = " | ".join(_spec_text(s.body) for s in step.frames)
-        if event.frame is None:
-            raise StepFailedError(
-                step, f"expected a frame, got {event.kind}", expected, event.describe()
-            )
-        problems: list[str] = []
-        for spec in step.frames:
-            found = match_frame(spec, event.frame, self.variables, self.variables)
-            if not found:
-                return
-            problems += found
+        for skipped in range(step.skip + 1):
+            event = await io.next_event(step.timeout)
+            if event.frame is None:
+                passed = f" (after passing over {skipped} frames)" if skipped else ""
+                raise StepFailedError(
+                    step, f"expected a frame, got {event.kind}{passed}", expected, event.describe()
+                )
+            problems: list[str] = []
+            for spec in step.frames:
+                found = match_frame(spec, event.frame, self.variables, self.variables)
+                if not found:
+                    return
+                problems += found
+            if event.frame.name == "unsupported":
+                break
         frame = event.frame
+        assert frame is not None  # every iteration above returned, raised or had a frame
         if frame.name == "unsupported" and not any(
             s.type_name == "unsupported" for s in step.frames
         ):

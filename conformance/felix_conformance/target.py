@@ -45,6 +45,7 @@ __all__ = [
     "ALL_FEATURES",
     "CACHE_VARIABLES",
     "FIXTURE_VARIABLES",
+    "LIMITED_BROKER",
     "STREAM_VARIABLES",
     "Advertised",
     "Discovery",
@@ -78,6 +79,7 @@ FIXTURE_VARIABLES = (
     "single_shard_cache",
     "movable_stream",
     "quorum_stream",
+    "flood_stream",
     "control_url",
 )
 CONNECT_TIMEOUT = 10.0
@@ -156,6 +158,8 @@ def target_from_fixture(path: Path, *, server_name: str | None = None) -> Target
     variables = {name: document[name] for name in FIXTURE_VARIABLES if name in document}
     if len(document["addrs"]) > 1:
         variables["brokers"] = list(document["addrs"])  # a fleet: cluster cases run
+    if document.get("limited_addrs"):
+        variables[LIMITED_BROKER] = document["limited_addrs"][0]  # the limit cases run
     return Target(
         host,
         port,
@@ -255,6 +259,10 @@ async def probe(target: Target, timeout: float = CONNECT_TIMEOUT) -> Advertised:
     return Advertised(capabilities.flags, capabilities.features, isinstance(answer, Ok))
 
 
+# The profile variable naming a broker with small bounds (the fixture's
+# `limited_addrs`): the cases reaching a limit with a handful of frames need it.
+LIMITED_BROKER = "limited_broker"
+
 # Profile variables naming streams and caches, and what each must be on the target.
 STREAM_VARIABLES = (
     "durable_stream",
@@ -262,6 +270,7 @@ STREAM_VARIABLES = (
     "publisher_stream",
     "movable_stream",
     "quorum_stream",
+    "flood_stream",
 )
 CACHE_VARIABLES = ("cache", "single_shard_cache")
 

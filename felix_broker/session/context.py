@@ -36,7 +36,7 @@ from felix_broker.metrics import BrokerMetrics
 from felix_broker.session.protocol import StreamProtocol
 from felix_broker.streams.budget import ByteBudget
 from felix_common.tokens import Principal
-from felix_transport import Connection, Stream, StreamClosedError
+from felix_transport import Connection, ConnectionClosedError, Stream, StreamClosedError
 
 if TYPE_CHECKING:
     from felix_broker.streams.engine import Subscriber
@@ -64,6 +64,7 @@ class StreamIO:
         # publishes (PL2); at most `window` may be pending (PL3).
         self.answers: asyncio.Queue[tuple[asyncio.Future[int] | None, AnswerBuilder]]
         self.answers = asyncio.Queue(maxsize=max(1, window))
+        self._unwritable = False  # the stream went: answers are dropped, not written
         # Once the stream's token has expired (plus the leeway) its authority ends:
         # `expired` refuses further requests, `on_expire` ends what was opened under
         # it (subscriptions register here).
@@ -137,8 +138,14 @@ class StreamIO:
             await self._write_answers(ready)
 
     async def _write_answers(self, ready: list[bytes]) -> None:
+        """Write settled answers; once the stream or its connection is gone (a client
+        that closed before reading them) the rest are dropped as they settle, so the
+        writer never dies with an error nobody retrieves and nothing waits on them."""
         try:
-            await self.write(ready[0] if len(ready) == 1 else b"".join(ready))
+            if not self._unwritable:
+                await self.write(ready[0] if len(ready) == 1 else b"".join(ready))
+        except (StreamClosedError, ConnectionClosedError):
+            self._unwritable = True
         finally:
             for _ in ready:
                 self.answers.task_done()

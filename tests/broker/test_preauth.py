@@ -12,8 +12,9 @@ from pathlib import Path
 import pytest
 
 from felix_transport import Connection, Stream, StreamClosedError
+from felix_wire.codec import encode_frame
 from felix_wire.frame import HEADER_SIZE, MAGIC
-from felix_wire.messages import AuthOk, CacheGet, CacheValue, Error
+from felix_wire.messages import AckMode, AuthOk, CacheGet, CacheValue, Error, Publish
 
 from ..support.wire import NS, TENANT, WireClient
 from .harness import running_broker
@@ -126,3 +127,40 @@ async def test_streams_waiting_for_a_preauth_slot_leave_no_task_behind(tmp_path:
         ]
         assert left == []
     assert len(STALLED) == HEADER_SIZE
+
+
+async def test_a_client_gone_before_its_answers_leaves_no_failed_writer(tmp_path: Path) -> None:
+    # The asyncio guard of tests/conftest.py fails this test on "Task exception was
+    # never retrieved" (the answer writer dying on the closed stream, before the fix).
+    async with running_broker(tmp_path) as broker:
+        for _ in range(3):
+            client = await WireClient.connect(broker)
+            stream = await client.session()
+            flood = b"".join(
+                encode_frame(
+                    Publish(
+                        tenant_id=TENANT,
+                        namespace=NS,
+                        stream="orders",
+                        payload=b"x",
+                        request_id=i,
+                        ack=AckMode.PER_MESSAGE,
+                    )
+                )
+                for i in range(200)
+            )
+            await stream.send(flood)
+            client.close()
+            with contextlib.suppress(Exception):
+                await asyncio.wait_for(client.connection.wait_closed(), 5)
+        for _ in range(100):
+            if broker.session is not None and not broker.session.connections:
+                break
+            await asyncio.sleep(0.05)
+        await asyncio.sleep(0.2)
+        failed = [
+            t
+            for t in asyncio.all_tasks()
+            if "answer_writer" in repr(t.get_coro()) and t.done() and t.exception() is not None
+        ]
+        assert failed == []

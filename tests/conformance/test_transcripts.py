@@ -83,12 +83,13 @@ def test_coverage_of_layouts_and_served_messages() -> None:
 # What the shipped corpus exercises (sends, or provokes the broker into sending).
 # Raise these as cases are added; the test fails if coverage drops below them.
 COVERAGE_FLOOR = {
-    "messages": 74,
+    "messages": 76,
     "binary layouts": 4,
-    "flag values": 28,
-    "features": 33,
-    "error codes": 9,
+    "flag values": 38,
+    "features": 34,
+    "error codes": 12,
     "retry classes": 5,
+    "requirements": 92,
 }
 
 
@@ -106,7 +107,9 @@ def test_coverage_says_what_a_missing_feature_needs() -> None:
     # cluster cases now; what is still missing says what it needs.
     assert "FEATURE_REDIRECT" not in missing
     assert "FEATURE_SHARD_MOVED" not in missing  # the fault cases exercise it now
-    assert "FEATURE_SUBSCRIPTION_LAGGED (a subscriber whose broker queue overflows)" in missing
+    # The lag cases exercise it now (a subscriber left behind on flood_stream).
+    assert "FEATURE_SUBSCRIPTION_LAGGED" not in missing
+    assert "FEATURE_STREAM_PUBLISH_WINDOW (a case filling one stream's window" in missing
     assert "FEATURE_STREAM_DELETED (no bit value is known: never negotiable)" in missing
 
 
@@ -122,8 +125,11 @@ def test_coverage_says_what_needs_a_multi_broker_target() -> None:
         elif line.startswith("  none: "):
             none[dimension] = line
     cluster = "(needs a multi-broker target"
-    assert f"0x0290 {cluster}" in none["flag values"]
     assert f"leadership_lost {cluster} with replication" in none["error codes"]
+    assert f"unacknowledged {cluster} whose owner" in none["error codes"]
+    # Every flag value is exercised (the owner-named refusals and skipped layouts
+    # as frames a client sends and the broker must refuse).
+    assert none["flag values"] == "  none: -"
     assert none["retry classes"] == "  none: -"  # outcome_unknown: the quorum cases
     # What the cluster cases exercise against a fleet is no longer missing.
     for dimension, name in (
@@ -139,6 +145,13 @@ def test_coverage_says_what_needs_a_multi_broker_target() -> None:
         ("features", "FEATURE_REDIRECT"),
         # ... and the quorum cases (the fleet's /partition).
         ("error codes", "quorum_timeout"),
+        # ... and the limit cases (the fixture's limited broker and /storage-fault).
+        ("error codes", "limit_exceeded"),
+        ("error codes", "overloaded"),
+        ("error codes", "storage"),
+        # ... and the lag cases (flood_stream, a watch left behind).
+        ("messages", "subscription_lagged"),
+        ("messages", "cache_watch_lagged"),
     ):
         assert f" {name} (" not in none[dimension] and not none[dimension].endswith(name)
     # Every entry the kit explains is a real catalogue entry no shipped case exercises.
