@@ -46,16 +46,21 @@ layering: setup
 unit: setup
 	$(PY) -m pytest
 
-# The broker's, client's and fleet's QUIC tests again on the other stack (the transport tests
-# cover both stacks in one run; qh3 is the default everywhere else), with the conformance kit's
-# whole run against the broker and the client tester on both adapters (the broken-client tests
-# stay on qh3).
-KIT_ON_BOTH_STACKS := \
+# The broker's and client's QUIC tests again on the other stack (the transport tests cover both
+# stacks in one run; qh3 is the default everywhere else), with the conformance kit's whole run
+# against the broker and the client tester on both adapters (the broken-client tests stay on
+# qh3). Of the fleet's tests, those that touch a transport: tests/broker's one-vs-three-broker
+# topologies, forwarding and redirects (test_cluster), the end-to-end run and the peer link
+# (whose listener is always aioquic and whose dialer follows the stack: felix_broker/fleet/peer.py).
+# The others are about etcd, placement and moves, over links the peer tests already cover.
+ON_BOTH_STACKS := \
+	tests/broker tests/client \
+	tests/fleet/test_cluster.py tests/fleet/test_fleet_end_to_end.py tests/fleet/test_peer.py \
 	tests/conformance/test_reference_broker.py::test_whole_kit_passes_against_the_reference_broker \
 	tests/conformance/test_client_tester.py::test_felix_client_passes_every_client_case \
 	tests/conformance/test_client_tester.py::test_the_official_client_is_reported_case_by_case
 unit-aioquic: setup
-	FELIX_QUIC_IMPL=aioquic $(PY) -m pytest -q tests/broker tests/client tests/fleet $(KIT_ON_BOTH_STACKS)
+	FELIX_QUIC_IMPL=aioquic $(PY) -m pytest -q $(ON_BOTH_STACKS)
 
 # The whole test suite: what CI runs.
 test: drift lint types layering unit unit-aioquic
