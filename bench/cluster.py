@@ -154,7 +154,8 @@ async def pump(
     reader = asyncio.ensure_future(count_bytes(sub, PER_BATCH * batches))
     for _ in range(batches):
         await pub.write(frame)
-    await asyncio.wait_for(reader, 300)
+    async with asyncio.timeout(300):
+        await reader
     elapsed = time.perf_counter() - started
     sub_conn.close()
     pub_conn.close()

@@ -135,7 +135,8 @@ async def subscribe_rate(broker: Broker, tok: str, seconds: float, records: int)
     got = 0
     try:
         while got < records and time.perf_counter() - started < seconds:
-            decoded = await asyncio.wait_for(events.recv(), seconds)
+            async with asyncio.timeout(seconds):
+                decoded = await events.recv()
             got += len(getattr(decoded, "payloads", ()) or ())
     except (TimeoutError, EOFError):
         pass

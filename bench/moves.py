@@ -97,7 +97,8 @@ class Wire:
 
     async def recv(self) -> Any:
         while not self.pending:
-            data = await asyncio.wait_for(self.stream.read(), 30)
+            async with asyncio.timeout(30):
+                data = await self.stream.read()
             if not data:
                 raise EOFError("stream ended")
             self.pending.extend(decode_frame(f) for f in self.reader.feed(data))

@@ -217,7 +217,8 @@ async def throughput(side: Side, fanout: int, record: int, batches: int) -> floa
     readers = [asyncio.ensure_future(count_bytes(s, per_batch * batches)) for _, s in subs]
     for _ in range(batches):
         await pub.write(frame)
-    await asyncio.wait_for(asyncio.gather(*readers), 120)
+    async with asyncio.timeout(120):
+        await asyncio.gather(*readers)
     elapsed = time.perf_counter() - started
     for conn, _ in [*subs, (pub_conn, pub)]:
         conn.close()

@@ -437,7 +437,8 @@ class ChaosFleet:
                     raise FleetError(f"{pending[0][0]}/{pending[0][1]} not readable: {last}")
                 try:
                     if client is None:
-                        client = await asyncio.wait_for(self._connect(), 5.0)
+                        async with asyncio.timeout(5.0):
+                            client = await self._connect()
                     stream, shard = pending[0]
                     pages = client.stream_read(stream, start=0, shard=shard, max_records=1)
                     async with asyncio.timeout(5.0):
@@ -461,12 +462,14 @@ class ChaosFleet:
         others = [a for a in self.addrs if a != old]
         while loop.time() < deadline:
             try:
-                client = await asyncio.wait_for(self._connect(others), 5.0)
+                async with asyncio.timeout(5.0):
+                    client = await self._connect(others)
             except (BrokerError, ClientError, TimeoutError, OSError):
                 await asyncio.sleep(0.2)
                 continue
             try:
-                owners = await asyncio.wait_for(client.shard_owners(stream), 5.0)
+                async with asyncio.timeout(5.0):
+                    owners = await client.shard_owners(stream)
                 addr = next((o.addr for o in owners if o.shard == 0 and o.addr), None)
                 if addr is not None and addr != old:
                     pages = client.stream_read(stream, start=0, shard=0, max_records=1)

@@ -87,7 +87,8 @@ class Nemesis:
         while not stop.is_set():
             quiet = self.rng.uniform(*self.quiet)
             try:
-                await asyncio.wait_for(stop.wait(), quiet)
+                async with asyncio.timeout(quiet):
+                    await stop.wait()
                 return
             except TimeoutError:
                 pass
@@ -105,7 +106,8 @@ class Nemesis:
             stream, shards = self.rng.choice(self.fleet.layout.logs)
             shard = self.rng.randrange(shards)
             try:
-                answer = await asyncio.wait_for(self.owners.shard_owners(stream), 5.0)
+                async with asyncio.timeout(5.0):
+                    answer = await self.owners.shard_owners(stream)
                 addr = next((o.addr for o in answer if o.shard == shard), None)
                 owner = self.fleet.by_addr(addr) if addr else None
             except (BrokerError, ClientError, TimeoutError, OSError) as exc:
@@ -126,7 +128,8 @@ class Nemesis:
         if stream is None or self.owners is None:
             return None
         try:
-            answer = await asyncio.wait_for(self.owners.shard_owners(stream), 5.0)
+            async with asyncio.timeout(5.0):
+                answer = await self.owners.shard_owners(stream)
         except (BrokerError, ClientError, TimeoutError, OSError) as exc:
             _log.info("nemesis: no Quorum leader known: %s", exc)
             return None

@@ -151,7 +151,8 @@ async def run(config: RunConfig) -> RunResult:
         for task in done:
             task.result()  # a worker or the nemesis failed: the run is void
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(asyncio.shield(clients), _WORKLOAD_END_S)
+            async with asyncio.timeout(_WORKLOAD_END_S):
+                await asyncio.shield(clients)
         if not clients.done():
             clients.cancel()
         with contextlib.suppress(asyncio.CancelledError):

@@ -661,11 +661,13 @@ class Broker:
         timeout = self.config.drain_timeout_ms / 1000
         if self.engine is not None:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.engine.drain(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self.engine.drain()
         if self.session is not None:
             # The drained publishes' answers are queued on their streams: write them.
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self.session.flush_answers(), timeout)
+                async with asyncio.timeout(timeout):
+                    await self.session.flush_answers()
             self.session.close_all(CLOSE_SHUTTING_DOWN, "broker shutting down")
             await self.session.wait_closed(timeout)
 

@@ -684,7 +684,8 @@ class ControlPlane:
             if page.changes or page.reset or remaining <= 0:
                 break
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(changed.wait(), remaining)
+                async with asyncio.timeout(remaining):
+                    await changed.wait()
         document = feed.ChangePage(
             seq=page.seq,
             reset=page.reset,

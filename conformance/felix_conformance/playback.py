@@ -131,7 +131,8 @@ class _Play:
         action = step.action
         if action == "open":
             assert step.stream is not None
-            stream = await asyncio.wait_for(self.connection.accept_stream(), step.timeout)
+            async with asyncio.timeout(step.timeout):
+                stream = await self.connection.accept_stream()
             self.streams[step.stream] = StreamIO(step.stream, stream, self.log)
         elif action == "accept":
             assert step.stream is not None
@@ -156,7 +157,8 @@ class _Play:
                     f"{step.describe()}: expected FIN, got {event.describe()}"
                 )
         elif action == "close":
-            await asyncio.wait_for(self.connection.wait_closed(), step.timeout)
+            async with asyncio.timeout(step.timeout):
+                await self.connection.wait_closed()
 
     async def _receive(self, step: Step) -> None:
         (spec,) = step.frames

@@ -296,7 +296,8 @@ class _CaseRun:
     async def _expect_close(self, step: Step) -> None:
         connection = await self.session.connection(step.conn)
         try:
-            await asyncio.wait_for(connection.wait_closed(), step.timeout)
+            async with asyncio.timeout(step.timeout):
+                await connection.wait_closed()
         except TimeoutError:
             raise StepFailedError(
                 step, "connection still open", "connection close", "open"

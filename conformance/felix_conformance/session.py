@@ -149,7 +149,8 @@ class Session:
 
     async def accept(self, conn: str, name: str, timeout: float) -> StreamIO:
         connection = await self.connection(conn)
-        stream = await asyncio.wait_for(connection.accept_stream(), timeout)
+        async with asyncio.timeout(timeout):
+            stream = await connection.accept_stream()
         kind = "uni" if stream.is_unidirectional else "bidi"
         self.log.note(name, f"accepted broker-opened {kind} stream {stream.stream_id} on {conn}")
         io = self.streams[name] = StreamIO(name, stream, self.log)

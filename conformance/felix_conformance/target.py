@@ -138,9 +138,8 @@ class Target:
         problems: list[str] = []
         for _attempt in range(CONNECT_ATTEMPTS):
             try:
-                return await asyncio.wait_for(
-                    connect(self.transport_config(), host, port), CONNECT_TIMEOUT
-                )
+                async with asyncio.timeout(CONNECT_TIMEOUT):
+                    return await connect(self.transport_config(), host, port)
             except (ConnectionClosedError, OSError, TimeoutError) as exc:
                 problems.append(str(exc) or type(exc).__name__)
                 _log.warning("connecting to %s failed: %s", where, problems[-1])

@@ -426,7 +426,8 @@ class PeerPipe:
     async def answer(self, future: asyncio.Future[PeerMessage]) -> PeerMessage:
         """The answer, within `request_timeout` (the pipe breaks otherwise)."""
         try:
-            return await asyncio.wait_for(asyncio.shield(future), self._timeout)
+            async with asyncio.timeout(self._timeout):
+                return await asyncio.shield(future)
         except TimeoutError:
             self._fail(PeerUnavailableError(f"{self._node_id} did not answer in time", sent=True))
             self._stream.reset(1)
@@ -503,7 +504,8 @@ class PeerDialer:
             conn.close(0, "broker stopping")
         for conn in list(self._connections.values()):
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(conn.wait_closed(), 2)
+                async with asyncio.timeout(2):
+                    await conn.wait_closed()
         self._connections.clear()
 
     async def request(self, node_id: str, peer_addr: str, message: PeerMessage) -> PeerMessage:

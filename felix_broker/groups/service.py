@@ -176,7 +176,8 @@ class _Signal:
 
     async def wait(self, timeout: float) -> None:
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._event.wait(), timeout)
+            async with asyncio.timeout(timeout):
+                await self._event.wait()
 
 
 @dataclass(slots=True)

@@ -95,7 +95,8 @@ class StreamIO:
     async def flush_answers(self) -> None:
         """Wait (at most `ack_wait`) until every queued publish answer is written."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self.answers.join(), self._ack_wait)
+            async with asyncio.timeout(self._ack_wait):
+                await self.answers.join()
 
     async def end(self, *, reset: bool) -> None:
         """End the stream after its pending answers: `reset` abandons it (RESET_STREAM

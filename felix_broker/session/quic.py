@@ -117,7 +117,8 @@ class Session:
 
     async def _auth_timeout(self, state: ConnectionState) -> None:
         try:
-            await asyncio.wait_for(state.authenticated.wait(), self._config.auth_timeout_ms / 1000)
+            async with asyncio.timeout(self._config.auth_timeout_ms / 1000):
+                await state.authenticated.wait()
         except TimeoutError:
             _log.info("closing a connection that did not authenticate in time")
             state.connection.close(CLOSE_AUTH_TIMEOUT, "authentication timeout")
@@ -130,7 +131,8 @@ class Session:
         waits = [s.connection.wait_closed() for s in self.connections.values()]
         if waits:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(asyncio.gather(*waits, return_exceptions=True), timeout)
+                async with asyncio.timeout(timeout):
+                    await asyncio.gather(*waits, return_exceptions=True)
 
     async def flush_answers(self) -> None:
         """Wait until the publish answers queued on every stream are written (each

@@ -822,7 +822,8 @@ class Engine:
         wait_ms = self.config.publish_queue_wait_timeout_ms
         if (acked or self.config.pub_ingress_wait) and wait_ms > 0:
             try:
-                await asyncio.wait_for(pipeline.queue.put(request), wait_ms / 1000)
+                async with asyncio.timeout(wait_ms / 1000):
+                    await pipeline.queue.put(request)
                 return request.done
             except TimeoutError:
                 pass

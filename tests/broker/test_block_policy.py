@@ -43,7 +43,8 @@ async def test_block_policy_delivers_every_record_and_drops_none(tmp_path: Path)
         for _ in range(10_000):
             if len(got) >= len(sent):
                 break
-            frames = await asyncio.wait_for(sub.next_frames(), 5)
+            async with asyncio.timeout(5):
+                frames = await sub.next_frames()
             for frame, _count, _base in frames:
                 for raw in reader.feed(frame):
                     event = decode_frame(raw)
@@ -57,8 +58,10 @@ async def test_block_policy_delivers_every_record_and_drops_none(tmp_path: Path)
     for i in range(40):
         request = PublishRequest(shard, sent[i * 10 : (i + 1) * 10], None)
         done.append(await engine.publish(request, acked=True))
-    await asyncio.wait_for(asyncio.gather(*done), 10)
-    got = await asyncio.wait_for(consumer, 10)
+    async with asyncio.timeout(10):
+        await asyncio.gather(*done)
+    async with asyncio.timeout(10):
+        got = await consumer
     engine.close()
     assert got == sent
     assert sub.dropped == 0

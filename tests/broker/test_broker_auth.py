@@ -134,7 +134,8 @@ async def test_oversize_preauth_frame_resets_the_stream_on_the_header_alone(tmp_
         stream = await client.stream()
         await stream.send(encode_header(0, 4096))  # no payload follows
         with pytest.raises(StreamClosedError):
-            await asyncio.wait_for(stream.stream.read(), 5)
+            async with asyncio.timeout(5):
+                await stream.stream.read()
         client.close()
 
 
@@ -155,7 +156,8 @@ async def test_auth_timeout_closes_the_connection_with_code_1(
 ) -> None:
     async with running_broker(tmp_path, auth_timeout_ms=300, topology=topology) as broker:
         client = await WireClient.connect(broker)
-        await asyncio.wait_for(client.connection.wait_closed(), 5)
+        async with asyncio.timeout(5):
+            await client.connection.wait_closed()
         termination = client.connection.termination
         assert termination is not None
         assert (termination.error_code, termination.reason_phrase) == (1, "authentication timeout")
@@ -295,7 +297,8 @@ async def test_draining_broker_refuses_auth_then_closes_with_code_0(tmp_path: Pa
         client = await WireClient.connect(broker)
         await client.authed()
         drain = asyncio.get_running_loop().create_task(broker.drain())
-        await asyncio.wait_for(client.connection.wait_closed(), 5)
+        async with asyncio.timeout(5):
+            await client.connection.wait_closed()
         await drain
         termination = client.connection.termination
         assert termination is not None and termination.error_code == 0

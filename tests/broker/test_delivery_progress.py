@@ -34,7 +34,8 @@ async def test_history_fill_stops_when_the_log_gives_no_more(tmp_path: Path) -> 
     try:
         out: list[bytes] = []
         # Asked for more than the log holds: it stops at the tail.
-        reached = await asyncio.wait_for(writer._fill(out, 30, 50), 5)
+        async with asyncio.timeout(5):
+            reached = await writer._fill(out, 30, 50)
         assert reached == 40 and out
         # Retention removed the start: nothing to read there, no spin.
         log = shard.log
@@ -42,7 +43,9 @@ async def test_history_fill_stops_when_the_log_gives_no_more(tmp_path: Path) -> 
         assert log.apply_retention(Retention(max_age_us=0), now_us=10**9) > 0
         assert log.start_offset > 0
         out = []
-        assert await asyncio.wait_for(writer._fill(out, 0, 10), 5) == 0 and out == []
+        async with asyncio.timeout(5):
+            filled = await writer._fill(out, 0, 10)
+        assert filled == 0 and out == []
     finally:
         engine.close()
         await store.aclose()

@@ -136,7 +136,8 @@ async def fuzz_connection(broker: Any, rng: random.Random, tok: str) -> None:
             elif ending == 1:
                 stream.reset(rng.randrange(8))
             with contextlib.suppress(TimeoutError, StreamClosedError):
-                await asyncio.wait_for(stream.read(), 0.02)
+                async with asyncio.timeout(0.02):
+                    await stream.read()
         if rng.random() < 0.3:
             uni = await conn.open_uni_stream()
             await uni.write(hostile_bytes(rng, False))

@@ -93,7 +93,8 @@ async def test_every_unauthenticated_stream_times_out_whatever_its_siblings_did(
             return True
 
         # Well inside the 6 s idle timeout, which would end them all anyway.
-        results = await asyncio.wait_for(asyncio.gather(*(ended(s) for s in stalled)), 3)
+        async with asyncio.timeout(3):
+            results = await asyncio.gather(*(ended(s) for s in stalled))
         assert all(results)
         assert broker.metrics.registry.get_sample_value("felix_auth_timeouts_total") == 30
         # The authenticated stream and connection live on.
@@ -114,7 +115,8 @@ async def test_streams_waiting_for_a_preauth_slot_leave_no_task_behind(tmp_path:
             await asyncio.sleep(0.2)
             client.close()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(client.connection.wait_closed(), 5)
+                async with asyncio.timeout(5):
+                    await client.connection.wait_closed()
         for _ in range(100):
             if broker.session is not None and not broker.session.connections:
                 break

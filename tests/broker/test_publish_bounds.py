@@ -39,8 +39,10 @@ async def _frames_for_ten_queued_publishes(tmp: Path, max_delay_us: int) -> int:
     done = [
         await engine.publish(PublishRequest(shard, [b"x"], None), acked=True) for _ in range(10)
     ]
-    await asyncio.wait_for(asyncio.gather(*done), 5)
-    frames = await asyncio.wait_for(sub.next_frames(), 5)
+    async with asyncio.timeout(5):
+        await asyncio.gather(*done)
+    async with asyncio.timeout(5):
+        frames = await sub.next_frames()
     engine.close()
     assert sum(count for _, count, _ in frames) == 10
     return len(frames)
@@ -63,13 +65,15 @@ async def test_byte_budget_waits_in_order_and_admits_an_oversized_holder_alone()
     # 10 bytes would fit, but the 60 ahead of it waits first (no overtaking).
     assert not second.done() and not third.done() and budget.held == 60
     budget.release(60)
-    await asyncio.wait_for(asyncio.gather(second, third), 1)
+    async with asyncio.timeout(1):
+        await asyncio.gather(second, third)
     assert budget.held == 70
     big = asyncio.create_task(budget.acquire(500))
     await asyncio.sleep(0)
     assert not big.done()
     budget.release(70)
-    await asyncio.wait_for(big, 1)
+    async with asyncio.timeout(1):
+        await big
     assert budget.held == 500  # bigger than the budget: admitted alone
     budget.release(500)
     assert budget.held == 0
@@ -85,7 +89,8 @@ async def test_a_cancelled_waiter_gives_way() -> None:
     with pytest.raises(asyncio.CancelledError):
         await stuck
     budget.release(10)
-    await asyncio.wait_for(behind, 1)
+    async with asyncio.timeout(1):
+        await behind
     assert budget.held == 1
 
 

@@ -51,7 +51,8 @@ async def churn(broker: Any, stop: asyncio.Event, work: Any, counts: dict[str, i
     """Run `work(client)` on a fresh connection every CHURN_SECONDS until `stop`."""
     loop = asyncio.get_running_loop()
     while not stop.is_set():
-        client = await asyncio.wait_for(WireClient.connect(broker), 10)
+        async with asyncio.timeout(10):
+            client = await WireClient.connect(broker)
         # The work checks this between requests (its waits are bounded by timeouts).
         until = asyncio.Event()
         timer = loop.call_later(CHURN_SECONDS, until.set)
@@ -66,7 +67,8 @@ async def churn(broker: Any, stop: asyncio.Event, work: Any, counts: dict[str, i
             stopper.cancel()
             client.close()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(client.connection.wait_closed(), 5)
+                async with asyncio.timeout(5):
+                    await client.connection.wait_closed()
         counts["connections"] += 1
 
 
@@ -133,9 +135,11 @@ async def test_soak_returns_to_baseline(tmp_path: Path) -> None:
             task = asyncio.create_task(work(client, once, counts))
             await asyncio.sleep(0.2)
             once.set()
-            await asyncio.wait_for(task, 10)
+            async with asyncio.timeout(10):
+                await task
         client.close()
-        await asyncio.wait_for(client.connection.wait_closed(), 10)
+        async with asyncio.timeout(10):
+            await client.connection.wait_closed()
         assert broker.session is not None
         for _ in range(100):
             if not broker.session.connections:
@@ -166,7 +170,8 @@ async def test_soak_returns_to_baseline(tmp_path: Path) -> None:
                     flush=True,
                 )
         stop.set()
-        await asyncio.wait_for(asyncio.gather(*tasks), 30)
+        async with asyncio.timeout(30):
+            await asyncio.gather(*tasks)
         assert counts["publishes"] > 0 and counts["events"] > 0 and counts["cache"] > 0
 
         # Polled: everything the load held goes back to zero.

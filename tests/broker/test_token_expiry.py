@@ -86,7 +86,8 @@ async def test_requests_and_subscriptions_end_when_the_token_expires(
                 while True:
                     await events.recv(timeout=5)
 
-        await asyncio.wait_for(drained(), 5)
+        async with asyncio.timeout(5):
+            await drained()
         # One expiry per stream that held the token: the publishing one and the
         # subscribing one, wherever each was served.
         expiries = sum(

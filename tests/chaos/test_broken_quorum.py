@@ -56,7 +56,8 @@ async def _publish(rec: Recorder, client: Client, value: str) -> None:
 
 async def _leader(client: Client) -> str | None:
     try:
-        owners = await asyncio.wait_for(client.shard_owners(STREAM), 5.0)
+        async with asyncio.timeout(5.0):
+            owners = await client.shard_owners(STREAM)
     except _OUTCOMES:
         return None
     return next((o.addr for o in owners if o.shard == 0 and o.addr), None)

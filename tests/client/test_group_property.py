@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
+from collections.abc import Coroutine
 from typing import Any
 
 import pytest
@@ -39,7 +40,7 @@ sessions_strategy = st.lists(
 def test_at_least_once_and_never_after_an_ack(
     felix_fixture: dict[str, Any], count: int, sessions: list[tuple[int, list[Fate]]]
 ) -> None:
-    asyncio.run(asyncio.wait_for(_run(felix_fixture, count, sessions), 60))
+    asyncio.run(_bounded(_run(felix_fixture, count, sessions), 60))
 
 
 async def _run(doc: dict[str, Any], count: int, sessions: list[tuple[int, list[Fate]]]) -> None:
@@ -104,3 +105,8 @@ async def _dead_letters(client: felix_client.Client, group: felix_client.Group) 
 
 def _consumer(client: felix_client.Client, group: felix_client.Group) -> felix_client.Consumer:
     return client.consumer(group.stream, group=group.name, wait=0.2, max_in_flight=8, batch=4)
+
+
+async def _bounded(run: Coroutine[Any, Any, None], seconds: float) -> None:
+    async with asyncio.timeout(seconds):
+        await run

@@ -22,7 +22,8 @@ async def test_lagged_subscription_resumes_without_loss(tmp_path: Path) -> None:
         tmp_path, ("FELIX_SUB_QUEUE_CAPACITY", "1"), ("FELIX_EVENT_BATCH_MAX_EVENTS", "1")
     )
     try:
-        await asyncio.wait_for(_run(doc), 60)
+        async with asyncio.timeout(60):
+            await _run(doc)
     finally:
         stop_fixture_broker(process)
 

@@ -5,6 +5,7 @@ Run on the durable stream, where offsets also let us check order and gaps."""
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Coroutine
 from typing import Any
 
 import pytest
@@ -30,7 +31,7 @@ plans = st.lists(st.lists(operation, min_size=1, max_size=6), min_size=2, max_si
 def test_interleaved_publishes_arrive_once_in_shard_order(
     felix_fixture: dict[str, Any], plan: list[list[tuple[int, str, int]]]
 ) -> None:
-    asyncio.run(asyncio.wait_for(_run(felix_fixture, plan), 60))
+    asyncio.run(_bounded(_run(felix_fixture, plan), 60))
 
 
 async def _run(doc: dict[str, Any], plan: list[list[tuple[int, str, int]]]) -> None:
@@ -75,3 +76,8 @@ async def _run(doc: dict[str, Any], plan: list[list[tuple[int, str, int]]]) -> N
     for task, records in enumerate(sent):
         mine = [r for r in received[0] if r.startswith(b"t%d-" % task)]
         assert mine == records
+
+
+async def _bounded(run: Coroutine[Any, Any, None], seconds: float) -> None:
+    async with asyncio.timeout(seconds):
+        await run

@@ -137,7 +137,8 @@ def counter(key: str, rid: int) -> CounterGet:
 
 async def ask(stream: WireStream, message: Any) -> Any:
     await stream.send(message)
-    return await asyncio.wait_for(stream.recv(), 20)
+    async with asyncio.timeout(20):
+        return await stream.recv()
 
 
 class Fleet:

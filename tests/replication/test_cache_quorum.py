@@ -102,7 +102,8 @@ def counter(key: str, rid: int) -> CounterGet:
 
 async def ask(stream: WireStream, message: object) -> object:
     await stream.send(message)  # type: ignore[arg-type]
-    return await asyncio.wait_for(stream.recv(), 15)
+    async with asyncio.timeout(15):
+        return await stream.recv()
 
 
 async def test_quorum_cache_writes_are_acked_and_every_replica_holds_the_leaders_state(

@@ -208,7 +208,8 @@ async def test_no_majority_in_time_is_quorum_timeout_with_the_outcome_unknown(
     await fleet.cut("b2")
     await fleet.cut("b3")
     with pytest.raises(ReplicationRefusedError) as refused:
-        await asyncio.wait_for(leader.append([b"lonely"]), 5)
+        async with asyncio.timeout(5):
+            await leader.append([b"lonely"])
     assert (refused.value.code, refused.value.retry) == (
         ErrorCode.QUORUM_TIMEOUT,
         RetryClass.OUTCOME_UNKNOWN,

@@ -120,7 +120,8 @@ async def test_no_reachable_follower_answers_quorum_timeout_outcome_unknown(
         client = await WireClient.connect(fleet.entry("node-a"))
         pub = await client.session()
         await pub.send(publish(b"alone", 1))
-        answer = await asyncio.wait_for(pub.recv(), 10)
+        async with asyncio.timeout(10):
+            answer = await pub.recv()
         assert isinstance(answer, PublishError), answer
         assert (answer.code, answer.retry) == ("quorum_timeout", "outcome_unknown")
         assert "did not reach a majority within 0.8s" in answer.message

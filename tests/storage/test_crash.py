@@ -21,7 +21,8 @@ RUNS = 4
 
 
 async def read_line(stream: asyncio.StreamReader) -> str:
-    line = await asyncio.wait_for(stream.readline(), timeout=20)
+    async with asyncio.timeout(20):
+        line = await stream.readline()
     assert line.endswith(b"\n"), f"child ended early: {line!r}"
     return line.decode()
 
@@ -42,8 +43,10 @@ async def run_and_kill(directory: Path, run: int, rng: random.Random) -> tuple[i
         acks = [await read_line(process.stdout) for _ in range(rng.randint(1, 400))]
         await asyncio.sleep(rng.random() * 0.02)  # land the kill anywhere in a round
         process.send_signal(signal.SIGKILL)
-        await asyncio.wait_for(process.wait(), timeout=10)
-        rest = await asyncio.wait_for(process.stdout.read(), timeout=10)
+        async with asyncio.timeout(10):
+            await process.wait()
+        async with asyncio.timeout(10):
+            rest = await process.stdout.read()
     finally:
         if process.returncode is None:
             process.kill()

@@ -84,7 +84,8 @@ async def test_a_forked_child_starts_its_own_threads() -> None:
     async def in_child() -> None:
         done: asyncio.Future[BaseException | None] = asyncio.get_running_loop().create_future()
         run_fsync(lambda: None, done.set_result)
-        await asyncio.wait_for(done, 5)
+        async with asyncio.timeout(5):
+            await done
 
     pid = os.fork()
     if pid == 0:  # the child: report through the exit status only

@@ -31,7 +31,8 @@ async def _refused_with(config: TransportConfig, port: int) -> int:
         conn = await connect(config, HOST, port)
     except ConnectionClosedError as exc:
         return exc.error_code - 0x100
-    await asyncio.wait_for(conn.wait_closed(), 5)
+    async with asyncio.timeout(5):
+        await conn.wait_closed()
     assert conn.termination is not None
     return conn.termination.error_code - 0x100
 
@@ -78,7 +79,8 @@ async def test_both_sides_see_the_other_certificate(impl: str) -> None:
             private_key_pem=client.key_pem,
         )
         conn = await connect(config, HOST, server.address[1])  # type: ignore[attr-defined]
-        server_conn = await asyncio.wait_for(accepted.get(), 5)
+        async with asyncio.timeout(5):
+            server_conn = await accepted.get()
         assert conn.peer_certificate is not None
         assert _dns_names(conn.peer_certificate) == ["node-a"]
         seen = server_conn.peer_certificate  # type: ignore[attr-defined]

@@ -113,7 +113,8 @@ async def test_handshake_alpn_per_connection(
 ) -> None:
     async with running_server(server_config(pki, impl)) as (server, accepted):
         conn = await connect(client_config(pki, impl, offer_alpn=offer), HOST, server.address[1])
-        server_conn = await asyncio.wait_for(accepted.get(), 5)
+        async with asyncio.timeout(5):
+            server_conn = await accepted.get()
         assert conn.alpn_protocol == expected
         assert server_conn.alpn_protocol == expected
         assert server_conn.peer_address is not None
@@ -219,7 +220,8 @@ async def test_streams_opened_before_any_write_get_distinct_ids(pki: Pki, impl: 
 async def test_uni_streams_both_ways(pki: Pki, impl: str) -> None:
     async with running_server(server_config(pki, impl)) as (server, accepted):
         conn = await connect(client_config(pki, impl), HOST, server.address[1])
-        server_conn = await asyncio.wait_for(accepted.get(), 5)
+        async with asyncio.timeout(5):
+            server_conn = await accepted.get()
 
         out = await conn.open_uni_stream()
         assert out.is_unidirectional and out.writable and not out.readable
@@ -243,14 +245,16 @@ async def test_uni_streams_both_ways(pki: Pki, impl: str) -> None:
 async def test_reset_reaches_reader(pki: Pki, impl: str) -> None:
     async with running_server(server_config(pki, impl)) as (server, accepted):
         conn = await connect(client_config(pki, impl), HOST, server.address[1])
-        server_conn = await asyncio.wait_for(accepted.get(), 5)
+        async with asyncio.timeout(5):
+            server_conn = await accepted.get()
         stream = await conn.open_bidi_stream()
         await stream.write(b"partial")
         peer = await server_conn.accept_stream()
         assert await peer.read() == b"partial"
         stream.reset(7)
         with pytest.raises(StreamClosedError) as info:
-            await asyncio.wait_for(peer.read(), 5)
+            async with asyncio.timeout(5):
+                await peer.read()
         assert info.value.error_code == 7
         with pytest.raises(StreamClosedError):
             await stream.write(b"after reset")
@@ -262,13 +266,16 @@ async def test_reset_reaches_reader(pki: Pki, impl: str) -> None:
 async def test_stop_sending_reaches_writer(pki: Pki, impl: str) -> None:
     async with running_server(server_config(pki, impl)) as (server, accepted):
         conn = await connect(client_config(pki, impl), HOST, server.address[1])
-        server_conn = await asyncio.wait_for(accepted.get(), 5)
+        async with asyncio.timeout(5):
+            server_conn = await accepted.get()
         stream = await conn.open_bidi_stream()
         await stream.write(b"first")
         peer = await server_conn.accept_stream()
         assert await peer.read() == b"first"
         peer.stop_sending(9)
-        assert await asyncio.wait_for(stream.wait_stopped(), 5) == 9
+        async with asyncio.timeout(5):
+            code = await stream.wait_stopped()
+        assert code == 9
         assert stream.stop_sending_code == 9
         with pytest.raises(StreamClosedError) as info:
             await stream.write(b"more")
@@ -317,7 +324,8 @@ async def test_close_code_and_reason_reach_peer(pki: Pki, impl: str) -> None:
         conn = await connect(client_config(pki, impl), HOST, server.address[1])
         stream = await conn.open_bidi_stream()
         await stream.write(b"bye")
-        await asyncio.wait_for(conn.wait_closed(), 5)
+        async with asyncio.timeout(5):
+            await conn.wait_closed()
         assert conn.termination is not None
         assert conn.termination.error_code == 0x42
         assert conn.termination.reason_phrase == "going away"
@@ -334,9 +342,11 @@ async def test_idle_timeout_closes_both_sides(pki: Pki, impl: str) -> None:
     async with running_server(config) as (server, accepted):
         loop = asyncio.get_running_loop()
         conn = await connect(client_config(pki, impl, idle_timeout=1.0), HOST, server.address[1])
-        server_conn = await asyncio.wait_for(accepted.get(), 5)
+        async with asyncio.timeout(5):
+            server_conn = await accepted.get()
         start = loop.time()
-        await asyncio.wait_for(asyncio.gather(conn.wait_closed(), server_conn.wait_closed()), 6)
+        async with asyncio.timeout(6):
+            await asyncio.gather(conn.wait_closed(), server_conn.wait_closed())
         assert 0.5 < loop.time() - start < 5
         assert conn.termination is not None and server_conn.termination is not None
 
@@ -362,7 +372,8 @@ async def test_max_connections_refused(pki: Pki, impl: str) -> None:
     async with running_server(server_config(pki, impl), max_connections=1) as (server, _):
         first = await connect(client_config(pki, impl), HOST, server.address[1])
         with pytest.raises(ConnectionClosedError) as info:
-            await asyncio.wait_for(connect(client_config(pki, impl), HOST, server.address[1]), 10)
+            async with asyncio.timeout(10):
+                await connect(client_config(pki, impl), HOST, server.address[1])
         assert info.value.error_code == CONNECTION_REFUSED
         assert server.refused_connections == 1
         first.close()
@@ -388,11 +399,13 @@ async def test_slow_reader_bounds_memory(pki: Pki, impl: str) -> None:
     opts = dict(stream_receive_window=window, send_high_watermark=high, send_low_watermark=low)
     async with running_server(server_config(pki, impl, **opts)) as (server, accepted):
         conn = await connect(client_config(pki, impl, **opts), HOST, server.address[1])
-        server_conn = await asyncio.wait_for(accepted.get(), 5)
+        async with asyncio.timeout(5):
+            server_conn = await accepted.get()
         payload = os.urandom(8 * 1024 * 1024)
         stream = await conn.open_bidi_stream()
         writer = asyncio.create_task(stream.write(payload, end_stream=True))
-        peer = await asyncio.wait_for(server_conn.accept_stream(), 5)
+        async with asyncio.timeout(5):
+            peer = await server_conn.accept_stream()
 
         # Nobody reads for a while: both sides must stay bounded.
         peak_buffered = peak_backlog = peak_held = 0
@@ -411,11 +424,16 @@ async def test_slow_reader_bounds_memory(pki: Pki, impl: str) -> None:
 
         hasher = hashlib.sha256()
         total = 0
-        while chunk := await asyncio.wait_for(peer.read(50_000), 10):
+        while True:
+            async with asyncio.timeout(10):
+                chunk = await peer.read(50_000)
+            if not chunk:
+                break
             assert peer.buffered_bytes <= window + slack
             hasher.update(chunk)
             total += len(chunk)
-        await asyncio.wait_for(writer, 10)
+        async with asyncio.timeout(10):
+            await writer
         assert total == len(payload)
         assert hasher.digest() == hashlib.sha256(payload).digest()
         conn.close()
@@ -439,7 +457,9 @@ async def test_large_transfer_integrity(pki: Pki, impl: str) -> None:
         for i in range(0, len(payload), 1_000_000):
             await stream.write(payload[i : i + 1_000_000])
         await stream.finish()
-        assert await asyncio.wait_for(read_all(stream), 30) == hashlib.sha256(payload).digest()
+        async with asyncio.timeout(30):
+            digest = await read_all(stream)
+        assert digest == hashlib.sha256(payload).digest()
         conn.close()
 
 
@@ -485,7 +505,8 @@ async def test_last_answer_before_close_stays_readable(pki: Pki, impl: str) -> N
         conn = await connect(client_config(pki, impl), HOST, server.address[1])
         stream = await conn.open_bidi_stream()
         await stream.write(b"question")
-        await asyncio.wait_for(conn.wait_closed(), 5)
+        async with asyncio.timeout(5):
+            await conn.wait_closed()
         assert conn.termination is not None and conn.termination.error_code == 0x7
         # Fully received before the close: still readable, then EOF.
         assert await read_all(stream) == b"final answer"
@@ -534,7 +555,8 @@ async def test_untrusted_connection_is_bounded_until_trusted(
     opts = PREAUTH if bounded else {}
     async with running_server(server_config(pki, impl, **opts)) as (server, accepted):
         conn = await connect(client_config(pki, impl), HOST, server.address[1])
-        server_conn = await asyncio.wait_for(accepted.get(), 5)
+        async with asyncio.timeout(5):
+            server_conn = await accepted.get()
         assert server_conn.trusted is not bounded
         size, count = 256 * 1024, 12
         writers = await _flood(conn, count, size)
@@ -549,16 +571,19 @@ async def test_untrusted_connection_is_bounded_until_trusted(
         assert server.preauth_buffered_bytes == server_conn.buffered_bytes
         streams = []
         while len(streams) < count:
-            streams.append(await asyncio.wait_for(server_conn.accept_stream(), 5))
+            async with asyncio.timeout(5):
+                streams.append(await server_conn.accept_stream())
         for stream in streams:
             assert stream.buffered_bytes <= PREAUTH["preauth_stream_window"] + DATAGRAM_SLACK
 
         # Trusted, the connection gets its full windows and every byte arrives.
         server_conn.trust()
         assert server_conn.trusted and server.preauth_buffered_bytes == 0
-        received = await asyncio.wait_for(asyncio.gather(*(read_all(s) for s in streams)), 30)
+        async with asyncio.timeout(30):
+            received = await asyncio.gather(*(read_all(s) for s in streams))
         assert [len(r) for r in received] == [size] * count
-        await asyncio.wait_for(asyncio.gather(*writers), 10)
+        async with asyncio.timeout(10):
+            await asyncio.gather(*writers)
         conn.close()
 
 
@@ -584,14 +609,18 @@ async def test_untrusted_connections_share_one_global_budget(pki: Pki, impl: str
 
         # A connection the application trusts is not held back by the others.
         healthy = await connect(client_config(pki, impl), HOST, port)
-        server_side = [await asyncio.wait_for(served.get(), 5) for _ in range(6)]
+        async with asyncio.timeout(5):
+            server_side = [await served.get() for _ in range(6)]
         mine = next(c for c in server_side if c.peer_address == healthy_address(healthy))
         mine.trust()
         payload = os.urandom(1024 * 1024)
         stream = await healthy.open_bidi_stream()
         sender = asyncio.create_task(stream.write(payload, end_stream=True))
-        peer = await asyncio.wait_for(mine.accept_stream(), 5)
-        assert await asyncio.wait_for(read_all(peer), 20) == payload
+        async with asyncio.timeout(5):
+            peer = await mine.accept_stream()
+        async with asyncio.timeout(20):
+            echoed = await read_all(peer)
+        assert echoed == payload
         await sender
 
         # What the application does at its auth timeout: give up on them. (A paused
@@ -641,7 +670,8 @@ async def test_keepalive_stops_when_the_peer_closes(pki: Pki, impl: str) -> None
             conn = await connect(
                 client_config(pki, impl, keepalive_interval=0.01), HOST, server.address[1]
             )
-            await asyncio.wait_for(conn.wait_closed(), 10)
+            async with asyncio.timeout(10):
+                await conn.wait_closed()
             await asyncio.sleep(0.1)
 
 
@@ -671,7 +701,8 @@ async def test_ending_a_stream_while_the_peer_closes_does_not_raise(pki: Pki, im
             stream.reset(5)
             await asyncio.sleep(0.002)
         conn.close()
-        await asyncio.wait_for(conn.wait_closed(), 10)
+        async with asyncio.timeout(10):
+            await conn.wait_closed()
 
 
 @pytest.mark.timeout(60)

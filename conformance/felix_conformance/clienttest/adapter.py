@@ -85,7 +85,8 @@ class Adapter:
         try:
             process.stdin.write(line.encode() + b"\n")
             await process.stdin.drain()
-            raw = await asyncio.wait_for(process.stdout.readline(), timeout)
+            async with asyncio.timeout(timeout):
+                raw = await process.stdout.readline()
         except TimeoutError:
             raise AdapterError(f"no reply to {request['op']} within {timeout:g}s") from None
         except (BrokenPipeError, ConnectionResetError, ValueError) as exc:
@@ -116,12 +117,14 @@ class Adapter:
             with contextlib.suppress(BrokenPipeError, ConnectionResetError):
                 process.stdin.close()
         try:
-            await asyncio.wait_for(process.wait(), EXIT_TIMEOUT)
+            async with asyncio.timeout(EXIT_TIMEOUT):
+                await process.wait()
         except TimeoutError:
             process.kill()
             await process.wait()
             self.transcript.append("adapter did not exit when its stdin closed: killed")
         if self._stderr_task is not None:
             with contextlib.suppress(asyncio.CancelledError):
-                await asyncio.wait_for(self._stderr_task, EXIT_TIMEOUT)
+                async with asyncio.timeout(EXIT_TIMEOUT):
+                    await self._stderr_task
         return self._stderr.decode(errors="replace")

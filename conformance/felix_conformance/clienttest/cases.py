@@ -389,7 +389,8 @@ def _out_of_order_gets(values: dict[str, bytes]) -> Handler:
         held.append((ex, request))
         if len(held) < len(values):
             try:
-                await asyncio.wait_for(both.wait(), 2.0)
+                async with asyncio.timeout(2.0):
+                    await both.wait()
             except TimeoutError:
                 await answer(ex, request)  # the client sends one at a time: nothing to reorder
             return
