@@ -154,7 +154,8 @@ async def test_a_client_gone_before_its_answers_leaves_no_failed_writer(tmp_path
             await stream.send(flood)
             client.close()
             with contextlib.suppress(Exception):
-                await asyncio.wait_for(client.connection.wait_closed(), 5)
+                async with asyncio.timeout(5):
+                    await client.connection.wait_closed()
         for _ in range(100):
             if broker.session is not None and not broker.session.connections:
                 break
