@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: b2b42b6810ee28c6de7fbc22fd04b130fe9c9c0b90afeabdb4c422416485c305
+# spec sha256: 15ff23c935c231e436a43a5237a7af4a38da96ce1e6f7833baf6f3fc176ac92f
 """The fleet catalogue: etcd record shapes and broker-to-broker messages.
 
 Broker-to-broker QUIC (TLS 1.3, mutual TLS): each broker's peer certificate is signed by the fleet CA and names its node id as a DNS SAN; both sides check it, and the listener checks it against hello.

@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: b2b42b6810ee28c6de7fbc22fd04b130fe9c9c0b90afeabdb4c422416485c305
+# spec sha256: 15ff23c935c231e436a43a5237a7af4a38da96ce1e6f7833baf6f3fc176ac92f
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
