@@ -271,3 +271,45 @@ async def test_a_partitioned_leaders_group_settles_answer_quorum_timeout(
             assert follower is not None and follower.replica.length == driver.replica.mark
             # Applied as far as the mark it last heard of: at most the first ack.
             assert durable_state(fleet.brokers[node]) in ((None, set()), (0, set()), (1, set()))
+
+
+async def test_a_restarted_follower_keeps_the_group_and_applies_what_it_missed(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    async with running(tmp_path, etcd_server.endpoint) as (fleet, leader, _generation):
+        follower = next(n for n in NODES if n != leader)
+        await publish_all(fleet.brokers[leader], fleet.issuer, [b"r%d" % i for i in range(6)])
+        client, s = await fleet.session(leader)
+        assert offsets(await ask(s, poll(1))) == list(range(6))
+        assert await ask(s, ack(0, 2)) == CacheOk(request_id=2)
+        assert await ask(s, ack(2, 3)) == CacheOk(request_id=3)
+        await eventually(
+            lambda: durable_state(fleet.brokers[follower]) == (1, set()),
+            within=15,
+            what="the follower's group log at cursor 1",
+        )
+        await fleet.brokers[follower].stop()
+        # Settled while the follower is away: it catches up from the leader's log.
+        assert await ask(s, ack(1, 4)) == CacheOk(request_id=4)
+        assert await ask(s, dead_letter(4, 5)) == CacheOk(request_id=5)
+        client.close()
+        again = await start_broker(
+            tmp_path, follower, etcd_server.endpoint, fleet.fleet_ca, fleet.issuer
+        )
+        fleet.brokers[follower] = again
+        try:
+            await _caught_up(fleet, follower)
+        finally:
+            await again.stop()
+
+
+async def _caught_up(fleet: Fleet, follower: str) -> None:
+    await eventually(
+        lambda: durable_state(fleet.brokers[follower]) == (3, {4}),
+        within=30,
+        what="the restarted follower's group log at cursor 3 with dead letter 4",
+    )
+    replication = fleet.brokers[follower].replication
+    assert replication is not None
+    driver = replication.driver(SHARD)
+    assert driver is not None and driver.refusal() is not None  # still a follower
