@@ -514,6 +514,12 @@ class Broker:
         )
         self.engine.replication_hook = self.replication.publish
         self.engine.read_gate = self.replication.read_refusal
+        if self.groups is not None:  # Quorum streams' group changes ride their log
+            from felix_broker.replication.groups import GroupReplication, GroupStreamApplier
+
+            groups, replication = self.groups, self.replication
+            replication.wrap_applier = lambda stream: GroupStreamApplier(stream, groups)
+            groups.replication = GroupReplication(replication.driver, lambda: fleet.view.snapshot)
         self.replication.start()
         self.cache_replication = self._cache_replication(config)
         for kind, handler in self.replication.service.handlers.items():

@@ -43,7 +43,7 @@ import weakref
 from collections.abc import Awaitable, Callable, Coroutine
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from prometheus_client import Counter
 
@@ -67,6 +67,7 @@ from felix_broker.groups.state import (
     SeekTarget,
 )
 from felix_broker.metrics import BrokerMetrics
+from felix_broker.replication.driver import ReplicationRefusedError
 from felix_broker.session.context import RequestContext
 from felix_broker.session.dispatch import DispatchTable, Handler
 from felix_broker.session.protocol import StreamProtocol
@@ -102,6 +103,9 @@ from felix_wire.messages import (
     StartOffset,
 )
 from felix_wire.names import name_problem
+
+if TYPE_CHECKING:
+    from felix_broker.replication.groups import GroupReplication
 
 __all__ = ["GROUP_FEATURES", "GroupService", "GroupServiceLimits"]
 
@@ -250,6 +254,9 @@ class GroupService:
         self._next_connection = 0
         self._tasks: set[asyncio.Task[None]] = set()
         self._closed = False
+        # A fleet member's Quorum streams: their group changes go through the shard's
+        # replication log, applied to the group log by replication/groups.py.
+        self.replication: GroupReplication | None = None
 
     @property
     def features(self) -> int:
@@ -460,6 +467,9 @@ class GroupService:
         groups.signal.fire()
         if not changes:
             return
+        if self._replicated(groups):
+            await self._durable(groups, changes)
+            return
         loop = asyncio.get_running_loop()
         if not groups.pending:
             loop.call_soon(self._commit, groups)
@@ -469,9 +479,37 @@ class GroupService:
         last = await waiter
         await groups.log.wait_durable(last)
 
+    def _replicated(self, groups: _ShardGroups) -> bool:
+        return self.replication is not None and groups.stream.spec.replicated
+
+    async def _durable(self, groups: _ShardGroups, changes: list[GroupChange]) -> None:
+        """Make changes durable now: on a Quorum shard once a majority holds them (the
+        applier writes the group log), else in the group log."""
+        if self._replicated(groups):
+            assert self.replication is not None
+            stream = groups.stream
+            try:
+                await self.replication.write(stream.spec, stream.index, changes)
+            except ReplicationRefusedError as exc:
+                raise _Refused(exc.code, str(exc), exc.retry) from None
+            return
+        last = self._append(groups, changes)
+        assert last is not None
+        await groups.log.wait_durable(last)
+
+    def append_replicated(
+        self, spec: StreamSpec, index: int, changes: list[GroupChange]
+    ) -> tuple[Log, int]:
+        """Append committed changes of a Quorum shard to its group log (the applier of
+        replication/groups.py, its only writer); the log and the last offset written."""
+        groups = self._shard_groups(spec, index)
+        last = self._append(groups, changes)
+        assert last is not None
+        return groups.log, last
+
     def _wants_compaction(self, groups: _ShardGroups) -> bool:
-        if groups.compacting:
-            return False
+        if groups.compacting or self._replicated(groups):
+            return False  # a Quorum shard's group log: see replication/groups.py
         size = groups.log.size_bytes
         live = sum(1 + len(d.dead) + len(d.redriven) for d in groups.durable.values())
         return size > self.limits.compact_min_bytes and size > 4 * 64 * live
@@ -589,6 +627,10 @@ class GroupService:
                 ErrorCode.INVALID_REQUEST,
                 f"stream {stream} has {spec.shards} shard(s), not {request.shard + 1}",
             )
+        refused = self._engine.read_refusal(spec, request.shard)
+        if refused is not None:  # a Quorum shard: only its open, caught-up leader serves
+            code, reason = refused
+            raise _Refused(code, f"{code.wire}: {reason}" if reason else code.wire)
         return self._shard_groups(spec, request.shard)
 
     def _live(self, groups: _ShardGroups, name: str) -> GroupState:
@@ -697,10 +739,8 @@ class GroupService:
         existed = (durable is not None and durable.exists) or (
             state is not None and (state.busy or bool(state.owed))
         )
-        last = self._append(groups, [GroupChange(Kind.DELETE, name)])
         groups.signal.fire()
-        assert last is not None
-        await groups.log.wait_durable(last)
+        await self._durable(groups, [GroupChange(Kind.DELETE, name)])
         return GroupDeleted(existed=existed, request_id=rid)
 
     # -- polls ----------------------------------------------------------------------

@@ -23,8 +23,9 @@ once this replica holds a newer generation (a leader promoted it or it opened).
 Reports run one at a time in the background; a failed one is logged and made
 again a second later (and the standing one is checked as often, to withdraw it).
 
-Not yet here (reported as unfinished): Leader-consistency replica sets (async
-shipping), caches, group logs.
+Group changes of these shards ride the same log (replication/groups.py, through
+`wrap_applier`). Not yet here (reported as unfinished): Leader-consistency
+replica sets (async shipping).
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ from felix_wire.fleet import PromotionRefusal, ReplicatedBatch
 from .apply import StreamApplier, encode_batch
 from .core import Config, Effect, PromotionRefused
 from .disk import ReplicaDisk
-from .driver import ReplicaDriver, ReplicationRefusedError
+from .driver import Applier, ReplicaDriver, ReplicationRefusedError
 from .inspect import halts
 from .service import Blocked, ReplicationService, peer_sender
 
@@ -88,6 +89,9 @@ class ReplicationManager:
         self._report = report
         self._reported: dict[ShardId, int] = {}  # refusals standing in etcd (generation)
         self._unreported: dict[ShardId, PromotionRefused] = {}
+        # The applier of a shard around its StreamApplier (replication/groups.py: group
+        # changes riding the stream's log); None: the StreamApplier alone.
+        self.wrap_applier: Callable[[StreamApplier], Applier] | None = None
 
     @property
     def node_id(self) -> str:
@@ -269,7 +273,8 @@ class ReplicationManager:
             member = self._view.snapshot.members.get(node) or members.get(node)
             return member.peer_addr if member is not None else None
 
-        applier = StreamApplier(self._engine().shard(spec, shard.shard))
+        stream = StreamApplier(self._engine().shard(spec, shard.shard))
+        applier = stream if self.wrap_applier is None else self.wrap_applier(stream)
         driver = ReplicaDriver.open(
             shard,
             self.node_id,

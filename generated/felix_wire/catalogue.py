@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 12fa63996024c79bd6507d4c168697d8e8546a177350956ab589900d856ee94f
+# spec sha256: 601406a8e63a30d60762c7606e90894453df1589ec9fa7b713ebcc5178a4130f
 """Read-only index of the catalogue: every name the generated layer knows.
 
 Tests count these against tests/vectors/protocol-tables.yaml; tools (the conformance
@@ -30,7 +30,7 @@ __all__ = [
     "COUNTS",
 ]
 
-SPEC_SHA256 = "12fa63996024c79bd6507d4c168697d8e8546a177350956ab589900d856ee94f"
+SPEC_SHA256 = "601406a8e63a30d60762c7606e90894453df1589ec9fa7b713ebcc5178a4130f"
 
 
 class Decision(NamedTuple):
@@ -157,6 +157,11 @@ DECISIONS: Mapping[str, Decision] = MappingProxyType(
             "publish_error (or error) with code invalid_request and the refusal's reason in detail.reason; a non-owner's refusal is publish_error not_leader",
             "the feature bit is how a client says it decodes publish_refused; an answer is still owed, and the generic error shapes are the ones every client decodes",
         ),
+        "quorum-group-changes": Decision(
+            "how a consumer group's cursor, acks and dead letters of a Quorum stream shard replicate (issue 19: they replicate with their shard)",
+            "they ride the stream shard's own replication log: each settle's changes are one ReplicatedGroupChanges entry (spec/fleet.yaml), acknowledged at the quorum mark like a publish and applied in log order to the group log on every replica; a generation-start entry makes every replica rebuild its groups from that log; claims stay in memory (a promoted leader redelivers unacknowledged records, at least once)",
+            "a log of their own per shard (as caches have) would need its own promotion, and a replica caught up on the stream could be behind on the group log, leaving groups unavailable with nothing the placer could act on; one log means one ballot, one caught-up check, and a settle always after the records it settles",
+        ),
     }
 )
 
@@ -180,6 +185,6 @@ COUNTS: Mapping[str, int] = MappingProxyType(
         "error_codes": 17,
         "retry_classes": 5,
         "shapes": 25,
-        "decisions": 24,
+        "decisions": 25,
     }
 )

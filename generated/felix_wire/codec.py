@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 12fa63996024c79bd6507d4c168697d8e8546a177350956ab589900d856ee94f
+# spec sha256: 601406a8e63a30d60762c7606e90894453df1589ec9fa7b713ebcc5178a4130f
 """One entry point per direction: bytes of a frame to a typed value and back.
 
 `decode_payload(flags, payload)` validates the flags, then decodes JSON (flags 0)

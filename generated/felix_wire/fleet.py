@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 9f25cde8cf3f2e3f1982dc29633466ece48de1cf2350db1e5498b56c275a31ad
+# spec sha256: 15ff23c935c231e436a43a5237a7af4a38da96ce1e6f7833baf6f3fc176ac92f
 """The fleet catalogue: etcd record shapes and broker-to-broker messages.
 
 Broker-to-broker QUIC (TLS 1.3, mutual TLS): each broker's peer certificate is signed by the fleet CA and names its node id as a DNS SAN; both sides check it, and the listener checks it against hello.
@@ -76,6 +76,7 @@ __all__ = [
     "ForwardAck",
     "ShipRefusal",
     "CacheOpKind",
+    "GroupChangeKind",
     "Member",
     "Assignment",
     "FinalizedFeature",
@@ -92,6 +93,8 @@ __all__ = [
     "ReplicatedBatch",
     "MoveFile",
     "ReplicatedCacheOp",
+    "ReplicatedGroupChange",
+    "ReplicatedGroupChanges",
     "CacheOp",
     "CacheOpAnswer",
     "Hello",
@@ -372,6 +375,19 @@ class CacheOpKind(enum.StrEnum):
     EXPIRE = "expire"
 
 
+class GroupChangeKind(enum.StrEnum):
+    """one durable change of a consumer group (the group log's record kinds, felix_broker/groups/records.py): cursor moved, dead-lettered, discarded, redriven, a redriven record settled, group deleted, seek, acked above the cursor"""
+
+    CURSOR = "cursor"
+    DEAD = "dead"
+    DISCARD = "discard"
+    REDRIVE = "redrive"
+    SETTLED = "settled"
+    DELETE = "delete"
+    SEEK = "seek"
+    ACKED = "acked"
+
+
 class Member(msgspec.Struct, omit_defaults=True, kw_only=True):
     """A live broker's registration."""
 
@@ -628,6 +644,25 @@ class ReplicatedCacheOp(msgspec.Struct, omit_defaults=True, kw_only=True):
             ),
             (),
         )
+
+
+class ReplicatedGroupChange(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One durable change of one consumer group of a Quorum stream shard, as the leader's group state made it."""
+
+    kind: GroupChangeKind
+    group: str
+    offset: U64 = 0
+    """a stream offset of the shard (0 for delete)"""
+
+    def __post_init__(self) -> None:
+        _check_u64(self, ("offset",), ())
+
+
+class ReplicatedGroupChanges(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """The payload of a Quorum stream shard's ReplicaEntry that carries group changes rather than a publish batch (it rides the stream's own replication log, after the records it settles). Its msgpack map has this one field, so its first byte is 0x81, which a ReplicatedBatch (two required fields) never has: that byte tells the two apart. Every replica applies committed changes in log order to its group log; a settle is acknowledged once a majority holds it."""
+
+    group_changes: list[ReplicatedGroupChange]
+    """non-empty; the changes of one settle (or of one loop pass's settles), in the order the state made them"""
 
 
 CacheOp = Union[

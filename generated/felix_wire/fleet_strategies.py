@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 9f25cde8cf3f2e3f1982dc29633466ece48de1cf2350db1e5498b56c275a31ad
+# spec sha256: 15ff23c935c231e436a43a5237a7af4a38da96ce1e6f7833baf6f3fc176ac92f
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
@@ -165,6 +165,18 @@ FLEET_SHAPE_STRATEGIES["ReplicatedCacheOp"] = st.builds(
     ttl_ms=(st.none() | _U64),
     version=(st.none() | _U64),
     delta=(st.none() | _I64),
+)
+FLEET_SHAPE_STRATEGIES["ReplicatedGroupChange"] = st.builds(
+    _f.ReplicatedGroupChange,
+    kind=st.sampled_from(_f.GroupChangeKind),
+    group=_TEXT,
+    offset=_U64,
+)
+FLEET_SHAPE_STRATEGIES["ReplicatedGroupChanges"] = st.builds(
+    _f.ReplicatedGroupChanges,
+    group_changes=st.lists(
+        st.deferred(lambda: FLEET_SHAPE_STRATEGIES["ReplicatedGroupChange"]), max_size=3
+    ),
 )
 FLEET_SHAPE_STRATEGIES["CacheOp"] = st.one_of(
     _CLIENT_MESSAGES["cache_get"],

@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 12fa63996024c79bd6507d4c168697d8e8546a177350956ab589900d856ee94f
+# spec sha256: 601406a8e63a30d60762c7606e90894453df1589ec9fa7b713ebcc5178a4130f
 """The one name rule for tenant, namespace, stream, cache, group names.
 
 A tenant, namespace, stream, cache or group name: 1 to 128 characters of ASCII letters, digits, `_`, `-` and `.`, and never `.` or `..` (which would walk the folder tree as a path segment).

@@ -1,0 +1,315 @@
+"""Consumer groups of a Quorum stream end to end: a real etcd, the control plane (its
+store in etcd, the placer running) with the stream defined through its API at
+replication_factor 3, and three brokers that joined through etcd (real QUIC, mutual
+TLS between peers, real storage). Nothing sets a route by hand.
+
+- acks and a dead-letter move acknowledged by the leader survive its loss: the
+  promoted leader delivers only the unacknowledged records, lists the dead letter,
+  and takes settles at once;
+- a leader cut off from both its replicas (the test-mode fault file's
+  ``peer_blocked``) answers a group ack and a dead-letter move with
+  ``quorum_timeout`` (outcome unknown), and no replica holds them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from felix_broker.app import Broker
+from felix_broker.catalog import StaticCatalog
+from felix_broker.chaos.faults import Faults, write_fault
+from felix_broker.config import load_config
+from felix_broker.fleet.node import FleetNode
+from felix_broker.fleet.peer import PeerTls
+from felix_broker.fleet.routing import AssignmentState, RoutingSnapshot
+from felix_broker.fleet.view import FleetView
+from felix_broker.groups.records import GroupDurable, apply_change, decode_change
+from felix_common.etcd_process import EtcdProcess
+from felix_common.tokens import DevIssuer, TokenVerifier
+from felix_transport import default_impl, generate_ca
+from felix_wire.messages import (
+    CacheOk,
+    Error,
+    GroupAck,
+    GroupDeadLetter,
+    GroupDeadLetterList,
+    GroupDeadLetters,
+    GroupPoll,
+    GroupRecords,
+)
+from tests.support.etcd import etcd_server
+
+from ..fleet.harness import NODES, Entry
+from ..fleet.support import eventually
+from ..support.wire import NS, TENANT, WireClient, WireStream
+from .test_fleet_etcd import SHARD, SPEC, STREAM, control_plane, publish_all, serving
+
+__all__ = ["etcd_server"]
+
+pytestmark = pytest.mark.timeout(180)
+
+GROUP = "workers"
+QUORUM_TIMEOUT_MS = 1000
+
+
+async def start_broker(
+    tmp: Path, node_id: str, endpoint: str, fleet_ca: Any, issuer: DevIssuer
+) -> Broker:
+    settings: dict[str, Any] = {
+        "quic_bind": "127.0.0.1:0",
+        "metrics_bind": "127.0.0.1:0",
+        "peer_bind": "127.0.0.1:0",
+        "data_dir": str(tmp / node_id),
+        "quic_impl": default_impl(),
+        "node_id": node_id,
+        "etcd_endpoints": endpoint,
+        "node_lease_ttl_ms": 3000,
+        "publish_quorum_timeout_ms": QUORUM_TIMEOUT_MS,
+        "test_faults_file": str(faults_file(tmp, node_id)),
+    }
+    config = dataclasses.replace(
+        load_config(environ={}, overrides=settings),
+        catalog=StaticCatalog(streams=[SPEC], caches=[]),
+    )
+    fleet = FleetNode(
+        tls=PeerTls.issue(fleet_ca, node_id), view=FleetView(RoutingSnapshot(node_id=node_id))
+    )
+    broker = Broker(config, verifier=TokenVerifier(issuer.jwks()), fleet=fleet)
+    await broker.start()
+    return broker
+
+
+def faults_file(tmp: Path, node_id: str) -> Path:
+    return tmp / f"{node_id}-faults.json"
+
+
+def poll(rid: int, max_records: int = 100, wait_ms: int = 0) -> GroupPoll:
+    return GroupPoll(
+        tenant_id=TENANT,
+        namespace=NS,
+        stream=STREAM,
+        shard=0,
+        group=GROUP,
+        max_records=max_records,
+        wait_ms=wait_ms,
+        request_id=rid,
+    )
+
+
+def ack(offset: int, rid: int) -> GroupAck:
+    return GroupAck(
+        tenant_id=TENANT,
+        namespace=NS,
+        stream=STREAM,
+        shard=0,
+        group=GROUP,
+        offset=offset,
+        request_id=rid,
+    )
+
+
+def dead_letter(offset: int, rid: int) -> GroupDeadLetter:
+    return GroupDeadLetter(
+        tenant_id=TENANT,
+        namespace=NS,
+        stream=STREAM,
+        shard=0,
+        group=GROUP,
+        offset=offset,
+        request_id=rid,
+    )
+
+
+def dead_letters(rid: int) -> GroupDeadLetters:
+    return GroupDeadLetters(
+        tenant_id=TENANT, namespace=NS, stream=STREAM, shard=0, group=GROUP, request_id=rid
+    )
+
+
+async def ask(stream: WireStream, message: Any) -> Any:
+    await stream.send(message)
+    return await asyncio.wait_for(stream.recv(), 20)
+
+
+class Fleet:
+    def __init__(self, tmp: Path) -> None:
+        self.fleet_ca = generate_ca("test fleet")
+        self.issuer = DevIssuer.load_or_create(tmp / "issuer")
+        self.brokers: dict[str, Broker] = {}
+
+    def route(self, node: str) -> Any:
+        fleet = self.brokers[node].fleet
+        return fleet.view.snapshot.routes.get(SHARD) if fleet is not None else None
+
+    async def session(self, node: str) -> tuple[WireClient, WireStream]:
+        client = await WireClient.connect(Entry(self.brokers[node], self.issuer))
+        return client, await client.session()
+
+
+@asynccontextmanager
+async def running(tmp: Path, endpoint: str) -> AsyncIterator[tuple[Fleet, str, int]]:
+    """The control plane and three brokers; yields the fleet, the stream shard's
+    leader (open) and its generation."""
+    fleet = Fleet(tmp)
+    async with AsyncExitStack() as stack:
+        await stack.enter_async_context(control_plane(tmp, endpoint))
+        for node in NODES:
+            fleet.brokers[node] = await start_broker(
+                tmp, node, endpoint, fleet.fleet_ca, fleet.issuer
+            )
+            stack.push_async_callback(fleet.brokers[node].stop)
+
+        def placed() -> bool:
+            routes = [fleet.route(n) for n in NODES]
+            first = routes[0]
+            return (
+                first is not None
+                and first.state is AssignmentState.ACTIVE
+                and all(r == first for r in routes)
+            )
+
+        await eventually(placed, within=30, what="a placed replica set")
+        route = fleet.route(NODES[0])
+        assert sorted(route.replicas) == sorted(NODES)
+        await eventually(
+            lambda: serving(fleet.brokers[route.leader]), within=15, what="the leader open"
+        )
+        yield fleet, route.leader, route.generation
+
+
+def offsets(answer: Any) -> list[int]:
+    assert isinstance(answer, GroupRecords), answer
+    return [r.offset for r in answer.records]
+
+
+async def test_acked_group_settles_survive_the_leaders_loss(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    async with running(tmp_path, etcd_server.endpoint) as (fleet, leader, generation):
+        followers = [n for n in NODES if n != leader]
+        await publish_all(fleet.brokers[leader], fleet.issuer, [b"r%d" % i for i in range(10)])
+        client, s = await fleet.session(leader)
+        assert offsets(await ask(s, poll(1))) == list(range(10))
+        for rid, offset in enumerate([0, 1, 2, 3, 4, 7], start=10):
+            assert await ask(s, ack(offset, rid)) == CacheOk(request_id=rid)
+        assert await ask(s, dead_letter(8, 20)) == CacheOk(request_id=20)
+        client.close()
+
+        await fleet.brokers[leader].stop()  # revokes its lease: the placer acts at once
+
+        def successor() -> str | None:
+            route = fleet.route(followers[0])
+            if route is None or route.generation <= generation or route.leader == leader:
+                return None
+            return route.leader if route.state is AssignmentState.ACTIVE else None
+
+        await eventually(lambda: successor() is not None, within=30, what="a successor placed")
+        new = successor()
+        assert new in followers
+        await eventually(lambda: serving(fleet.brokers[new]), within=15, what="successor open")
+        client, s = await fleet.session(new)
+        # Only what was not acknowledged: 5, 6 and 9 (0-4 and 7 acked, 8 dead-lettered).
+        assert offsets(await ask(s, poll(30))) == [5, 6, 9]
+        assert await ask(s, dead_letters(31)) == GroupDeadLetterList(offsets=[8], request_id=31)
+        for rid, offset in enumerate([5, 6, 9], start=40):
+            assert await ask(s, ack(offset, rid)) == CacheOk(request_id=rid)
+        assert offsets(await ask(s, poll(50))) == []
+        client.close()
+        # The acknowledgements at the new generation reached the remaining follower too.
+        other = next(n for n in followers if n != new)
+        await eventually(
+            lambda: durable_state(fleet.brokers[other]) == (10, {8}),
+            within=15,
+            what="the follower's group log at cursor 10 with dead letter 8",
+        )
+
+
+def durable_state(broker: Broker) -> tuple[int | None, set[int]]:
+    """The group's cursor and dead letters as this replica's group log holds them."""
+    groups = broker.groups
+    assert groups is not None
+    log = groups._shard_groups(SPEC, 0).log
+    durable: dict[str, GroupDurable] = {}
+    for record in log.read(log.start_offset, max_records=10_000, max_bytes=1 << 24):
+        apply_change(durable, decode_change(record.payload))
+    state = durable.get(GROUP)
+    return (state.cursor, state.dead) if state is not None else (None, set())
+
+
+async def test_a_partitioned_leaders_group_settles_answer_quorum_timeout(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    async with running(tmp_path, etcd_server.endpoint) as (fleet, leader, _generation):
+        followers = [n for n in NODES if n != leader]
+        await publish_all(fleet.brokers[leader], fleet.issuer, [b"r%d" % i for i in range(4)])
+        client, s = await fleet.session(leader)
+        assert offsets(await ask(s, poll(1))) == [0, 1, 2, 3]
+        assert await ask(s, ack(0, 2)) == CacheOk(request_id=2)
+        write_fault(faults_file(tmp_path, leader), Faults(peer_blocked=frozenset(followers)))
+        await asyncio.sleep(0.3)  # the fault file is reread within 50 ms
+        for message in (ack(1, 3), dead_letter(2, 4)):
+            answer = await ask(s, message)
+            assert isinstance(answer, Error), answer
+            assert (answer.code, answer.retry) == ("quorum_timeout", "outcome_unknown")
+        client.close()
+        # No follower holds them: each replication log ends at the leader's mark.
+        replication = fleet.brokers[leader].replication
+        assert replication is not None
+        driver = replication.driver(SHARD)
+        assert driver is not None and driver.replica.mark is not None
+        for node in followers:
+            held = fleet.brokers[node].replication
+            assert held is not None
+            follower = held.driver(SHARD)
+            assert follower is not None and follower.replica.length == driver.replica.mark
+            # Applied as far as the mark it last heard of: at most the first ack.
+            assert durable_state(fleet.brokers[node]) in ((None, set()), (0, set()), (1, set()))
+
+
+async def test_a_restarted_follower_keeps_the_group_and_applies_what_it_missed(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    async with running(tmp_path, etcd_server.endpoint) as (fleet, leader, _generation):
+        follower = next(n for n in NODES if n != leader)
+        await publish_all(fleet.brokers[leader], fleet.issuer, [b"r%d" % i for i in range(6)])
+        client, s = await fleet.session(leader)
+        assert offsets(await ask(s, poll(1))) == list(range(6))
+        assert await ask(s, ack(0, 2)) == CacheOk(request_id=2)
+        assert await ask(s, ack(2, 3)) == CacheOk(request_id=3)
+        await eventually(
+            lambda: durable_state(fleet.brokers[follower]) == (1, set()),
+            within=15,
+            what="the follower's group log at cursor 1",
+        )
+        await fleet.brokers[follower].stop()
+        # Settled while the follower is away: it catches up from the leader's log.
+        assert await ask(s, ack(1, 4)) == CacheOk(request_id=4)
+        assert await ask(s, dead_letter(4, 5)) == CacheOk(request_id=5)
+        client.close()
+        again = await start_broker(
+            tmp_path, follower, etcd_server.endpoint, fleet.fleet_ca, fleet.issuer
+        )
+        fleet.brokers[follower] = again
+        try:
+            await _caught_up(fleet, follower)
+        finally:
+            await again.stop()
+
+
+async def _caught_up(fleet: Fleet, follower: str) -> None:
+    await eventually(
+        lambda: durable_state(fleet.brokers[follower]) == (3, {4}),
+        within=30,
+        what="the restarted follower's group log at cursor 3 with dead letter 4",
+    )
+    replication = fleet.brokers[follower].replication
+    assert replication is not None
+    driver = replication.driver(SHARD)
+    assert driver is not None and driver.refusal() is not None  # still a follower
