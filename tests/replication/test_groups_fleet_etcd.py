@@ -135,7 +135,7 @@ def dead_letters(rid: int) -> GroupDeadLetters:
 
 async def ask(stream: WireStream, message: Any) -> Any:
     await stream.send(message)
-    return await asyncio.wait_for(stream.recv(), 20)
+    return await stream.recv(timeout=20)
 
 
 class Fleet:
