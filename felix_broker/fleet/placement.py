@@ -18,8 +18,9 @@ what to do when another broker leads it):
 - anything else (discovery, inspection, auth-free requests) is served here.
 
 A request whose stream or cache this broker's catalog does not know, or that
-names another tenant than the client's, is served here too: the local handler
-gives the same not_found / forbidden answer every broker gives. A shard with no
+names another tenant than the client's, or a group request whose group name
+breaks the name rule, is served here too: the local handler gives the same
+not_found / forbidden / invalid_request answer every broker gives. A shard with no
 serving leader (no route, a state other than active, or a leader that is not a
 live member) is UNAVAILABLE: `shard_unavailable` with the assignment's reason.
 
@@ -112,6 +113,7 @@ from felix_wire.messages import (
     StreamRead,
     Subscribe,
 )
+from felix_wire.names import name_problem
 from felix_wire.routing import shard_for_key
 
 __all__ = [
@@ -142,6 +144,12 @@ def _stream_shard(request: Any, catalog: Catalog) -> ShardId | None:
     if spec is None or not 0 <= shard < spec.shards:
         return None  # the local handler answers (not_found / bad shard), as everywhere
     return ShardId(ShardKind.STREAM, request.tenant_id, request.namespace, request.stream, shard)
+
+
+def _group_shard(request: Any, catalog: Catalog) -> ShardId | None:
+    if name_problem(request.group) is not None:
+        return None  # served here: the group handler's invalid_request, as everywhere
+    return _stream_shard(request, catalog)
 
 
 def _stream_keyed(key_of: Callable[[Any], bytes | None]) -> ShardOf:
@@ -239,7 +247,7 @@ RULES: dict[type[Any], Rule] = {
     OffsetForTime: Rule(_stream_shard, Form.REDIRECT, _subscribe),
     CacheWatch: Rule(_cache_watch, Form.REDIRECT, _read),
     **{
-        kind: Rule(_stream_shard, Form.REDIRECT, _consume)
+        kind: Rule(_group_shard, Form.REDIRECT, _consume)
         for kind in (
             GroupPoll,
             GroupAck,
@@ -251,7 +259,7 @@ RULES: dict[type[Any], Rule] = {
         )
     },
     **{
-        kind: Rule(_stream_shard, Form.REDIRECT, _manage)
+        kind: Rule(_group_shard, Form.REDIRECT, _manage)
         for kind in (GroupSeek, GroupDelete, GroupRedrive, GroupDiscard)
     },
     **{kind: Rule(_cache_keyed, Form.CACHE_OP, _read) for kind in (CacheGet, CounterGet)},
