@@ -429,6 +429,14 @@ class Broker:
             assert self.streams is not None  # built before any request is dispatched
             return await self.streams.hold_publish_bytes(ctx, size)
 
+        def stale_width(
+            ctx: RequestContext, tenant: str, namespace: str, stream: str, shards: int
+        ) -> int | None:
+            widths = self.streams.widths if self.streams is not None else None
+            if widths is None:
+                return None
+            return widths.stale(ctx.io, tenant, namespace, stream, keyed=True, actual=shards)
+
         from felix_broker.fleet.moves import MoveHold
 
         self.move_hold = MoveHold(
@@ -443,6 +451,7 @@ class Broker:
             ack_on_commit=self.config.ack_on_commit,
             hold_bytes=hold_bytes,
             hold=self.move_hold,
+            stale_width=stale_width,
         )
         self.table = DispatchTable(placement)
         placement.redispatch = self.table.dispatch

@@ -293,6 +293,12 @@ LocalOwner = Callable[[PeerMessage, PeerOrigin], Awaitable[PeerMessage | Awaitab
 HoldBytes = Callable[[RequestContext, int], Awaitable[Callable[[], None]]]
 """Takes publish bytes from the stream service's budgets; returns their release."""
 
+StaleWidth = Callable[[RequestContext, str, str, str, int], int | None]
+"""The width announced on the client stream (`publish_width`) when a keyed batch for
+(tenant, namespace, stream) of that many shards must be refused `stale_width`, else
+None (streams/width.py): checked before a keyed publish is forwarded, as the owner's
+handler checks it for a client on the owner."""
+
 
 class ClusterPlacement:
     """A fleet member's placement: serve what it leads, forward or redirect the rest."""
@@ -306,8 +312,10 @@ class ClusterPlacement:
         ack_on_commit: bool,
         hold_bytes: HoldBytes,
         hold: MoveHold | None = None,
+        stale_width: StaleWidth | None = None,
     ) -> None:
         self._view = view
+        self._stale_width = stale_width
         # Writes for a shard in a move wait for its cut-over (fleet/moves.py), then are
         # dispatched anew through `redispatch` (the dispatch table, set once built).
         self._hold = hold
@@ -505,6 +513,23 @@ class ClusterPlacement:
                     rid or 0,
                     binary=binary,
                     error=(ErrorCode.INVALID_REQUEST, "a publish batch needs at least one payload"),
+                )
+            )
+            return
+        spec = self._catalog().stream(tenant, ns, stream)
+        announced = (
+            self._stale_width(ctx, tenant, ns, stream, spec.shards)
+            if self._stale_width is not None and request.key is not None and spec is not None
+            else None
+        )
+        if announced is not None and spec is not None:
+            text = (
+                f"stale width: the batch was routed by {announced} shard(s); "
+                f"stream {stream} has {spec.shards}"
+            )
+            await answer(
+                lambda _r: proto.publish_answer(
+                    rid or 0, binary=binary, error=(ErrorCode.STALE_WIDTH, text)
                 )
             )
             return
