@@ -9,7 +9,9 @@ what to do when another broker leads it):
   acked), cache get/put/delete/put_if/delete_if, counter add/get. The owner
   re-verifies the client's token and serves it; this broker relays the owner's
   answer (fleet/owner.py). Publishes of one stream are forwarded one after the
-  other, so a stream's batches land in the order it sent them.
+  other, so a stream's batches land in the order it sent them. A keyed batch
+  whose client stream announced another width (`publish_width`) is refused
+  `stale_width` before it leaves, as the owner would for its own client.
 - redirected (REDIRECT): subscribe, cache_watch, every group request,
   publish_if, commit, state_get, stream_read, offset_for_time: `not_leader
   {node_id, addr, generation}` to a client that offered FEATURE_REDIRECT, an
