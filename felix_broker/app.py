@@ -429,6 +429,14 @@ class Broker:
             assert self.streams is not None  # built before any request is dispatched
             return await self.streams.hold_publish_bytes(ctx, size)
 
+        def stale_width(
+            ctx: RequestContext, tenant: str, namespace: str, stream: str, shards: int
+        ) -> int | None:
+            widths = self.streams.widths if self.streams is not None else None
+            if widths is None:
+                return None
+            return widths.stale(ctx.io, tenant, namespace, stream, keyed=True, actual=shards)
+
         from felix_broker.fleet.moves import MoveHold
 
         self.move_hold = MoveHold(
@@ -443,6 +451,7 @@ class Broker:
             ack_on_commit=self.config.ack_on_commit,
             hold_bytes=hold_bytes,
             hold=self.move_hold,
+            stale_width=stale_width,
         )
         self.table = DispatchTable(placement)
         placement.redispatch = self.table.dispatch
@@ -781,8 +790,28 @@ class Broker:
             for c in self.catalog.caches()
             for i in range(c.shards)
         }
+        snapshot = self.fleet.view.snapshot
+        settling: dict[tuple[str, tuple[str, str, str, int]], str] = {}
+        for shard, route in snapshot.routes.items():
+            if route.leader != snapshot.node_id:
+                continue
+            find = self.catalog.stream if shard.kind is ShardKind.STREAM else self.catalog.cache
+            spec = find(shard.tenant, shard.namespace, shard.name)
+            if spec is None or not spec.replicated:
+                continue
+            driver = self.replication.driver(shard) if self.replication is not None else None
+            refused = driver.refusal() if driver is not None else (None, "no replica here yet")
+            if refused is not None:
+                # Named leader, replica not open: readers are told not_ready (as the
+                # replication manager's read gate says), unless the replica says more.
+                key = scope_key(shard.kind, shard.tenant, shard.namespace, shard.name, shard.shard)
+                settling[key] = refused[1] or "not_ready"
         return cluster_backup_offsets(
-            self.fleet.view.snapshot, self._backup_offsets(), failed=failed, catalogued=catalogued
+            snapshot,
+            self._backup_offsets(),
+            failed=failed,
+            catalogued=catalogued,
+            settling=settling,
         )
 
     def _backup_offsets(self) -> dict[str, object]:

@@ -19,9 +19,12 @@ in-memory shards) and keeps what the seed asks of a cluster member:
                 move; ``detail`` names the successor when the record has one)
   error         its log failed, or the shard is not in this broker's catalog
                 (``detail`` says which)
-  settling      a Quorum shard just taken with no quorum mark yet; never produced
-                while shards are not replicated (every shard is ``Leader``, whose
-                committed offset is the leader's own)
+  settling      a replicated (Quorum) shard whose replica here is not an open
+                leader yet: just promoted and still fencing a majority, its stream
+                log behind the mark, or its promotion refused (``detail`` is the
+                replica's reason); its committed offset is not known here yet. A
+                ``Leader`` shard is never settling: its committed offset is the
+                leader's own
   ============  =================================================================
 
   All but ``not_durable`` are worth asking again shortly.
@@ -66,12 +69,15 @@ def cluster_backup_offsets(
     *,
     failed: Collection[tuple[str, Scope]] = (),
     catalogued: Collection[tuple[str, Scope]] | None = None,
+    settling: Mapping[tuple[str, Scope], str] | None = None,
 ) -> dict[str, Any]:
     """The cluster answer from the served `snapshot` and the broker's `local` answer.
 
     `failed` names (kind, scope) of logs in the failed state; `catalogued`, when
     given, every (kind, scope) this broker's catalog knows (a led shard outside it
-    is an ``error``)."""
+    is an ``error``); `settling`, the replicated shards led here whose replica is not
+    open yet, each with why."""
+    settling = settling or {}
     logs: dict[tuple[str, Scope], Any] = {}
     for entry in local.get("shards", []):
         logs[_scope_of(entry)] = entry["logs"]
@@ -107,6 +113,8 @@ def cluster_backup_offsets(
         elif key in failed_set:
             detail = "its log failed; it takes no writes until the broker restarts"
             skipped.append(described | {"reason": "error", "detail": detail})
+        elif key in settling:
+            skipped.append(described | {"reason": "settling", "detail": settling[key]})
         else:
             shard_logs = logs.get(key, {"records": 0})
             shards.append(described | {"generation": route.generation, "logs": shard_logs})

@@ -9,7 +9,9 @@ what to do when another broker leads it):
   acked), cache get/put/delete/put_if/delete_if, counter add/get. The owner
   re-verifies the client's token and serves it; this broker relays the owner's
   answer (fleet/owner.py). Publishes of one stream are forwarded one after the
-  other, so a stream's batches land in the order it sent them.
+  other, so a stream's batches land in the order it sent them. A keyed batch
+  whose client stream announced another width (`publish_width`) is refused
+  `stale_width` before it leaves, as the owner would for its own client.
 - redirected (REDIRECT): subscribe, cache_watch, every group request,
   publish_if, commit, state_get, stream_read, offset_for_time: `not_leader
   {node_id, addr, generation}` to a client that offered FEATURE_REDIRECT, an
@@ -18,8 +20,9 @@ what to do when another broker leads it):
 - anything else (discovery, inspection, auth-free requests) is served here.
 
 A request whose stream or cache this broker's catalog does not know, or that
-names another tenant than the client's, is served here too: the local handler
-gives the same not_found / forbidden answer every broker gives. A shard with no
+names another tenant than the client's, or a group request whose group name
+breaks the name rule, is served here too: the local handler gives the same
+not_found / forbidden / invalid_request answer every broker gives. A shard with no
 serving leader (no route, a state other than active, or a leader that is not a
 live member) is UNAVAILABLE: `shard_unavailable` with the assignment's reason.
 
@@ -112,6 +115,7 @@ from felix_wire.messages import (
     StreamRead,
     Subscribe,
 )
+from felix_wire.names import name_problem
 from felix_wire.routing import shard_for_key
 
 __all__ = [
@@ -142,6 +146,12 @@ def _stream_shard(request: Any, catalog: Catalog) -> ShardId | None:
     if spec is None or not 0 <= shard < spec.shards:
         return None  # the local handler answers (not_found / bad shard), as everywhere
     return ShardId(ShardKind.STREAM, request.tenant_id, request.namespace, request.stream, shard)
+
+
+def _group_shard(request: Any, catalog: Catalog) -> ShardId | None:
+    if name_problem(request.group) is not None:
+        return None  # served here: the group handler's invalid_request, as everywhere
+    return _stream_shard(request, catalog)
 
 
 def _stream_keyed(key_of: Callable[[Any], bytes | None]) -> ShardOf:
@@ -239,7 +249,7 @@ RULES: dict[type[Any], Rule] = {
     OffsetForTime: Rule(_stream_shard, Form.REDIRECT, _subscribe),
     CacheWatch: Rule(_cache_watch, Form.REDIRECT, _read),
     **{
-        kind: Rule(_stream_shard, Form.REDIRECT, _consume)
+        kind: Rule(_group_shard, Form.REDIRECT, _consume)
         for kind in (
             GroupPoll,
             GroupAck,
@@ -251,7 +261,7 @@ RULES: dict[type[Any], Rule] = {
         )
     },
     **{
-        kind: Rule(_stream_shard, Form.REDIRECT, _manage)
+        kind: Rule(_group_shard, Form.REDIRECT, _manage)
         for kind in (GroupSeek, GroupDelete, GroupRedrive, GroupDiscard)
     },
     **{kind: Rule(_cache_keyed, Form.CACHE_OP, _read) for kind in (CacheGet, CounterGet)},
@@ -285,6 +295,12 @@ LocalOwner = Callable[[PeerMessage, PeerOrigin], Awaitable[PeerMessage | Awaitab
 HoldBytes = Callable[[RequestContext, int], Awaitable[Callable[[], None]]]
 """Takes publish bytes from the stream service's budgets; returns their release."""
 
+StaleWidth = Callable[[RequestContext, str, str, str, int], int | None]
+"""The width announced on the client stream (`publish_width`) when a keyed batch for
+(tenant, namespace, stream) of that many shards must be refused `stale_width`, else
+None (streams/width.py): checked before a keyed publish is forwarded, as the owner's
+handler checks it for a client on the owner."""
+
 
 class ClusterPlacement:
     """A fleet member's placement: serve what it leads, forward or redirect the rest."""
@@ -298,8 +314,10 @@ class ClusterPlacement:
         ack_on_commit: bool,
         hold_bytes: HoldBytes,
         hold: MoveHold | None = None,
+        stale_width: StaleWidth | None = None,
     ) -> None:
         self._view = view
+        self._stale_width = stale_width
         # Writes for a shard in a move wait for its cut-over (fleet/moves.py), then are
         # dispatched anew through `redispatch` (the dispatch table, set once built).
         self._hold = hold
@@ -497,6 +515,23 @@ class ClusterPlacement:
                     rid or 0,
                     binary=binary,
                     error=(ErrorCode.INVALID_REQUEST, "a publish batch needs at least one payload"),
+                )
+            )
+            return
+        spec = self._catalog().stream(tenant, ns, stream)
+        announced = (
+            self._stale_width(ctx, tenant, ns, stream, spec.shards)
+            if self._stale_width is not None and request.key is not None and spec is not None
+            else None
+        )
+        if announced is not None and spec is not None:
+            text = (
+                f"stale width: the batch was routed by {announced} shard(s); "
+                f"stream {stream} has {spec.shards}"
+            )
+            await answer(
+                lambda _r: proto.publish_answer(
+                    rid or 0, binary=binary, error=(ErrorCode.STALE_WIDTH, text)
                 )
             )
             return

@@ -85,6 +85,12 @@ from felix_wire.messages import (
 
 __all__ = ["GUARDED_FEATURES", "GUARDED_FLAGS", "GuardedWriteService"]
 
+GUARDED_NOT_REPLICATED = (
+    "idempotent, conditional and commit publishes are not replicated yet: "
+    "use a Leader stream for them"
+)
+"""Why a fleet member refuses a guarded write on a replicated (Quorum) stream."""
+
 # Served on any broker (commits and publish_if then refuse in-memory streams).
 GUARDED_FEATURES = int(
     Feature.FEATURE_IDEMPOTENT_PRODUCER
@@ -170,6 +176,10 @@ class GuardedWriteService:
                 ErrorCode.NOT_FOUND,
                 f"stream not found: tenant={tenant_id} namespace={namespace} stream={stream}",
             )
+        if action is Action.STREAM_PUBLISH and spec.replicated and self._engine.replication_hook:
+            # Refused before anything is queued (the replication hook would refuse it
+            # only once it is queued, too late for a typed answer).
+            return ErrorCode.INVALID_REQUEST, GUARDED_NOT_REPLICATED
         return spec
 
     def _shard(self, spec: StreamSpec, key: bytes | None) -> Shard | tuple[ErrorCode, str]:

@@ -33,7 +33,7 @@ from felix_wire.messages import (
     StreamRecords,
 )
 
-from ..fleet.harness import THROUGH_LEADER
+from ..fleet.harness import THROUGH_LEADER, TOPOLOGIES
 from ..support.wire import NS, OFFICIAL_FEATURES, TENANT, Feature, WireClient, WireStream
 from .harness import running_broker
 
@@ -342,7 +342,7 @@ async def test_commits_and_state(tmp_path: Path) -> None:
         client.close()
 
 
-@pytest.mark.parametrize("topology", THROUGH_LEADER)
+@pytest.mark.parametrize("topology", TOPOLOGIES)
 async def test_publish_width_and_stale_width(tmp_path: Path, topology: str) -> None:
     async with running_broker(tmp_path, topology=topology) as broker:
         assert broker.features & Feature.FEATURE_PUBLISH_WIDTH

@@ -36,6 +36,7 @@ from felix_wire.messages import (
     CounterValue,
     Error,
     EventStreamHello,
+    GroupDescribe,
     GroupPoll,
     NotLeader,
     OffsetForTime,
@@ -245,6 +246,29 @@ async def test_leader_served_requests_are_redirected_with_the_generation(
         assert not isinstance(served, NotLeader | Error), served
         client.close()
         owner.close()
+
+
+@pytest.mark.parametrize("group", ["../etc", "a/b", "", "g*", "x" * 129], ids=repr)
+async def test_a_hostile_group_name_is_refused_by_every_broker_alike(
+    tmp_path: Path, group: str
+) -> None:
+    # A group name is checked before the request is routed: a non-owner refuses it
+    # invalid_request as the owner does, never redirects it (A.3: nothing a client
+    # sees depends on which broker it reached).
+    async with running_fleet(tmp_path) as fleet:
+        fleet.assign_all("node-a")
+        key = {"tenant_id": TENANT, "namespace": NS, "stream": "log", "shard": 0, "group": group}
+        for node in ("node-b", "node-a"):
+            client = await WireClient.connect(fleet.entry(node))
+            for request in (
+                GroupPoll(**key, max_records=1, request_id=1),  # type: ignore[arg-type]
+                GroupDescribe(**key, request_id=2),  # type: ignore[arg-type]
+            ):
+                answer = await client.request(request)
+                assert isinstance(answer, Error), (node, answer)
+                assert answer.code == "invalid_request", (node, answer)
+                assert "invalid group name" in answer.message
+            client.close()
 
 
 async def test_the_owner_verifies_the_forwarded_token_again(tmp_path: Path) -> None:
