@@ -171,12 +171,11 @@ class ClientConfig:
 
     publish_conn_pool: int = 2
     publish_streams_per_conn: int = 2
-    # One connection, one stream: cache requests are pipelined by request_id, so
-    # more requests share each datagram. Measured against 2 x 4 (docs/performance.md):
-    # 10-25% less client and broker CPU per get or put at 32 in flight. On a lossy
-    # link more streams keep one lost packet from stalling every request in flight.
-    cache_conn_pool: int = 1
-    cache_streams_per_conn: int = 1
+    # 1 x 1 costs 10-25% less client and broker CPU per cache op at 32 in flight
+    # (docs/performance.md), but with one connection a silently dropped link stalls
+    # every request until its timeout, where a second link reconnects at once.
+    cache_conn_pool: int = 2
+    cache_streams_per_conn: int = 4
     event_conn_pool: int = 2
     # Streams used one request at a time (consumer-group calls, whose answers
     # the broker may send out of order), at most this many at once.
