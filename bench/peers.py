@@ -15,8 +15,10 @@ message. Workloads (100-byte payloads everywhere):
 
 - ``pubsub``: one publisher, fanout 1 and 10 subscribers, each on its own
   connection; delivered records/s over all subscribers. Felix publishes
-  batches of 64 without acks to an in-memory stream; NATS publishes core
-  messages one by one (its client buffers them).
+  batches of 64 without acks to an in-memory stream, to felix_client
+  subscribers and, as ``felix-raw``, to raw-frame subscribers (each event
+  frame decoded by the generated layer, its payloads counted); NATS publishes
+  core messages one by one (its client buffers them).
 - ``latency``: one record published, then awaited at one subscriber;
   publish -> deliver p50 and p99.
 - ``durable``: acked publishes to a durable stream with 1 and 32 in flight.
@@ -24,11 +26,15 @@ message. Workloads (100-byte payloads everywhere):
   record is in the page cache, as a JetStream PubAck means; the ``on_commit``
   row (ack after fsync) is printed beside it, against the same JetStream figure.
 - ``workqueue``: one consumer reading a pre-filled durable stream; Felix a
-  consumer group (poll up to B records; their acks go out with the next poll,
-  and every ack's answer, sent once the ack is durable, is awaited; raw
-  frames, as felix_client has no group API yet), NATS a JetStream pull
-  consumer (fetch B, ``msg.ack()`` each, which nats-py sends without awaiting
-  an answer, before the next fetch).
+  consumer group through felix_client's ``Consumer`` (``batch`` B and
+  ``max_in_flight`` 2B, so its next poll of B can overlap the last B's acks,
+  as a JetStream fetch may go out before the last fetch's acks are processed;
+  each ``record.ack()`` runs as its own task, and a record counts once its ack
+  is answered, which the broker does once the ack is durable) and, as
+  ``felix-raw``, over raw frames (poll up to B; their acks go out with the next
+  poll, every ack's answer awaited), NATS a JetStream pull consumer (fetch B,
+  ``msg.ack()`` each, which nats-py sends without awaiting an answer, before
+  the next fetch).
 - ``kv``: put and get with 1 and 32 requests in flight over 1,000 keys; Felix's
   cache (log-backed, periodic) through felix_client and, as ``felix-raw``,
   through frames of the generated layer on one stream (the broker's share
@@ -393,6 +399,48 @@ async def felix_pubsub(target: dict[str, Any], fanout: int, records: int) -> Fig
     return figures
 
 
+async def felix_raw_pubsub(target: dict[str, Any], fanout: int, records: int) -> Figures:
+    """`felix_pubsub` with raw-frame subscribers: each event frame decoded by the
+    generated layer and its payloads counted, no client object per event (what
+    felix_client's subscriber is held against: issue 21 asks for >= 80% of it)."""
+    from felix_wire.codec import decode_frame
+    from felix_wire.frame import FrameReader
+    from felix_wire.messages import AckMode, Subscribe, Subscribed
+
+    raws = [await RawFelix.open(target) for _ in range(fanout)]
+    events = []
+    for i, raw in enumerate(raws):
+        await raw.send(Subscribe(tenant_id=TENANT, namespace=NS, stream=FAN, subscription_id=i + 1))
+        answer = await raw.recv()
+        assert isinstance(answer, Subscribed), answer
+        events.append(await raw.connection.accept_stream())
+    counts = [0] * fanout
+
+    async def drain(i: int) -> None:
+        reader = FrameReader()
+        stream = events[i]
+        while data := await stream.read():
+            for frame in reader.feed(data):
+                payloads = getattr(decode_frame(frame), "payloads", None)
+                if payloads is not None:  # an event batch (the hello has none)
+                    counts[i] += len(payloads)
+
+    readers = [asyncio.ensure_future(drain(i)) for i in range(fanout)]
+    publisher = await felix_client(target)
+    batch = [PAYLOAD] * BATCH
+    started = time.perf_counter()
+    for _ in range(records // BATCH):
+        await publisher.publish_batch(FAN, batch, ack=AckMode.NONE)
+    ended = await count_until(lambda: sum(counts), fanout * records)
+    figures = {"rate": sum(counts) / (ended - started), "lost": fanout * records - sum(counts)}
+    for reader in readers:
+        reader.cancel()
+    await publisher.aclose()
+    for raw in raws:
+        raw.connection.close()
+    return figures
+
+
 async def nats_pubsub(target: dict[str, Any], fanout: int, records: int) -> Figures:
     import nats
 
@@ -494,6 +542,39 @@ async def nats_durable(target: dict[str, Any], inflight: int, seconds: float) ->
 
 
 async def felix_workqueue(
+    target: dict[str, Any], batch: int, seconds: float, group: str
+) -> Figures:
+    """felix_client's consumer with `batch` claimed at most: each record's ack runs
+    as a task; acked records (their answers received) per second."""
+    client = await felix_client(target)
+    consumer = client.consumer(JOBS, group=group, shards=[0], batch=batch, max_in_flight=2 * batch)
+    acking: set[asyncio.Task[None]] = set()
+    acked = [0]
+
+    def done(task: asyncio.Task[None]) -> None:
+        acking.discard(task)
+        if not task.cancelled() and task.exception() is None:
+            acked[0] += 1
+
+    loop = asyncio.get_running_loop()
+    async with consumer:
+        record = await consumer.next(timeout=10)
+        started = time.perf_counter()
+        stop = started + seconds
+        while True:
+            task = loop.create_task(record.ack())
+            acking.add(task)
+            task.add_done_callback(done)
+            if time.perf_counter() >= stop:
+                break
+            record = await consumer.next(timeout=10)
+        await asyncio.gather(*acking)
+        figures = {"rate": acked[0] / (time.perf_counter() - started)}
+    await client.aclose()
+    return figures
+
+
+async def felix_raw_workqueue(
     target: dict[str, Any], batch: int, seconds: float, group: str
 ) -> Figures:
     """Poll up to `batch`, then send their acks together with the next poll (as a
@@ -675,14 +756,16 @@ async def run_cell(cell: Cell) -> Figures:
     seconds: float = cell["seconds"]
     felix = system.startswith("felix")
     if work == "pubsub":
-        run = felix_pubsub if felix else nats_pubsub
+        run = {"nats": nats_pubsub, "felix-raw": felix_raw_pubsub}.get(system, felix_pubsub)
         return await run(t, cell["n"], cell["records"])
     if work == "latency":
         return await (felix_latency if felix else nats_latency)(t, cell["samples"])
     if work == "durable":
         return await (felix_durable if felix else nats_durable)(t, cell["n"], seconds)
     if work == "workqueue":
-        run_wq = felix_workqueue if felix else nats_workqueue
+        run_wq = {"nats": nats_workqueue, "felix-raw": felix_raw_workqueue}.get(
+            system, felix_workqueue
+        )
         return await run_wq(t, cell["n"], seconds, cell["group"])
     if work == "kv":
         kv = {"nats": nats_kv, "redis": redis_kv, "felix-raw": felix_raw_kv}.get(system, felix_kv)
@@ -743,7 +826,8 @@ def rows(quick: bool) -> list[Row]:
     out: list[Row] = []
     for fanout in (1, 10):
         params = {"n": fanout, "records": records // fanout if fanout > 1 else records}
-        out.append(Row(f"pub/sub 100 B fanout {fanout}", "pubsub", params, ("felix", "nats")))
+        systems = ("felix", "felix-raw", "nats")
+        out.append(Row(f"pub/sub 100 B fanout {fanout}", "pubsub", params, systems))
     out.append(
         Row(
             "publish->deliver latency (us)",
@@ -757,7 +841,8 @@ def rows(quick: bool) -> list[Row]:
         systems = ("felix", "felix-on_commit", "nats")
         out.append(Row(f"acked durable publish, {n} in flight", "durable", {"n": n}, systems))
     for n in (1, 32):
-        out.append(Row(f"work queue batch {n}", "workqueue", {"n": n}, ("felix", "nats")))
+        systems = ("felix", "felix-raw", "nats")
+        out.append(Row(f"work queue batch {n}", "workqueue", {"n": n}, systems))
     for op in ("put", "get"):
         for n in (1, 32):
             row = Row(

@@ -36,19 +36,61 @@ def _frame(text: str) -> str:
     return f"{function} {where.rsplit('/', 1)[-1].split(':')[0]}"
 
 
+# What the innermost frame of a sample belongs to (first match wins): the split of
+# the process's busy time between the kernel calls, the QUIC stack, the event loop
+# and our own code.
+_SYSCALLS = (
+    "sendto",
+    "sendmsg",
+    "recvfrom",
+    "recvmsg",
+    "recv_into",
+    "select",
+    "poll",
+    "pwrite",
+    "pwritev",
+    "pread",
+    "fsync",
+)
+_LAYERS = (
+    ("QUIC stack (qh3/aioquic, felix_transport)", ("qh3/", "aioquic/", "felix_transport/")),
+    ("event loop (asyncio)", ("asyncio/", "selectors.py", "uvloop/")),
+    ("our code (felix_broker/_client/_wire/_common)", ("felix_",)),
+    ("libraries (msgspec, prometheus_client, ...)", ("site-packages", "prometheus_client/")),
+)
+
+
+def layer(innermost: str) -> str:
+    """The layer of a raw py-spy frame 'function (path:line)': a function that is a
+    thin wrapper of one system call (its self time is the call) counts as that."""
+    function, _, where = innermost.partition(" (")
+    if function.rsplit(".", 1)[-1].lstrip("_") in _SYSCALLS:
+        return "system calls (sendto/recvfrom/epoll/pwrite/fsync)"
+    for name, marks in _LAYERS:
+        if any(mark in where for mark in marks):
+            return name
+    return "other (stdlib, interpreter)"
+
+
 def summarise(collapsed: Path, top: int) -> None:
     own: collections.Counter[str] = collections.Counter()
     anywhere: collections.Counter[str] = collections.Counter()
+    layers: collections.Counter[str] = collections.Counter()
     total = 0
     for line in collapsed.read_text().splitlines():
         stack, _, count_text = line.rpartition(" ")
         count = int(count_text)
-        frames = [_frame(f) for f in stack.split(";")]
+        raw = stack.split(";")
+        frames = [_frame(f) for f in raw]
         total += count
         own[frames[-1]] += count
+        layers[layer(raw[-1])] += count
         for frame in set(frames):
             anywhere[frame] += count
     print(f"{total} samples")
+    print(f"{'self %':>7}  layer (by the innermost frame)")
+    for name, count in layers.most_common():
+        print(f"{100 * count / total:7.1f}  {name}")
     print(f"{'self %':>7}  function")
     for frame, count in own.most_common(top):
         print(f"{100 * count / total:7.1f}  {frame}")
@@ -68,6 +110,12 @@ def main() -> None:
         "--side", choices=["broker", "client"], default="broker", help="which process to sample"
     )
     parser.add_argument("--out", type=Path, help="keep the collapsed stacks here")
+    parser.add_argument(
+        "--system",
+        choices=["felix", "felix-raw"],
+        default="felix",
+        help="drive the broker through felix_client or raw frames (kv, workqueue)",
+    )
     args = parser.parse_args()
     spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
     with tempfile.TemporaryDirectory(prefix="felix-profile-") as tmpdir:
@@ -78,7 +126,7 @@ def main() -> None:
                 asyncio.run(peers.felix_setup(server.target, 200_000))
             collapsed = args.out or tmp / "stacks.txt"
             cell = {
-                "system": "felix",
+                "system": args.system,
                 "work": args.work,
                 "target": server.target,
                 "seconds": args.seconds,

@@ -6,8 +6,8 @@ each ``/metrics`` shows only its own broker.
 
 Names follow one scheme, ``felix_<area>_<what>[_<unit>]``, where the area is
 the capability that counts (``connections``, ``auth``, ``request``,
-``stream``, ``storage``, ``group``, ``cache``, ``task`` for the broker's own
-tasks), ``tenant`` for the series
+``stream``, ``storage``, ``group``, ``cache``, ``fleet``, ``task`` for the
+broker's own tasks), ``tenant`` for the series
 labelled by tenant, and ``build`` for :data:`felix_build_info`. Counters end in
 ``_total`` (added by the client library), durations are histograms in seconds
 (``_seconds``) with :data:`LATENCY_BUCKETS`, from 25 µs to 10 s. The names the
@@ -198,7 +198,7 @@ class BrokerMetrics:
             registry=r,
         )
         self.fleet_feature_enabled = Gauge(
-            "felix_broker_fleet_feature_enabled",
+            "felix_fleet_feature_enabled",
             "1 for each fleet feature this fleet member acts on (finalized and implemented).",
             ["feature"],
             registry=r,

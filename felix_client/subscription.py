@@ -191,6 +191,10 @@ class Feed(OpenedByAwait, Generic[T]):
             await self._read_once(self._handoff)
         return self._buffer.popleft()
 
+    def take_buffered(self) -> T | None:
+        """The next item if one was already read (no wait), else None."""
+        return self._buffer.popleft() if self._buffer else None
+
     async def _read_once(self, handoff: EventHandoff) -> None:
         try:
             data = await handoff.stream.read()
@@ -420,6 +424,12 @@ class ShardedFeed(OpenedByAwait, Generic[T]):
         while True:
             if self._closed:
                 raise StopAsyncIteration
+            if self._pending:
+                # Reads that finished meanwhile go first, in shard order.
+                for shard, task in sorted(self._pending.items()):
+                    if task.done():
+                        del self._pending[shard]
+                        self._ready.append((shard, task))
             if self._ready:
                 shard, task = self._ready.popleft()
                 error = task.exception()
@@ -427,6 +437,13 @@ class ShardedFeed(OpenedByAwait, Generic[T]):
                     return task.result()
                 self._retire(shard, error)
                 continue
+            # What a shard's feed already holds (the rest of its last read) needs no
+            # task and no wait: a task per item was most of a subscriber's cost.
+            for shard, part in self.parts.items():
+                if shard not in self._pending:
+                    item = part.take_buffered()
+                    if item is not None:
+                        return item
             loop = asyncio.get_running_loop()
             for shard, part in self.parts.items():
                 if shard not in self._pending:

@@ -426,7 +426,15 @@ class CacheService:
             concurrent=True,
             ready=self._ready(self._get_now, read),
         )
-        table.register(CachePut, self._handler(self._put_request, write), concurrent=True)
+        # A put whose log need not be synced before the answer (fsync modes none and
+        # periodic, or an in-memory cache) is written and answered from the reader
+        # too: its append is synchronous, so its answer is ready at once.
+        table.register(
+            CachePut,
+            self._handler(self._put_request, write),
+            concurrent=True,
+            ready=self._ready(self._put_now, write),
+        )
         table.register(CacheDelete, self._handler(self._delete, write), concurrent=True)
         table.register(CachePutIf, self._handler(self._put_if, write), concurrent=True)
         table.register(CacheDeleteIf, self._handler(self._delete_if, write), concurrent=True)
@@ -473,10 +481,11 @@ class CacheService:
         return handle
 
     def _ready(
-        self, op: Callable[[CacheSpec, R, RequestContext], bytes], action: Action
+        self, op: Callable[[CacheSpec, R, RequestContext], bytes | None], action: Action
     ) -> Callable[[R, RequestContext], bytes | None]:
-        """`_handler` for an `op` that never waits: the same admission, refusals
-        and storage errors, the answer returned instead of written."""
+        """`_handler` for an `op` that does not wait: the same admission, refusals
+        and storage errors, the answer returned instead of written (`op` returns
+        None, before it changes anything, when it would have to wait)."""
 
         def ready(request: R, ctx: RequestContext) -> bytes | None:
             proto = ctx.proto
@@ -577,6 +586,22 @@ class CacheService:
         await shard.wait_durable(entry.offset)
         self._maybe_compact(shard)
         # decision cache-put-answer: cache_ok always carries a request_id.
+        return ctx.proto.message(CacheOk(request_id=request.request_id or 0))
+
+    def _put_now(self, spec: CacheSpec, request: CachePut, ctx: RequestContext) -> bytes | None:
+        """`_put_request` when nothing has to be waited for: the append is written at
+        once and durable means written (none, periodic); None under on_commit (the
+        answer waits for the fsync), and for a replicated cache (its ack waits for
+        its replicas), which take the handler's path."""
+        if spec.replication_factor > 1:
+            return None
+        shard = self.shard_of_key(spec, request.key)
+        log = shard.log
+        if log is not None and log.config.fsync_mode is FsyncMode.ON_COMMIT:
+            return None
+        # The append raised (a StorageError, answered `storage`) or it is written.
+        self._put(shard, request.key, request.value, request.ttl_ms)
+        self._maybe_compact(shard)
         return ctx.proto.message(CacheOk(request_id=request.request_id or 0))
 
     async def _put_if(self, spec: CacheSpec, request: CachePutIf, ctx: RequestContext) -> bytes:

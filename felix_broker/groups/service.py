@@ -16,6 +16,23 @@ task under the connection's request bound, so a long poll holds back nothing
 else on its stream. Every answer carries the request's
 request_id; settles are answered with cache_ok (what the clients accept).
 
+Two requests usually need no task (the dispatcher's `ready` path, taken while
+the connection has a free request slot):
+
+- a poll of a group already in memory that finds records to hand out at once
+  and changes nothing durable (claims live in memory; only a group's first poll,
+  or a poll that dead-letters, writes) is answered by the stream's reader; if
+  that answer cannot be written, its claims are handed back as before;
+- an ack (fsync modes `none` and `periodic`, where durable means written) joins
+  the loop pass's group-log commit, and its answer is queued for the commit:
+  once the pass's one append has written every change of the pass, the answers
+  of all those acks go out, per stream, in one write by one writer task. An ack
+  is still never answered before its change is written. Bound: at most
+  `max_inflight_requests_per_conn` such answers are held per stream (owed or
+  being written); past it, an ack takes the ordinary path (a task under the
+  request bound). Under `on_commit` acks always take the ordinary path (each
+  waits for its fsync).
+
 Long polls wait on a per-shard signal fired by the engine once appended
 records are durable (`Shard.listeners`), and by every settle, nack, redrive,
 seek or delete on the shard; they also wake at the next claim deadline, since
@@ -68,8 +85,8 @@ from felix_broker.groups.state import (
 )
 from felix_broker.metrics import BrokerMetrics
 from felix_broker.replication.driver import ReplicationRefusedError
-from felix_broker.session.context import RequestContext
-from felix_broker.session.dispatch import DispatchTable, Handler
+from felix_broker.session.context import RequestContext, StreamIO
+from felix_broker.session.dispatch import DispatchTable, Handler, ReadyAnswer
 from felix_broker.session.protocol import StreamProtocol
 from felix_broker.storage import Log, LogConfig, Retention, StorageError
 from felix_broker.storage.format import Record
@@ -168,6 +185,29 @@ class _Refused(Exception):
         self.retry = retry
 
 
+class _StreamAnswers:
+    """Answers owed on one client stream by acks taken without a task: frames
+    waiting for their writer, and how many are owed or being written (the bound)."""
+
+    __slots__ = ("frames", "held", "writing")
+
+    def __init__(self) -> None:
+        self.frames: list[bytes] = []
+        self.held = 0
+        self.writing = False
+
+
+@dataclass(frozen=True, slots=True)
+class _Owed:
+    """One ack taken without a task: whom to answer once the commit is written."""
+
+    ctx: RequestContext
+    answers: _StreamAnswers
+    request_id: int
+    handed: float | None
+    started: float
+
+
 class _Signal:
     """Wakes every waiter at once; each wait sees only fires after it started."""
 
@@ -202,6 +242,8 @@ class _ShardGroups:
     # and their writers' futures: each gets the last offset, or the append's error.
     pending: list[GroupChange] = field(default_factory=list)
     committers: list[asyncio.Future[int]] = field(default_factory=list)
+    # Acks taken without a task, answered once this pass's commit is written.
+    settled: list[_Owed] = field(default_factory=list)
 
     @property
     def tail(self) -> int:
@@ -257,6 +299,12 @@ class GroupService:
         # A fleet member's Quorum streams: their group changes go through the shard's
         # replication log, applied to the group log by replication/groups.py.
         self.replication: GroupReplication | None = None
+        self._answers: weakref.WeakKeyDictionary[StreamIO, _StreamAnswers] = (
+            weakref.WeakKeyDictionary()
+        )
+        self._ack_timer = None if metrics is None else metrics.request_timer("group_ack")
+        self._owed_bound = max(1, config.max_inflight_requests_per_conn)
+        self._acks_deferred = config.durable_fsync_mode is not FsyncMode.ON_COMMIT
 
     @property
     def features(self) -> int:
@@ -441,6 +489,7 @@ class GroupService:
         all the settles of a loop pass instead of one per settle."""
         changes, groups.pending = groups.pending, []
         committers, groups.committers = groups.committers, []
+        settled, groups.settled = groups.settled, []
         if not changes:
             return
         try:
@@ -449,11 +498,54 @@ class GroupService:
             for waiter in committers:
                 if not waiter.done():
                     waiter.set_exception(exc)
+            self._answer_settled(settled, exc)
             return
         assert last is not None
         for waiter in committers:
             if not waiter.done():
                 waiter.set_result(last)
+        self._answer_settled(settled, None)
+
+    def _answer_settled(self, settled: list[_Owed], failure: BaseException | None) -> None:
+        """Queue the answers of the acks this commit wrote (or failed to write) on
+        their streams, and start each stream's writer if it is not running."""
+        if not settled:
+            return
+        now = time.perf_counter()
+        metrics = self._metrics
+        for owed in settled:
+            proto = owed.ctx.proto
+            if failure is None:
+                outcome = "ok"
+                frame = proto.message(CacheOk(request_id=owed.request_id))
+                if owed.handed is not None and metrics is not None:
+                    metrics.group_poll_ack_seconds.observe(now - owed.handed)
+            else:
+                outcome = "storage"
+                _log.error("group request failed in storage: %s", failure)
+                frame = proto.error(ErrorCode.STORAGE, f"group storage failed: {failure}")
+            owed.answers.frames.append(frame)
+            self._count(GroupAck, outcome)
+            if self._ack_timer is not None:
+                self._ack_timer.observe(now - owed.started)
+            if not owed.answers.writing:
+                owed.answers.writing = True
+                owed.ctx.spawn(self._write_answers(owed.ctx.io, owed.answers), "group-answers")
+
+    async def _write_answers(self, io: StreamIO, answers: _StreamAnswers) -> None:
+        """Write a stream's queued ack answers, all that are queued in one write."""
+        try:
+            while answers.frames:
+                frames, answers.frames = answers.frames, []
+                try:
+                    await io.write(frames[0] if len(frames) == 1 else b"".join(frames))
+                finally:
+                    answers.held -= len(frames)
+        except (StreamClosedError, ConnectionClosedError):
+            answers.held -= len(answers.frames)  # the client went: nobody to answer
+            answers.frames.clear()
+        finally:
+            answers.writing = False
 
     async def _persist(self, groups: _ShardGroups, state: GroupState) -> None:
         """Write what the state changed, and wait until it is durable.
@@ -543,8 +635,18 @@ class GroupService:
         """Every group request runs as its own task (concurrent), so a long poll holds
         back nothing else on its stream."""
         consume, manage = Action.GROUP_CONSUME, Action.GROUP_MANAGE
-        table.register(GroupPoll, self._handler(self._poll, consume), concurrent=True)
-        table.register(GroupAck, self._handler(self._ack, consume), concurrent=True)
+        table.register(
+            GroupPoll,
+            self._handler(self._poll, consume),
+            concurrent=True,
+            ready=self._poll_now,
+        )
+        table.register(
+            GroupAck,
+            self._handler(self._ack, consume),
+            concurrent=True,
+            ready=self._ack_now if self._acks_deferred else None,
+        )
         table.register(GroupNack, self._handler(self._nack, consume), concurrent=True)
         table.register(GroupExtend, self._handler(self._extend, consume), concurrent=True)
         table.register(GroupDeadLetter, self._handler(self._dead_letter, consume), concurrent=True)
@@ -594,6 +696,100 @@ class GroupService:
                 self._count(type(request), outcome)
 
         return handle
+
+    def _ready_groups(self, ctx: RequestContext, request: GroupRequest) -> _ShardGroups | None:
+        """The shard's groups for a request the ready path may take, None when the
+        handler should run instead (every refusal is answered there, once)."""
+        try:
+            return self._admit(ctx, request, Action.GROUP_CONSUME)
+        except (_Refused, StorageError):
+            return None
+
+    def _poll_now(self, request: GroupPoll, ctx: RequestContext) -> ReadyAnswer | None:
+        """A poll's answer if it has records to hand out now and writes nothing
+        durable (the ready path; None: the handler runs, as for every other poll)."""
+        if request.reclaim or request.consumer is not None or request.max_records <= 0:
+            return None  # members, reclaims and empty polls: the handler's path
+        groups = self._ready_groups(ctx, request)
+        if groups is None:
+            return None
+        state = groups.live.get(request.group)
+        if state is None or state.durable.cursor is None or state.writes:
+            return None  # a group's first poll writes its cursor: the handler persists it
+        now = _now_ms()
+        limit = min(request.max_records, POLL_MAX_RECORDS)
+        conn = self._connection_seq(ctx.connection.connection)
+        offers = state.offer(now, limit, conn, groups.log_start, groups.tail)
+        if not offers or state.writes:
+            return None  # nothing now (the handler waits), or expiry wrote: it persists
+        taken = _read(groups, offers)
+        if not taken:
+            return None
+        state.claim(
+            now,
+            [offer for offer, _ in taken],
+            conn,
+            None,
+            request.visibility_ms,
+            time.perf_counter(),
+        )
+        assert not state.writes  # the cursor exists: a claim changes nothing durable
+        groups.last_used[request.group] = now
+        records = [
+            GroupRecord(
+                offset=record.offset,
+                payload=record.payload,
+                attempts=offer.attempts,
+                publisher=record.publisher,
+                timestamp_micros=record.timestamp_us,
+            )
+            for offer, record in taken
+        ]
+        answer = ctx.proto.message(GroupRecords(records=records, request_id=request.request_id))
+        self._count(GroupPoll, "ok")
+        if self._metrics is not None:
+            self._metrics.group_records.inc(len(records))
+
+        def unsent() -> None:
+            # The client never got these: hand them back rather than wait out the claim.
+            state.release([offer.offset for offer, _ in taken])
+            groups.signal.fire()
+
+        return ReadyAnswer(answer, unsent)
+
+    def _ack_now(self, request: GroupAck, ctx: RequestContext) -> bytes | ReadyAnswer | None:
+        """An ack taken without a task (the ready path, fsync modes none and periodic):
+        applied now, its change joined to this pass's commit, answered by the commit
+        once written. None: the handler runs (refusals, a failed log, the bound)."""
+        groups = self._ready_groups(ctx, request)
+        if groups is None or groups.log.failed or self._replicated(groups):
+            return None  # a Quorum shard's ack waits for its majority in the handler
+        state = groups.live.get(request.group)
+        if state is None or state.writes:
+            return None
+        answers = self._answers.get(ctx.io)
+        if answers is None:
+            answers = self._answers[ctx.io] = _StreamAnswers()
+        if answers.held >= self._owed_bound:
+            return None  # a client not reading its answers: the request bound holds it
+        now = _now_ms()
+        try:
+            handed = state.ack(now, request.offset, groups.tail)
+        except GroupRefusedError:
+            return None  # refused before it changed anything: the handler answers it
+        groups.last_used[request.group] = now
+        changes = state.take_writes()
+        groups.signal.fire()
+        if not changes:
+            # Nothing to write (a repeated ack): answered now, as the handler would.
+            self._count(GroupAck, "ok")
+            return ctx.proto.message(CacheOk(request_id=request.request_id))
+        if not groups.pending:
+            asyncio.get_running_loop().call_soon(self._commit, groups)
+        groups.pending.extend(changes)
+        answers.held += 1
+        groups.settled.append(_Owed(ctx, answers, request.request_id, handed, time.perf_counter()))
+        return ReadyAnswer(None)
 
     def _admit(self, ctx: RequestContext, request: GroupRequest, action: Action) -> _ShardGroups:
         """The shard's groups, if this principal may do `action` on the group."""

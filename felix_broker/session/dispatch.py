@@ -22,7 +22,12 @@ first and writes its answer from the reader, with no task (a task per request
 was a large share of a cache request's cost); at the bound it takes the
 concurrent path as before, so the bound still holds the reader back. The
 answer is then simply the first to complete, which is what completion order
-allows.
+allows. `ready` may also return a `ReadyAnswer`: its `frame` with an `unsent`
+callback run if the frame could not be written (a group poll hands its claims
+back), or no frame at all: the service took the request and answers it itself
+shortly, without a task of the request's own (a group ack, answered by the loop
+pass's group-log commit once the ack is durable). A service that answers later
+bounds what it holds itself and observes `felix_request_seconds` for it.
 
 A handler that raises what it did not expect (a bug) still answers: `internal`,
 naming the request_id, logged once and counted in
@@ -75,6 +80,7 @@ __all__ = [
     "Handler",
     "Placement",
     "PlacementDecision",
+    "ReadyAnswer",
     "Request",
     "Standalone",
     "answer_refused",
@@ -87,8 +93,20 @@ _log = logging.getLogger(__name__)
 Request = Message | PublishBatchFrame
 R = TypeVar("R", bound=Request)
 Handler = Callable[[R, RequestContext], Coroutine[Any, Any, None]]
-# The answer frame when it is ready without waiting, else None (then the handler runs).
-Ready = Callable[[R, RequestContext], bytes | None]
+
+
+@dataclass(frozen=True, slots=True)
+class ReadyAnswer:
+    """What a `ready` function returns beyond a bare frame (see the module docs)."""
+
+    frame: bytes | None
+    """The answer to write now; None: the service answers the request itself, later."""
+    unsent: Callable[[], None] | None = None
+    """Run when `frame` could not be written (the stream or connection went)."""
+
+
+# The answer when it is ready without waiting, else None (then the handler runs).
+Ready = Callable[[R, RequestContext], "bytes | ReadyAnswer | None"]
 
 # Client-to-broker message types this broker never dispatches, and why. A type in
 # the catalogue that is neither handled nor listed here fails the completeness test.
@@ -156,7 +174,7 @@ class _Route:
     concurrent: bool
     name: str
     timer: _Timer
-    ready: Callable[[Any, RequestContext], bytes | None] | None = None
+    ready: Callable[[Any, RequestContext], bytes | ReadyAnswer | None] | None = None
 
 
 class DispatchTable:
@@ -242,9 +260,8 @@ class DispatchTable:
         if (
             route.ready is not None
             and not ctx.connection.request_slots.locked()
-            and await self._answer_ready(route, request, ctx)
+            and await self._answer_ready(route, request, ctx, started)
         ):
-            route.timer.observe(time.perf_counter() - started)
             return
         if route.concurrent:
             timed = _timed(self._run(route, request, ctx), route.timer, started)
@@ -255,9 +272,12 @@ class DispatchTable:
             finally:
                 route.timer.observe(time.perf_counter() - started)
 
-    async def _answer_ready(self, route: _Route, request: Request, ctx: RequestContext) -> bool:
+    async def _answer_ready(
+        self, route: _Route, request: Request, ctx: RequestContext, started: float
+    ) -> bool:
         """Answer from `route.ready` if it has the answer now; False: run the handler.
-        A bug in it is answered `internal`, as in `_run`."""
+        A bug in it is answered `internal`, as in `_run`. The request's time is
+        observed here, unless the service answers it later (then it does)."""
         assert route.ready is not None
         try:
             answer = route.ready(request, ctx)
@@ -266,11 +286,26 @@ class DispatchTable:
             _log.error("%s request failed", route.name, exc_info=exc)
             with contextlib.suppress(StreamClosedError, ConnectionClosedError):
                 await answer_refused(ctx, request, ErrorCode.INTERNAL, "internal error")
+            route.timer.observe(time.perf_counter() - started)
             return True
         if answer is None:
             return False
-        with contextlib.suppress(StreamClosedError, ConnectionClosedError):
-            await ctx.write(answer)  # the client went: nobody is left to answer
+        unsent: Callable[[], None] | None = None
+        frame: bytes
+        if isinstance(answer, ReadyAnswer):
+            if answer.frame is None:
+                return True  # the service answers it (and times it) itself
+            frame, unsent = answer.frame, answer.unsent
+        else:
+            frame = answer
+        try:
+            await ctx.write(frame)
+        except (StreamClosedError, ConnectionClosedError):
+            # The client went: nobody is left to answer; what the answer handed out
+            # goes back.
+            if unsent is not None:
+                unsent()
+        route.timer.observe(time.perf_counter() - started)
         return True
 
     async def _run(self, route: _Route, request: Request, ctx: RequestContext) -> None:

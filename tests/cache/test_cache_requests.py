@@ -243,7 +243,11 @@ async def test_racing_absent_puts_exactly_one_wins(
 async def test_many_in_flight_answered_by_request_id_without_head_of_line(
     tmp_path: Path, topology: str
 ) -> None:
-    async with cache_broker(tmp_path, topology=topology, durable=True) as broker:
+    # on_commit: a put's answer waits for its fsync (under none and periodic a put is
+    # answered as soon as it is written, from the stream's reader, with no wait).
+    async with cache_broker(
+        tmp_path, topology=topology, durable=True, durable_fsync_mode="on_commit"
+    ) as broker:
         owner = leader_of(broker)  # where the writes are made durable
         assert owner.cache is not None
         client = await WireClient.connect(broker)
