@@ -385,7 +385,7 @@ class ClusterPlacement:
             await self._forward_publish(request, ctx, form, shard)
         else:
             await ctx.connection.spawn_request(
-                self._forward_cache(request, ctx, shard), "forward_cache_op"
+                self._forward_cache(request, ctx, shard), "forward_cache_op", ctx.io
             )
 
     async def _held(self, request: Any, ctx: RequestContext, form: Form, shard: ShardId) -> None:

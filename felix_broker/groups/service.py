@@ -189,12 +189,23 @@ class _StreamAnswers:
     """Answers owed on one client stream by acks taken without a task: frames
     waiting for their writer, and how many are owed or being written (the bound)."""
 
-    __slots__ = ("frames", "held", "writing")
+    __slots__ = ("frames", "held", "owed", "writing")
 
     def __init__(self) -> None:
         self.frames: list[bytes] = []
         self.held = 0
         self.writing = False
+        # One future per owed answer, settled once it is written (or dropped): the
+        # stream's end waits for them (StreamIO.owe).
+        self.owed: list[asyncio.Future[None]] = []
+
+    def settle(self, count: int) -> None:
+        """`count` more owed answers went out or were dropped (which futures settle does
+        not matter: the stream's end waits for all of them)."""
+        done, self.owed = self.owed[:count], self.owed[count:]
+        for answer in done:
+            if not answer.done():
+                answer.set_result(None)
 
 
 @dataclass(frozen=True, slots=True)
@@ -541,8 +552,10 @@ class GroupService:
                     await io.write(frames[0] if len(frames) == 1 else b"".join(frames))
                 finally:
                     answers.held -= len(frames)
+                    answers.settle(len(frames))
         except (StreamClosedError, ConnectionClosedError):
             answers.held -= len(answers.frames)  # the client went: nobody to answer
+            answers.settle(len(answers.frames))
             answers.frames.clear()
         finally:
             answers.writing = False
@@ -788,6 +801,9 @@ class GroupService:
             asyncio.get_running_loop().call_soon(self._commit, groups)
         groups.pending.extend(changes)
         answers.held += 1
+        answered = asyncio.get_running_loop().create_future()
+        answers.owed.append(answered)
+        ctx.io.owe(answered)
         groups.settled.append(_Owed(ctx, answers, request.request_id, handed, time.perf_counter()))
         return ReadyAnswer(None)
 

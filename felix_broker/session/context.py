@@ -65,6 +65,10 @@ class StreamIO:
         self.answers: asyncio.Queue[tuple[asyncio.Future[int] | None, AnswerBuilder]]
         self.answers = asyncio.Queue(maxsize=max(1, window))
         self._unwritable = False  # the stream went: answers are dropped, not written
+        # Answers owed by requests served elsewhere (their own task, or a commit that
+        # answers them later): ending the stream waits for them, so a client that sends
+        # a request and finishes its side still gets its answer (never unanswered).
+        self.owed: set[asyncio.Future[Any]] = set()
         # Once the stream's token has expired (plus the leeway) its authority ends:
         # `expired` refuses further requests, `on_expire` ends what was opened under
         # it (subscriptions register here).
@@ -92,11 +96,26 @@ class StreamIO:
         async with self._lock:
             await self.stream.finish()
 
+    def owe(self, answer: asyncio.Future[Any]) -> None:
+        """`answer` settles once a request served elsewhere has answered on this stream
+        (or given up: the stream went); until then the stream's end waits for it."""
+        self.owed.add(answer)
+        answer.add_done_callback(self.owed.discard)
+
+    @property
+    def answering(self) -> bool:
+        """Answers are queued or owed on this stream."""
+        return bool(self.owed) or not self.answers.empty()
+
     async def flush_answers(self) -> None:
-        """Wait (at most `ack_wait`) until every queued publish answer is written."""
+        """Wait (at most `ack_wait`) until every queued publish answer is written and
+        every answer owed by a request served elsewhere has gone out."""
         with contextlib.suppress(TimeoutError):
             async with asyncio.timeout(self._ack_wait):
                 await self.answers.join()
+                me = asyncio.current_task()  # a request ending its own stream
+                while others := [answer for answer in self.owed if answer is not me]:
+                    await asyncio.wait(others)
 
     async def end(self, *, reset: bool) -> None:
         """End the stream after its pending answers: `reset` abandons it (RESET_STREAM
@@ -175,8 +194,9 @@ class ConnectionState:
         task.add_done_callback(lambda done: self._finished(done, kind))
         return task
 
-    async def spawn_request(self, coro: Coroutine[Any, Any, None], kind: str) -> None:
-        """Run a request as its own task once a request slot is free (waits at the bound)."""
+    async def spawn_request(self, coro: Coroutine[Any, Any, None], kind: str, io: StreamIO) -> None:
+        """Run a request as its own task once a request slot is free (waits at the
+        bound); the request's stream `io` does not end before the task has answered."""
         try:
             await self.request_slots.acquire()
         except BaseException:
@@ -184,6 +204,7 @@ class ConnectionState:
             raise
         task = self.spawn(coro, kind)
         task.add_done_callback(lambda _t: self.request_slots.release())
+        io.owe(task)
 
     def _finished(self, task: asyncio.Task[None], kind: str) -> None:
         self.tasks.discard(task)

@@ -265,7 +265,7 @@ class DispatchTable:
             return
         if route.concurrent:
             timed = _timed(self._run(route, request, ctx), route.timer, started)
-            await ctx.connection.spawn_request(timed, route.name)
+            await ctx.connection.spawn_request(timed, route.name, ctx.io)
         else:
             try:
                 await self._run(route, request, ctx)

@@ -235,7 +235,7 @@ class Session:
                 preauth.release()
             # Let pending answers out before the writer goes (bounded by the window).
             with contextlib.suppress(Exception):
-                if not stream.at_eof or io.answers.qsize():
+                if not stream.at_eof or io.answering:
                     await io.flush_answers()
             writer.cancel()
 

@@ -26,9 +26,9 @@ def _count_request_tasks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     started: list[str] = []
     real = ConnectionState.spawn_request
 
-    async def counting(self: ConnectionState, coro: Any, kind: str) -> None:
+    async def counting(self: ConnectionState, coro: Any, kind: str, io: Any) -> None:
         started.append(kind)
-        await real(self, coro, kind)
+        await real(self, coro, kind, io)
 
     monkeypatch.setattr(ConnectionState, "spawn_request", counting)
     return started

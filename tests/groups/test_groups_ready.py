@@ -57,9 +57,9 @@ def _count_request_tasks(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     started: list[str] = []
     real = ConnectionState.spawn_request
 
-    async def counting(self: ConnectionState, coro: Any, kind: str) -> None:
+    async def counting(self: ConnectionState, coro: Any, kind: str, io: Any) -> None:
         started.append(kind)
-        await real(self, coro, kind)
+        await real(self, coro, kind, io)
 
     monkeypatch.setattr(ConnectionState, "spawn_request", counting)
     return started
@@ -193,9 +193,40 @@ async def test_a_poll_answer_that_cannot_be_written_hands_its_claims_back(
 
         monkeypatch.setattr(RequestContext, "write", failing_write)
         await s.stream.send(GroupPoll(**SCOPE, group="g", max_records=5, request_id=s.next_id()))
-        await asyncio.wait_for(failed.wait(), 5)
+        async with asyncio.timeout(5):
+            await failed.wait()
         assert started == []  # it was the ready path's answer that failed
         # The answer never left: both records are owed again at once, and the
         # delivery that never reached the client is not counted.
         again = await s.poll(5)
         assert [(r.payload, r.attempts) for r in again] == [(b"a", 1), (b"b", 1)]
+
+
+async def test_a_stream_finished_right_after_its_requests_still_gets_every_answer(
+    tmp_path: Path,
+) -> None:
+    """A client that sends acks (answered by the commit, without a task) and a long
+    poll (its own task) and at once finishes its side gets all their answers before
+    the broker ends the stream: its end waits for the answers owed elsewhere."""
+    async with running_broker(tmp_path, durable_fsync_mode="periodic") as broker:
+        s = await _session(broker)
+        records = await _claimed(s, 8)
+        first = s.rid + 1
+        frames = [
+            encode_frame(GroupAck(**SCOPE, group="g", offset=r.offset, request_id=s.next_id()))
+            for r in records
+        ]
+        poll_id = s.next_id()
+        frames.append(
+            encode_frame(
+                GroupPoll(**SCOPE, group="g", max_records=5, wait_ms=300, request_id=poll_id)
+            )
+        )
+        await s.stream.send(b"".join(frames))
+        await s.stream.stream.finish()  # nothing more from this client on the stream
+        answers = [await s.stream.recv(timeout=5) for _ in range(9)]
+        acks = [a for a in answers if isinstance(a, CacheOk)]
+        assert sorted(a.request_id for a in acks) == list(range(first, first + 8)), answers
+        (poll,) = [a for a in answers if isinstance(a, GroupRecords)]
+        assert poll.request_id == poll_id and list(poll.records) == []
+        await s.stream.expect_end()
