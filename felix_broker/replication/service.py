@@ -10,7 +10,16 @@ of that shard is here (delivery, not outcome: the core's answers travel as
 messages of their own, the other way).
 
 `peer_sender` turns a `PeerDialer` and an address book (node id to peer
-address, from the routing snapshot's members) into the drivers' `Sender`.
+address, from the routing snapshot's members) into the drivers' `Sender`. It
+pipelines: one `PeerPipe` per node (one QUIC stream, messages written in order,
+the listener admitting them in that order), so a message leaves once written, not
+after the previous one's answer came back; at most the pipe's `stream_window`
+are unanswered (a send beyond waits: the driver's outbox then fills, and past its
+bound drops). An idle pipe finishes itself; the next message opens a new one.
+A message written but never answered (the pipe broke, or no answer within
+`request_timeout`) is lost, as on a network: the core resends what matters; the
+connection is then dropped and the next message dials again (a peer restarted on
+the same address never answers the old connection).
 
 Both take an optional `blocked` predicate (node id -> bool), set only in test mode
 (FELIX_TEST_FAULTS' ``peer_blocked``, `felix_broker.chaos.faults`): replication
@@ -20,11 +29,18 @@ are answered ``held: false`` unseen, a partition of replication alone.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from felix_broker.fleet.peer import PeerDialer, PeerOrigin, PeerUnavailableError
+from felix_broker.fleet.peer import (
+    PeerDialer,
+    PeerOrigin,
+    PeerPipe,
+    PeerProtocolError,
+    PeerUnavailableError,
+)
 from felix_common.fleet import ShardId
 from felix_wire.fleet import (
     PeerMessage,
@@ -97,9 +113,24 @@ class ReplicationService:
 def peer_sender(
     dialer: PeerDialer, address_of: Callable[[str], str | None], blocked: Blocked | None = None
 ) -> Sender:
-    """Sends over the peer channel; raises PeerUnavailableError for a node with no
-    known peer address, one that cannot be reached or one `blocked` (the driver
-    drops the message)."""
+    """Sends over the peer channel, pipelined (see the module docstring); raises
+    PeerUnavailableError for a node with no known peer address, one that cannot be
+    reached or one `blocked` (the driver drops the message)."""
+    pipes: dict[str, PeerPipe] = {}
+    answers: set[asyncio.Task[None]] = set()
+
+    async def answered(node_id: str, pipe: PeerPipe, future: asyncio.Future[PeerMessage]) -> None:
+        try:
+            await pipe.answer(future)  # delivery only: the core's answers come as messages
+        except PeerUnavailableError as exc:
+            # Unanswered: the connection may be dead (a peer restarted on the same
+            # address never answers it): the next message dials afresh.
+            _log.debug("replication message to %s lost: %s", node_id, exc)
+            if pipes.get(node_id) is pipe:
+                del pipes[node_id]
+                dialer.forget(node_id)
+        except PeerProtocolError as exc:
+            _log.debug("replication message to %s lost: %s", node_id, exc)
 
     async def send(node_id: str, message: WireMessage) -> None:
         if blocked is not None and blocked(node_id):
@@ -107,7 +138,20 @@ def peer_sender(
         address = address_of(node_id)
         if address is None:
             raise PeerUnavailableError(f"{node_id}: no peer address known", sent=False)
-        await dialer.request(node_id, address, message)
+        for _attempt in range(2):  # an idle pipe finishes itself: open the next once
+            pipe = pipes.get(node_id)
+            if pipe is None or not pipe.usable:
+                pipe = pipes[node_id] = await dialer.pipe(node_id, address)
+            try:
+                future = await pipe.send(message)
+            except PeerUnavailableError:  # it finished or broke meanwhile
+                pipes.pop(node_id, None)
+                continue
+            task = asyncio.get_running_loop().create_task(answered(node_id, pipe, future))
+            answers.add(task)
+            task.add_done_callback(answers.discard)
+            return
+        raise PeerUnavailableError(f"{node_id}: no usable pipe", sent=False)
 
     return send
 
