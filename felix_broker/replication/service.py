@@ -17,7 +17,7 @@ after the previous one's answer came back; at most the pipe's `stream_window`
 are unanswered (a send beyond waits: the driver's outbox then fills, and past its
 bound drops). An idle pipe finishes itself; the next message opens a new one.
 A message written but never answered (the pipe broke, or no answer within
-`request_timeout`) is lost, as on a network: the core resends what matters; the
+`ANSWER_TIMEOUT_S`) is lost, as on a network: the core resends what matters; the
 connection is then dropped and the next message dials again (a peer restarted on
 the same address never answers the old connection).
 
@@ -71,6 +71,10 @@ _SENDER_FIELD: Mapping[type, str] = {
 }
 
 
+ANSWER_TIMEOUT_S = 2.0
+"""A replication message is answered once delivered to the shard's core (not after
+its work): none within this means the link or the peer is gone."""
+
 Blocked = Callable[[str], bool]
 """Whether replication with a node is cut (a test-mode fault)."""
 
@@ -120,12 +124,12 @@ def peer_sender(
     answers: set[asyncio.Task[None]] = set()
 
     async def answered(node_id: str, pipe: PeerPipe, future: asyncio.Future[PeerMessage]) -> None:
-        try:
-            await pipe.answer(future)  # delivery only: the core's answers come as messages
-        except PeerUnavailableError as exc:
+        try:  # delivery only: the core's answers come as messages of their own
+            await asyncio.wait_for(asyncio.shield(future), ANSWER_TIMEOUT_S)
+        except (TimeoutError, PeerUnavailableError) as exc:
             # Unanswered: the connection may be dead (a peer restarted on the same
-            # address never answers it): the next message dials afresh.
-            _log.debug("replication message to %s lost: %s", node_id, exc)
+            # address never answers it): drop it, the next message dials afresh.
+            _log.debug("replication message to %s lost: %s", node_id, exc or "no answer")
             if pipes.get(node_id) is pipe:
                 del pipes[node_id]
                 dialer.forget(node_id)
