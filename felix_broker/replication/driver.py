@@ -80,8 +80,14 @@ __all__ = ["Applier", "ReplicaDriver", "ReplicationRefusedError", "Sender", "Wri
 
 _log = logging.getLogger(__name__)
 
-Sender = Callable[[str, WireMessage], Awaitable[None]]
-"""Delivers one peer message to a node (raises when it cannot: the message is dropped)."""
+
+class Sender(Protocol):
+    """Sends one peer message to a node, in order (raises when it cannot: the message
+    is dropped); `more`: messages are queued behind it (worth pipelining)."""
+
+    def __call__(
+        self, node_id: str, message: WireMessage, more: bool = False
+    ) -> Awaitable[None]: ...
 
 
 class Applier(Protocol):
@@ -415,7 +421,7 @@ class ReplicaDriver:
             message = box.items.popleft()
             box.bytes -= _weight(message)
             try:
-                await self._send(peer, to_wire(self.shard, message))
+                await self._send(peer, to_wire(self.shard, message), bool(box.items))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # unreachable or slow: the core resends

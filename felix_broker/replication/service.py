@@ -10,12 +10,15 @@ of that shard is here (delivery, not outcome: the core's answers travel as
 messages of their own, the other way).
 
 `peer_sender` turns a `PeerDialer` and an address book (node id to peer
-address, from the routing snapshot's members) into the drivers' `Sender`. It
-pipelines: one `PeerPipe` per node (one QUIC stream, messages written in order,
-the listener admitting them in that order), so a message leaves once written, not
-after the previous one's answer came back; at most the pipe's `stream_window`
-are unanswered (a send beyond waits: the driver's outbox then fills, and past its
-bound drops). An idle pipe finishes itself; the next message opens a new one.
+address, from the routing snapshot's members) into the drivers' `Sender`. A lone
+message (nothing behind it in the outbox, nothing on its way) is one request,
+answered before the next leaves. A burst is pipelined: one `PeerPipe` per node
+(one QUIC stream, messages written in order, the listener admitting them in that
+order), so a message leaves once written, not after the previous one's answer;
+at most the pipe's `stream_window` are unanswered (a send beyond waits: the
+driver's outbox then fills, and past its bound drops). An idle pipe finishes
+itself once every message on it was answered, so order holds from one pipe or
+request to the next.
 A message written but never answered (the pipe broke, or no answer within
 `ANSWER_TIMEOUT_S`) is lost, as on a network: the core resends what matters; the
 connection is then dropped and the next message dials again (a peer restarted on
@@ -130,18 +133,35 @@ def peer_sender(
             # Unanswered: the connection may be dead (a peer restarted on the same
             # address never answers it): drop it, the next message dials afresh.
             _log.debug("replication message to %s lost: %s", node_id, exc or "no answer")
-            if pipes.get(node_id) is pipe:
-                del pipes[node_id]
-                dialer.forget(node_id)
+            lost(node_id, pipe)
         except PeerProtocolError as exc:
             _log.debug("replication message to %s lost: %s", node_id, exc)
 
-    async def send(node_id: str, message: WireMessage) -> None:
+    def lost(node_id: str, pipe: PeerPipe | None = None) -> None:
+        if pipe is None or pipes.get(node_id) is pipe:
+            pipes.pop(node_id, None)
+            dialer.forget(node_id)
+
+    async def send(node_id: str, message: WireMessage, more: bool = False) -> None:
         if blocked is not None and blocked(node_id):
             raise PeerUnavailableError(f"{node_id}: replication blocked (test fault)", sent=False)
         address = address_of(node_id)
         if address is None:
             raise PeerUnavailableError(f"{node_id}: no peer address known", sent=False)
+        pipe = pipes.get(node_id)
+        if not more and (pipe is None or not pipe.usable):
+            # Nothing on its way, nothing behind: one request, answered before the
+            # next message leaves (cheaper than a pipe for a lone message).
+            try:
+                await asyncio.wait_for(dialer.request(node_id, address, message), ANSWER_TIMEOUT_S)
+            except TimeoutError:
+                lost(node_id)
+                raise PeerUnavailableError(f"{node_id} did not answer", sent=True) from None
+            except PeerUnavailableError as exc:
+                if exc.sent:
+                    lost(node_id)
+                raise
+            return
         for _attempt in range(2):  # an idle pipe finishes itself: open the next once
             pipe = pipes.get(node_id)
             if pipe is None or not pipe.usable:
