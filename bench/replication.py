@@ -202,9 +202,9 @@ async def bench(args: argparse.Namespace) -> None:
         )
         labels = {"rate": "acks/s", "p50": "p50 (us)", "p99": "p99 (us)"}
         names = {"rf1": "RF 1", "leader3": "RF 3 Leader", "quorum3": "RF 3 Quorum"}
-        print(f"  {'':<13}" + "".join(f"{label:>26}" for label in labels.values()))
+        print(f"  {'':<13}" + "".join(f"{label:>30}" for label in labels.values()))
         for s in STREAMS:
-            figures = "".join(f"{spread(f'{what} {s}'):>26}" for what in labels)
+            figures = "".join(f"{spread(f'{what} {s}'):>30}" for what in labels)
             print(f"  {names[s]:<13}{figures}")
         for s in STREAMS[1:]:
             ratios = ", ".join(f"{w} {ratio(f'{w} {s}', f'{w} rf1')}" for w in labels)
