@@ -74,6 +74,13 @@ spec/messages.yaml):
   ship covers truncates from there (what it never had committed) before writing.
   A conflict below the follower's known mark is impossible in a correct fleet;
   the follower halts rather than lose a committed record.
+- **Each record is shipped once while its ship is unanswered.** A follower's
+  `next_offset` moves past every ship sent; at most `Config.ship_window` ships
+  wait for an answer (the next append or answer ships what is new, up to
+  `ship_max_records`); an answer frees the ships it covers. A ship unanswered for
+  `retransmit_ms` is resent from its start (one ship), and a refusal answering a
+  ship sent before such a resend is not acted on. So N writes in flight cost a
+  bounded number of ships per follower, not N overlapping ones.
 - **Readers stop at the mark**: `read` answers records below it only, skipping
   generation-start records (they take an offset and are never delivered).
 - **Refusals.** Not the leader: `not_leader` (redirect; nothing written). Lease
