@@ -14,8 +14,8 @@ its offset, after the leader's own write at least):
 - **throughput**: acknowledged publishes/s with 16 in flight;
 - **latency**: publish -> ack p50/p99 of one publish at a time.
 
-Each figure is the median of ``--rounds`` rounds, printed beside its ratio to RF 1
-in the same round (median of the per-round ratios). Then **failover**: ``kill -9``
+Each figure is the median of ``--rounds`` rounds with its min-max, then its ratio to
+RF 1 in the same round (median of the per-round ratios). Then **failover**: ``kill -9``
 of ``quorum3``'s leader while a client connected to the two others publishes in a
 loop (2 s per attempt); the time from the kill to the first acknowledged publish
 (on the promoted follower), median of ``--kills`` kills (the old leader restarts
@@ -24,7 +24,7 @@ when both followers hold everything: a kill under load can stall today's failove
 (the placer may promote the follower that is behind; its core refuses to open).
 The lease TTL is 3 s, so most of it is the lease lapsing. The machine may be
 shared and loaded: compare the ratios of one run, not absolute figures across
-runs. ``--quick``: fewer publishes and 3 kills.
+runs. ``--quick``: fewer publishes (a few minutes in all), the same rounds and kills.
 """
 
 from __future__ import annotations
@@ -167,9 +167,9 @@ async def bench(args: argparse.Namespace) -> None:
     folder = Path(tempfile.mkdtemp(prefix="felix-bench-repl-"))
     fleet = await ChaosFleet.start(folder / "fleet", BenchLayout())
     try:
-        count = 300 if args.quick else 3000
+        count = 500 if args.quick else 3000
         samples = 100 if args.quick else 1000
-        kills = 3 if args.quick else args.kills
+        kills = args.kills
         print(
             f"replication on a 3-broker fleet on this machine ({os.cpu_count()} cores, shared: "
             f"compare ratios, not absolute figures); median of {args.rounds} rounds\n"
@@ -193,15 +193,22 @@ async def bench(args: argparse.Namespace) -> None:
             per = [a / b for a, b in zip(rows[top], rows[bottom], strict=True)]
             return f"{statistics.median(per):.2f} ({min(per):.2f}-{max(per):.2f})"
 
-        print(f"publish -> ack, 100 B, ack_on_commit, to the leader ({IN_FLIGHT} in flight)")
-        print(f"  {'':<22}{'RF 1':>10}{'RF 3 Leader':>13}{'RF 3 Quorum':>13}   vs RF 1 per round")
-        labels = {"rate": "acks/s", "p50": "p50 (us), 1 at a time", "p99": "p99 (us)"}
-        for what, label in labels.items():
-            figures = "".join(
-                f"{m[f'{what} {s}']:>{10 if s == 'rf1' else 13},.0f}" for s in STREAMS
-            )
-            ratios = ", ".join(f"{s}: {ratio(f'{what} {s}', f'{what} rf1')}" for s in STREAMS[1:])
-            print(f"  {label:<22}{figures}   {ratios}")
+        def spread(name: str) -> str:
+            return f"{m[name]:,.0f} ({min(rows[name]):,.0f}-{max(rows[name]):,.0f})"
+
+        print(
+            f"publish -> ack, 100 B, ack_on_commit, to the leader: median (min-max) of "
+            f"{args.rounds}; acks/s with {IN_FLIGHT} in flight, latency 1 at a time"
+        )
+        labels = {"rate": "acks/s", "p50": "p50 (us)", "p99": "p99 (us)"}
+        names = {"rf1": "RF 1", "leader3": "RF 3 Leader", "quorum3": "RF 3 Quorum"}
+        print(f"  {'':<13}" + "".join(f"{label:>30}" for label in labels.values()))
+        for s in STREAMS:
+            figures = "".join(f"{spread(f'{what} {s}'):>30}" for what in labels)
+            print(f"  {names[s]:<13}{figures}")
+        for s in STREAMS[1:]:
+            ratios = ", ".join(f"{w} {ratio(f'{w} {s}', f'{w} rf1')}" for w in labels)
+            print(f"  {names[s]} vs RF 1 (per round): {ratios}")
         times = [await failover(fleet) for _ in range(kills)]
         print(
             f"\nfailover (quorum3): kill -9 of the leader -> first ack on its successor, "

@@ -544,6 +544,12 @@ class PeerDialer:
             raise PeerUnavailableError(f"{node_id} at {peer_addr}: {exc}", sent=False) from None
         return PeerPipe(stream, node_id, self._limits)
 
+    def forget(self, node_id: str) -> None:
+        """Drop the connection to `node_id` (it stopped answering: a peer that restarted
+        on the same address never answers the old connection, which would otherwise
+        linger until its idle timeout); the next request dials again."""
+        self._forget(node_id)
+
     def _forget(self, node_id: str) -> None:
         conn = self._connections.pop(node_id, None)
         if conn is not None:

@@ -74,6 +74,13 @@ spec/messages.yaml):
   ship covers truncates from there (what it never had committed) before writing.
   A conflict below the follower's known mark is impossible in a correct fleet;
   the follower halts rather than lose a committed record.
+- **Each record is shipped once while its ship is unanswered.** A follower's
+  `next_offset` moves past every ship sent; at most `Config.ship_window` ships
+  wait for an answer (the next append or answer ships what is new, up to
+  `ship_max_records`); an answer frees the ships it covers. A ship unanswered for
+  `retransmit_ms` is resent from its start (one ship), and a refusal answering a
+  ship sent before such a resend is not acted on. So N writes in flight cost a
+  bounded number of ships per follower, not N overlapping ones.
 - **Readers stop at the mark**: `read` answers records below it only, skipping
   generation-start records (they take an offset and are never delivered).
 - **Refusals.** Not the leader: `not_leader` (redirect; nothing written). Lease
@@ -328,6 +335,7 @@ class Config:
     quorum_timeout_ms: int = 5000  # FELIX_PUBLISH_QUORUM_TIMEOUT_MS
     retransmit_ms: int = 200  # resend an unanswered ship or fence after this long
     ship_max_records: int = 64  # records per ship (the bound on one message)
+    ship_window: int = 4  # unanswered ships per follower; more wait for an answer
     max_uncommitted: int = 4096  # records a leader holds past its mark; more: overloaded
     # Deliberately broken, test mode only (FELIX_TEST_QUORUM_ACK_BEFORE_MAJORITY): the
     # mark counts the leader's own disk alone, so writes are acked before a majority.
@@ -338,6 +346,7 @@ class Config:
             self.quorum_timeout_ms <= 0
             or self.retransmit_ms <= 0
             or self.ship_max_records <= 0
+            or self.ship_window <= 0
             or self.max_uncommitted <= 0
         ):
             raise ValueError("replication timeouts, the ship size and bounds must be positive")
@@ -369,12 +378,22 @@ class _Pending:
     deadline: int
 
 
+@dataclass(frozen=True, slots=True)
+class _InFlight:
+    """A ship not yet answered: its records [start, end), sent at `sent_at`."""
+
+    start: int
+    end: int
+    sent_at: int
+
+
 @dataclass(slots=True)
 class _Peer:
-    next_offset: int = 0  # where the next ship starts
+    next_offset: int = 0  # where the next ship starts (past every ship in flight)
     matched: int = 0  # prefix verified to equal the leader's, at this generation
     durable: int = 0  # of which fsynced (what the mark counts)
-    sent_at: int | None = None  # when the last unanswered ship or fence left
+    sent_at: int | None = None  # while fencing: when the unanswered fence left
+    in_flight: list[_InFlight] = field(default_factory=list)  # oldest first
     told_commit: int = 0
     told_compacted: int = 0
 
@@ -539,7 +558,7 @@ class Replica:
         self._pending.append(_Pending(request_id, first, self.length, deadline))
         effects: list[Effect] = [WriteRecords(first, entries)]
         for peer in self.followers:
-            effects.extend(self._ship(peer, now))
+            effects.extend(self._ship_more(peer, now))
         return effects
 
     # -- the fleet's signals
@@ -613,12 +632,20 @@ class Replica:
                     effects.append(Send(peer, Fence(self.generation, self.node_id)))
         elif self.phase is Phase.LEADER:
             for peer, state in self._peers.items():
+                if state.in_flight:
+                    if now - state.in_flight[0].sent_at >= due:
+                        # No answer in time (lost, or the follower is gone): ship again
+                        # from the oldest unanswered ship, one ship at a time.
+                        state.next_offset = state.in_flight[0].start
+                        state.in_flight.clear()
+                        effects.extend(self._ship(peer, now))
+                    continue
                 behind = (
                     state.matched < self.length
                     or state.told_commit < self.commit
                     or state.told_compacted < self.stored_from
                 )
-                if behind and (state.sent_at is None or now - state.sent_at >= due):
+                if behind:
                     effects.extend(self._ship(peer, now))
         return effects
 
@@ -675,10 +702,11 @@ class Replica:
         state.matched = max(state.matched, message.matched)
         state.durable = max(state.durable, min(message.durable, state.matched))
         state.next_offset = max(state.next_offset, state.matched)
-        state.sent_at = None
+        # The ships this answer covers are answered (a durable-only answer covers the
+        # ships it did before; the ones after it stay in flight).
+        state.in_flight = [f for f in state.in_flight if f.end > state.matched]
         effects = [*self._advance_mark(), *self._compact()]
-        if state.matched < self.length:
-            effects.extend(self._ship(message.sender, now))
+        effects.extend(self._ship_more(message.sender, now))
         return effects
 
     def _on_ship_refused(self, message: Message, now: int) -> list[Effect]:
@@ -688,6 +716,11 @@ class Replica:
         state = self._peers.get(message.sender)
         if self.phase is not Phase.LEADER or message.generation != self.generation or not state:
             return []
+        if any(f.start <= message.resume_at for f in state.in_flight):
+            # A ship from there is on its way already: this refusal answers one sent
+            # before it (pipelined behind a lost or refused ship), not news.
+            return []
+        state.in_flight.clear()
         state.next_offset = max(state.matched, min(message.resume_at, state.next_offset - 1))
         return self._ship(message.sender, now)
 
@@ -819,18 +852,28 @@ class Replica:
         effects: list[Effect] = [WriteRecords(self._generation_start, start)]
         for peer in self.followers:
             self._peers[peer].sent_at = None
+            self._peers[peer].in_flight.clear()
             effects.extend(self._ship(peer, now))
         return effects
 
+    def _ship_more(self, peer: str, now: int) -> list[Effect]:
+        """Ship the records `peer` has not been sent yet, if its window has room."""
+        state = self._peers[peer]
+        if len(state.in_flight) >= self.config.ship_window or state.next_offset >= self.length:
+            return []
+        return self._ship(peer, now)
+
     def _ship(self, peer: str, now: int) -> list[Effect]:
+        """One ship from the peer's `next_offset`, which then moves past it."""
         state = self._peers[peer]
         # Below `stored_from` every replica holds the records: never ship from there.
         at = max(min(state.next_offset, self.length), self.stored_from)
-        state.sent_at = now
         state.told_commit = self.commit
         state.told_compacted = self.stored_from
         if at < self.base:  # no longer in memory: from the disk
             count = min(self.config.ship_max_records, self.base - at)
+            state.in_flight.append(_InFlight(at, at + count, now))
+            state.next_offset = at + count
             return [
                 ShipStored(
                     peer,
@@ -844,6 +887,8 @@ class Replica:
             ]
         low = at - self.base
         entries = tuple(self.log[low : low + self.config.ship_max_records])
+        state.in_flight.append(_InFlight(at, at + len(entries), now))
+        state.next_offset = at + len(entries)
         previous = self._generation_before(at)
         assert previous is not None  # at >= base
         ship = Ship(

@@ -3,13 +3,16 @@
 `ReplicaDriver` feeds the sans-IO core (`core.Replica`) and carries out its
 effects, in order:
 
-- `Send`: onto the peer's outbox, drained by one sender task per peer through
-  the broker-to-broker channel (a `Sender`, normally `peer_sender` over the
-  mTLS `PeerDialer`). The outbox is bounded in messages (`outbox_items`) and
-  bytes (`outbox_bytes`, payload bytes of ships); a message past either bound
-  is dropped and counted (`dropped`): the core resends unanswered ships and
-  fences, so a drop costs time, never a record. A send that fails (peer
-  unreachable, no answer in time) is dropped the same way.
+- `Send`: onto the peer's outbox, drained in order by one sender task per peer
+  through the broker-to-broker channel (a `Sender`, normally `peer_sender`:
+  pipelined over the mTLS `PeerDialer`). The outbox is bounded in messages
+  (`outbox_items`) and bytes (`outbox_bytes`, payload bytes of ships); a message
+  past either bound is dropped and counted (`dropped`): the core resends
+  unanswered ships and fences, so a drop costs time, never a record. A send that
+  fails (peer unreachable) is dropped the same way. A `ShipOk` queued behind
+  another of the same generation, with nothing between them, merges into it
+  (both say how far the follower holds the log; the leader keeps the larger),
+  so a slow link carries one answer per burst, not one per ship and fsync.
 - `WriteRecords`: onto the replica's disk (`ReplicaDisk`), then the sync task
   fsyncs (one fsync covers every write before it: group commit) and tells the
   core `synced(length)`. A truncation during an fsync caps the length reported.
@@ -42,6 +45,7 @@ import contextlib
 import functools
 import logging
 import time
+from collections import deque
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -64,6 +68,7 @@ from .core import (
     Replica,
     Send,
     Ship,
+    ShipOk,
     ShipStored,
     Truncate,
     WriteRecords,
@@ -75,8 +80,14 @@ __all__ = ["Applier", "ReplicaDriver", "ReplicationRefusedError", "Sender", "Wri
 
 _log = logging.getLogger(__name__)
 
-Sender = Callable[[str, WireMessage], Awaitable[None]]
-"""Delivers one peer message to a node (raises when it cannot: the message is dropped)."""
+
+class Sender(Protocol):
+    """Sends one peer message to a node, in order (raises when it cannot: the message
+    is dropped); `more`: messages are queued behind it (worth pipelining)."""
+
+    def __call__(
+        self, node_id: str, message: WireMessage, more: bool = False
+    ) -> Awaitable[None]: ...
 
 
 class Applier(Protocol):
@@ -120,7 +131,11 @@ class ReplicationRefusedError(Exception):
 
 @dataclass(slots=True)
 class _Outbox:
-    queue: asyncio.Queue[WireMessage]
+    """A peer's messages waiting to be sent, oldest first (core messages: the last
+    `ShipOk` may still merge with a newer one)."""
+
+    items: deque[Message]
+    ready: asyncio.Event
     bytes: int = 0
 
 
@@ -205,7 +220,7 @@ class ReplicaDriver:
     def start(self) -> None:
         loop = asyncio.get_running_loop()
         for peer in self.replica.followers:
-            box = _Outbox(asyncio.Queue(self._outbox_items))
+            box = _Outbox(deque(), asyncio.Event())
             self._outboxes[peer] = box
             self._tasks.append(loop.create_task(self._drain(peer, box)))
         self._tasks.append(loop.create_task(self._syncer()))
@@ -303,12 +318,35 @@ class ReplicaDriver:
 
     def _do_send(self, effect: Send) -> None:
         box = self._outboxes.get(effect.to)
-        weight = _weight(effect.message)
-        if box is None or box.queue.full() or box.bytes + weight > self._outbox_bytes:
+        message = effect.message
+        if box is None:
+            self.dropped += 1
+            return
+        last = box.items[-1] if box.items else None
+        if (
+            isinstance(message, ShipOk)
+            and isinstance(last, ShipOk)
+            and last.generation == message.generation
+        ):
+            box.items[-1] = ShipOk(
+                message.generation,
+                message.sender,
+                max(last.durable, message.durable),
+                max(last.matched, message.matched),
+            )
+            return
+        weight = _weight(message)
+        if len(box.items) >= self._outbox_items or box.bytes + weight > self._outbox_bytes:
             self.dropped += 1
             return
         box.bytes += weight
-        box.queue.put_nowait(to_wire(self.shard, effect.message))
+        box.items.append(message)
+        box.ready.set()
+
+    def outbox(self, peer: str) -> tuple[Message, ...]:
+        """The messages waiting for `peer`, oldest first (inspection and tests)."""
+        box = self._outboxes.get(peer)
+        return tuple(box.items) if box is not None else ()
 
     def _do_write(self, effect: WriteRecords) -> None:
         self._disk.write(effect.offset, effect.entries)
@@ -377,10 +415,13 @@ class ReplicaDriver:
 
     async def _drain(self, peer: str, box: _Outbox) -> None:
         while True:
-            message = await box.queue.get()
-            box.bytes -= sum(len(e.payload) for e in getattr(message, "entries", ()))
+            while not box.items:
+                box.ready.clear()
+                await box.ready.wait()
+            message = box.items.popleft()
+            box.bytes -= _weight(message)
             try:
-                await self._send(peer, message)
+                await self._send(peer, to_wire(self.shard, message), bool(box.items))
             except asyncio.CancelledError:
                 raise
             except Exception as exc:  # unreachable or slow: the core resends

@@ -10,7 +10,19 @@ of that shard is here (delivery, not outcome: the core's answers travel as
 messages of their own, the other way).
 
 `peer_sender` turns a `PeerDialer` and an address book (node id to peer
-address, from the routing snapshot's members) into the drivers' `Sender`.
+address, from the routing snapshot's members) into the drivers' `Sender`. A lone
+message (nothing behind it in the outbox, nothing on its way) is one request,
+answered before the next leaves. A burst is pipelined: one `PeerPipe` per node
+(one QUIC stream, messages written in order, the listener admitting them in that
+order), so a message leaves once written, not after the previous one's answer;
+at most the pipe's `stream_window` are unanswered (a send beyond waits: the
+driver's outbox then fills, and past its bound drops). An idle pipe finishes
+itself once every message on it was answered, so order holds from one pipe or
+request to the next.
+A message written but never answered (the pipe broke, or no answer within
+`ANSWER_TIMEOUT_S`) is lost, as on a network: the core resends what matters; the
+connection is then dropped and the next message dials again (a peer restarted on
+the same address never answers the old connection).
 
 Both take an optional `blocked` predicate (node id -> bool), set only in test mode
 (FELIX_TEST_FAULTS' ``peer_blocked``, `felix_broker.chaos.faults`): replication
@@ -20,11 +32,18 @@ are answered ``held: false`` unseen, a partition of replication alone.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
-from felix_broker.fleet.peer import PeerDialer, PeerOrigin, PeerUnavailableError
+from felix_broker.fleet.peer import (
+    PeerDialer,
+    PeerOrigin,
+    PeerPipe,
+    PeerProtocolError,
+    PeerUnavailableError,
+)
 from felix_common.fleet import ShardId
 from felix_wire.fleet import (
     PeerMessage,
@@ -54,6 +73,10 @@ _SENDER_FIELD: Mapping[type, str] = {
     ReplicaFenceRefused: "sender",
 }
 
+
+ANSWER_TIMEOUT_S = 2.0
+"""A replication message is answered once delivered to the shard's core (not after
+its work): none within this means the link or the peer is gone."""
 
 Blocked = Callable[[str], bool]
 """Whether replication with a node is cut (a test-mode fault)."""
@@ -97,17 +120,62 @@ class ReplicationService:
 def peer_sender(
     dialer: PeerDialer, address_of: Callable[[str], str | None], blocked: Blocked | None = None
 ) -> Sender:
-    """Sends over the peer channel; raises PeerUnavailableError for a node with no
-    known peer address, one that cannot be reached or one `blocked` (the driver
-    drops the message)."""
+    """Sends over the peer channel, pipelined (see the module docstring); raises
+    PeerUnavailableError for a node with no known peer address, one that cannot be
+    reached or one `blocked` (the driver drops the message)."""
+    pipes: dict[str, PeerPipe] = {}
+    answers: set[asyncio.Task[None]] = set()
 
-    async def send(node_id: str, message: WireMessage) -> None:
+    async def answered(node_id: str, pipe: PeerPipe, future: asyncio.Future[PeerMessage]) -> None:
+        try:  # delivery only: the core's answers come as messages of their own
+            await asyncio.wait_for(asyncio.shield(future), ANSWER_TIMEOUT_S)
+        except (TimeoutError, PeerUnavailableError) as exc:
+            # Unanswered: the connection may be dead (a peer restarted on the same
+            # address never answers it): drop it, the next message dials afresh.
+            _log.debug("replication message to %s lost: %s", node_id, exc or "no answer")
+            lost(node_id, pipe)
+        except PeerProtocolError as exc:
+            _log.debug("replication message to %s lost: %s", node_id, exc)
+
+    def lost(node_id: str, pipe: PeerPipe | None = None) -> None:
+        if pipe is None or pipes.get(node_id) is pipe:
+            pipes.pop(node_id, None)
+            dialer.forget(node_id)
+
+    async def send(node_id: str, message: WireMessage, more: bool = False) -> None:
         if blocked is not None and blocked(node_id):
             raise PeerUnavailableError(f"{node_id}: replication blocked (test fault)", sent=False)
         address = address_of(node_id)
         if address is None:
             raise PeerUnavailableError(f"{node_id}: no peer address known", sent=False)
-        await dialer.request(node_id, address, message)
+        pipe = pipes.get(node_id)
+        if not more and (pipe is None or not pipe.usable):
+            # Nothing on its way, nothing behind: one request, answered before the
+            # next message leaves (cheaper than a pipe for a lone message).
+            try:
+                await asyncio.wait_for(dialer.request(node_id, address, message), ANSWER_TIMEOUT_S)
+            except TimeoutError:
+                lost(node_id)
+                raise PeerUnavailableError(f"{node_id} did not answer", sent=True) from None
+            except PeerUnavailableError as exc:
+                if exc.sent:
+                    lost(node_id)
+                raise
+            return
+        for _attempt in range(2):  # an idle pipe finishes itself: open the next once
+            pipe = pipes.get(node_id)
+            if pipe is None or not pipe.usable:
+                pipe = pipes[node_id] = await dialer.pipe(node_id, address)
+            try:
+                future = await pipe.send(message)
+            except PeerUnavailableError:  # it finished or broke meanwhile
+                pipes.pop(node_id, None)
+                continue
+            task = asyncio.get_running_loop().create_task(answered(node_id, pipe, future))
+            answers.add(task)
+            task.add_done_callback(answers.discard)
+            return
+        raise PeerUnavailableError(f"{node_id}: no usable pipe", sent=False)
 
     return send
 

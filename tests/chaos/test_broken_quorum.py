@@ -24,6 +24,7 @@ from chaos.fleet import ChaosFleet, Layout
 from chaos.workload import Recorder, Workers, Workload, final_logs, log_key
 from felix_broker.chaos.checker import Rule, Verdict, check
 from felix_broker.chaos.history import Kind, Operation, Outcome
+from felix_broker.replication.core import Config
 from felix_client import Client
 from felix_client.errors import BrokerError, ClientError
 
@@ -82,7 +83,11 @@ async def _scenario(folder: Path, *, broken: bool) -> Verdict:
         followers = [b for b in fleet.brokers if b is not leader]
         for follower in followers:
             follower.signal(signal.SIGSTOP)
-        sent = [asyncio.create_task(_publish(rec, direct, f"alone-{n}")) for n in range(5)]
+        # A stopped process's socket still buffers what reaches it, and the leader ships
+        # a window of ships and resends up to `ship_max_records` from the oldest
+        # unanswered one: more writes than that, so some never leave the leader.
+        alone = 2 * Config().ship_max_records
+        sent = [asyncio.create_task(_publish(rec, direct, f"alone-{n}")) for n in range(alone)]
         await asyncio.sleep(1.0)
         await leader.kill()
         for follower in followers:

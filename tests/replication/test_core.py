@@ -7,16 +7,21 @@ import pytest
 from felix_broker.replication.core import (
     Acked,
     Config,
+    Effect,
     Entry,
     Fence,
     FenceOk,
     FenceRefused,
+    Message,
     PersistBallot,
     Phase,
     PromotionRefused,
     Refused,
     Replica,
     Send,
+    Ship,
+    ShipRefusal,
+    ShipRefused,
 )
 from felix_wire.errors import ErrorCode, RetryClass
 from tests.replication.sim import Cluster
@@ -206,3 +211,90 @@ def test_a_replica_that_knows_a_generation_but_not_its_leader_takes_its_fence() 
     assert PersistBallot(5, "a") in effects
     assert Send("a", FenceOk(5, "b", 0, 0)) in effects
     assert replica.receive(Fence(5, "c"), now=0) == [Send("c", FenceRefused(5, "b"))]
+
+
+# -- shipping: every record once while its ship is unanswered (the throughput collapse)
+
+SHIP_CONFIG = Config(quorum_timeout_ms=60_000, retransmit_ms=200, ship_window=4)
+
+
+def _ships(effects: list[Effect], to: str) -> list[Ship]:
+    return [
+        e.message
+        for e in effects
+        if isinstance(e, Send) and e.to == to and isinstance(e.message, Ship)
+    ]
+
+
+def _offsets(ship: Ship) -> range:
+    return range(ship.offset, ship.offset + len(ship.entries))
+
+
+def _opened_leader() -> tuple[dict[str, Replica], list[Ship]]:
+    """a leads b and c at generation 1; the ships to b it opened with."""
+    nodes = {n: Replica(n, ("a", "b", "c"), SHIP_CONFIG) for n in "abc"}
+    leader = nodes["a"]
+    [fence] = [e.message for e in leader.promote(1, now=0) if isinstance(e, Send) and e.to == "b"]
+    [answer] = [e.message for e in nodes["b"].receive(fence, now=0) if isinstance(e, Send)]
+    opening = _ships(leader.receive(answer, now=0), "b")  # a majority (a, b): a opens
+    assert leader.phase is Phase.LEADER
+    return nodes, opening
+
+
+def test_a_record_is_never_shipped_again_while_its_ship_is_unanswered() -> None:
+    """Regression: every append shipped each follower everything from its last answered
+    offset, so N writes in flight put ~N overlapping ships per follower in the outbox
+    (each answer triggering one more); the serial per-peer outbox filled with stale
+    duplicates, overflowed its bound and only the 200 ms resend moved anything: a
+    Quorum stream fell to ~10 acks/s after a few hundred writes."""
+    nodes, opening = _opened_leader()
+    leader = nodes["a"]
+    effects: list[Effect] = []
+    for request in range(1, 201):  # 200 writes, no answer from b yet
+        effects.extend(leader.append(request, [b"r%d" % request], now=0))
+    effects.extend(leader.tick(now=SHIP_CONFIG.retransmit_ms - 1))  # the opening ship's too
+    unanswered = [*opening, *_ships(effects, "b")]
+    # At most `ship_window` ships wait for an answer, and none repeats a record.
+    assert 1 <= len(unanswered) <= SHIP_CONFIG.ship_window
+    shipped = [o for ship in unanswered for o in _offsets(ship)]
+    assert len(shipped) == len(set(shipped))
+    # b answers as it goes (with its fsyncs): each record still reaches it exactly once,
+    # the window refills from the answers, and every write is acknowledged.
+    follower = nodes["b"]
+    queue: list[tuple[str, Message]] = [("b", s) for s in unanswered]
+    acked: set[int] = set()
+    to_b: list[Ship] = list(unanswered)
+    for _ in range(10_000):
+        if not queue:
+            break
+        to, message = queue.pop(0)
+        out = nodes[to].receive(message, now=20)
+        if to == "b":
+            out.extend(follower.synced(follower.length))
+        else:
+            out.extend(leader.synced(leader.length))
+            acked.update(e.request_id for e in out if isinstance(e, Acked))
+            to_b.extend(_ships(out, "b"))
+        queue.extend((e.to, e.message) for e in out if isinstance(e, Send) and e.to != "c")
+    assert not queue
+    every = [o for ship in to_b for o in _offsets(ship)]
+    assert sorted(every) == list(range(leader.length))
+    assert acked == set(range(1, 201))
+    assert follower.length == leader.length
+
+
+def test_an_unanswered_ship_is_shipped_again_from_its_start_after_the_retransmit_delay() -> None:
+    nodes, opening = _opened_leader()
+    leader = nodes["a"]
+    assert [s.offset for s in opening] == [0]  # lost, as is the next one
+    lost = _ships(leader.append(1, [b"lost"], now=0), "b")
+    assert [s.offset for s in lost] == [1]
+    due = SHIP_CONFIG.retransmit_ms
+    assert _ships(leader.tick(now=due - 1), "b") == []  # unanswered, not yet due
+    [again] = _ships(leader.tick(now=due), "b")  # once, from the oldest unanswered ship
+    assert again.offset == 0 and again.entries[-1] == Entry(1, b"lost")
+    # A refusal answering a ship sent before the resend is not news: no third copy.
+    refused = ShipRefused(1, "b", ShipRefusal.RESUME, resume_at=0)
+    assert _ships(leader.receive(refused, now=due + 1), "b") == []
+    answers = nodes["b"].receive(again, now=due + 1)
+    assert [e.message.matched for e in answers if isinstance(e, Send)] == [2]

@@ -13,19 +13,20 @@ import pytest
 
 from felix_broker.catalog import StaticCatalog, StreamSpec
 from felix_broker.config import load_config
-from felix_broker.fleet.peer import PeerDialer, PeerLimits, PeerListener, PeerTls
+from felix_broker.fleet.peer import PeerDialer, PeerLimits, PeerListener, PeerOrigin, PeerTls
 from felix_broker.metrics import BrokerMetrics
 from felix_broker.replication.apply import StreamApplier, encode_batch
-from felix_broker.replication.core import Config, Entry, Phase
+from felix_broker.replication.core import Config, Entry, Phase, Ship, ShipOk
 from felix_broker.replication.disk import ReplicaDisk
 from felix_broker.replication.driver import ReplicaDriver, ReplicationRefusedError
 from felix_broker.replication.service import ReplicationService, peer_sender
+from felix_broker.replication.wire import WireMessage, from_wire, to_wire
 from felix_broker.storage import FsyncMode, LogConfig, LogStore
 from felix_broker.streams.engine import Engine
 from felix_common.fleet import ShardId, ShardKind
 from felix_transport import CertKeyPair, generate_ca
 from felix_wire.errors import ErrorCode, RetryClass
-from felix_wire.fleet import ReplicatedBatch
+from felix_wire.fleet import PeerMessage, ReplicaReceived, ReplicatedBatch
 
 SHARD = ShardId(ShardKind.STREAM, "t1", "ns", "orders", 0)
 NODES = ("b1", "b2", "b3")
@@ -402,3 +403,74 @@ async def test_the_replication_log_is_compacted_and_a_lagging_follower_is_served
         assert stream_payloads(fleet, "b2") == [b"p%d" % i for i in range(again.applied - 1)]
     finally:
         await fleet.close()
+
+
+@pytest.mark.timeout(30)
+async def test_a_followers_answers_queued_behind_a_slow_send_merge_into_one(
+    tmp_path: Path,
+) -> None:
+    """Regression (the Quorum throughput collapse): every ship and every fsync queued
+    its own `ShipOk` on the serial per-peer outbox, so a slow link carried stale
+    answers one by one. Queued behind a send in progress, they are one answer saying
+    how far the follower holds the log."""
+    gate = asyncio.Event()
+    sent: list[WireMessage] = []
+
+    async def slow(_node: str, message: WireMessage, more: bool = False) -> None:
+        sent.append(message)
+        await gate.wait()
+
+    disk = ReplicaDisk(tmp_path / "replication")
+    follower = ReplicaDriver.open(SHARD, "b2", NODES, disk, slow, config=CONFIG)
+    follower.start()
+    try:
+        await follower.receive(Ship(1, "b1", 0, 0, (Entry(1, b"", start=True),), 0))
+        await until(lambda: len(sent) == 1)  # the first answer is on its way, slowly
+        for offset in range(1, 41):
+            await follower.receive(Ship(1, "b1", offset, 1, (Entry(1, b"r%d" % offset),), 0))
+            await asyncio.sleep(0)  # let fsyncs complete now and then
+        await until(lambda: follower.replica.synced_length == 41)
+        gate.set()
+        await asyncio.sleep(0.3)  # whatever was queued is sent now
+        answers = [from_wire(m)[1] for m in sent]
+        assert answers == [ShipOk(1, "b2", 0, 1), ShipOk(1, "b2", 41, 41)]
+        assert follower.dropped == 0
+    finally:
+        gate.set()
+        await follower.close()
+
+
+@pytest.mark.timeout(30)
+async def test_the_peer_sender_pipelines_a_burst_in_order_without_waiting_for_answers(
+    tmp_path: Path,
+) -> None:
+    """Regression (the Quorum throughput collapse): each replication message was one
+    request on a stream of its own and the per-peer sender waited for its answer, so
+    a peer's messages left one round trip apart. A burst (`more`: the outbox holds
+    others behind) now leaves as written, in order, on one pipe."""
+    ca = generate_ca("pipelined sender")
+    gate = asyncio.Event()
+    seen: list[int] = []
+
+    async def handler(message: PeerMessage, _origin: PeerOrigin) -> PeerMessage:
+        seen.append(message.matched)  # type: ignore[attr-defined]
+        await gate.wait()  # the first request is not answered until the gate opens
+        return ReplicaReceived(held=True)
+
+    limits = PeerLimits(request_timeout=10.0, connect_timeout=5.0)
+    listener = PeerListener(PeerTls.issue(ca, "b1"), handler, limits)
+    await listener.start("127.0.0.1", 0)
+    host, port = listener.address
+    dialer = PeerDialer(PeerTls.issue(ca, "b2"), limits)
+    send = peer_sender(dialer, lambda _node: f"{host}:{port}")
+    try:
+        async with asyncio.timeout(10):  # all written while the first waits for its answer
+            for matched in range(10):
+                await send("b1", to_wire(SHARD, ShipOk(1, "b2", 0, matched)), more=True)
+        await until(lambda: seen == [0])
+        gate.set()
+        await until(lambda: seen == list(range(10)))
+    finally:
+        gate.set()
+        await dialer.close()
+        await listener.close()
