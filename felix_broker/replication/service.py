@@ -128,7 +128,8 @@ def peer_sender(
 
     async def answered(node_id: str, pipe: PeerPipe, future: asyncio.Future[PeerMessage]) -> None:
         try:  # delivery only: the core's answers come as messages of their own
-            await asyncio.wait_for(asyncio.shield(future), ANSWER_TIMEOUT_S)
+            async with asyncio.timeout(ANSWER_TIMEOUT_S):
+                await asyncio.shield(future)
         except (TimeoutError, PeerUnavailableError) as exc:
             # Unanswered: the connection may be dead (a peer restarted on the same
             # address never answers it): drop it, the next message dials afresh.
@@ -153,7 +154,8 @@ def peer_sender(
             # Nothing on its way, nothing behind: one request, answered before the
             # next message leaves (cheaper than a pipe for a lone message).
             try:
-                await asyncio.wait_for(dialer.request(node_id, address, message), ANSWER_TIMEOUT_S)
+                async with asyncio.timeout(ANSWER_TIMEOUT_S):
+                    await dialer.request(node_id, address, message)
             except TimeoutError:
                 lost(node_id)
                 raise PeerUnavailableError(f"{node_id} did not answer", sent=True) from None

@@ -53,6 +53,8 @@ _log = logging.getLogger(__name__)
 
 CLOSE_SHUTTING_DOWN = 0
 CLOSE_AUTH_TIMEOUT = 1
+# While draining, how often to look whether the stacks delivered the last answers.
+_DELIVERY_POLL_S = 0.005
 
 Authenticate = Callable[[Auth], Principal]
 
@@ -136,9 +138,17 @@ class Session:
 
     async def flush_answers(self) -> None:
         """Wait until the publish answers queued on every stream are written (each
-        stream waits at most `ack_wait_timeout_ms`)."""
+        stream waits at most `ack_wait_timeout_ms`), then until the QUIC stack has
+        delivered what was written (at most as long again): a connection closed
+        sooner loses what its stack still held, since a closing stack sends nothing
+        but CONNECTION_CLOSE."""
         ios = [io for state in self.connections.values() for io in state.streams]
         await asyncio.gather(*(io.flush_answers() for io in ios), return_exceptions=True)
+        bound = self._config.ack_wait_timeout_ms / 1000
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(bound):
+                while any(io.stream.send_backlog for io in ios):
+                    await asyncio.sleep(_DELIVERY_POLL_S)
 
     # -- streams --------------------------------------------------------------------
 
