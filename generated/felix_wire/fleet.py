@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 2b627d8fe4ef2d2b0e08e6d4d0bcb553335d899f7bb3eca241385d3946b4dc9d
+# spec sha256: 6e73cf97a02e245ec4f43c738c3224d28c29cb4f19161e72dcec2558a9880502
 """The fleet catalogue: etcd record shapes and broker-to-broker messages.
 
 Broker-to-broker QUIC (TLS 1.3, mutual TLS): each broker's peer certificate is signed by the fleet CA and names its node id as a DNS SAN; both sides check it, and the listener checks it against hello.

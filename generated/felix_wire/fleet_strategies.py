@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 2b627d8fe4ef2d2b0e08e6d4d0bcb553335d899f7bb3eca241385d3946b4dc9d
+# spec sha256: 6e73cf97a02e245ec4f43c738c3224d28c29cb4f19161e72dcec2558a9880502
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
