@@ -184,9 +184,7 @@ async def test_publish_if_and_commit_on_a_quorum_stream_are_judged_against_the_r
         )
         stale = await ask(s, commit(b"stale", [StateChangePut(key="balance", value=b"0")], 6, 6))
         assert isinstance(stale, PublishRefused) and stale.reason == mismatch(6, 7), stale
-        answer = await ask(
-            s, StateGet(**BASE, entity_key=ENTITY, key="balance", request_id=7)
-        )
+        answer = await ask(s, StateGet(**BASE, entity_key=ENTITY, key="balance", request_id=7))
         assert answer == StateValue(value=b"7", version=6, as_of=6, request_id=7)
         client.close()
 
