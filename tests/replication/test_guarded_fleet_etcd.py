@@ -274,3 +274,43 @@ async def test_a_partitioned_leader_answers_quorum_timeout_for_guarded_writes(
             assert follower is not None and follower.replica.length == driver.replica.mark
             assert payloads(fleet.brokers[node]) == [b"r0"]
             assert state(fleet.brokers[node], "owner") == (None, None)
+
+
+async def test_a_restarted_follower_reopens_past_refused_guarded_batches(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    """A refused guarded batch is a no-op entry of the replication log: a follower that
+    applied one reopens (its restart walk counts it as no records) and catches up."""
+    async with running(tmp_path, etcd_server.endpoint) as (fleet, leader, _generation):
+        follower = next(n for n in NODES if n != leader)
+        await publish_all(fleet.brokers[leader], fleet.issuer, [b"r0"])
+        client, s = await fleet.session(leader)
+        # Two payloads: a walk counting the refused batch as records could not reopen.
+        refused = await ask(s, publish_if([b"stale-a", b"stale-b"], 0, 1))
+        assert isinstance(refused, PublishRefused) and refused.reason == mismatch(1, 1)
+        assert await ask(s, publish_if([b"fits"], 1, 2)) == PublishOk(request_id=2, offset=1)
+        await same_everywhere(fleet, [b"r0", b"fits"])
+        await fleet.brokers[follower].stop()
+        refused = await ask(s, commit(b"stale", [], 3, expected=1))
+        assert isinstance(refused, PublishRefused) and refused.reason == mismatch(3, 2)
+        assert await ask(s, commit(b"while-away", [], 4, expected=2)) == CommitOk(
+            request_id=4, offset=2
+        )
+        client.close()
+        again = await start_broker(
+            tmp_path, follower, etcd_server.endpoint, fleet.fleet_ca, fleet.issuer
+        )
+        fleet.brokers[follower] = again
+        try:
+            await eventually(
+                lambda: payloads(again) == [b"r0", b"fits", b"while-away"],
+                within=30,
+                what="the restarted follower caught up",
+            )
+            replication = again.replication
+            assert replication is not None
+            driver = replication.driver(SHARD)
+            assert driver is not None and driver.failure is None
+            assert commits(again) == [(2, CommitMark(ENTITY, ()))]
+        finally:
+            await again.stop()
