@@ -17,6 +17,25 @@ stream log, in log order, and nothing else. So:
 Each entry's payload is one `ReplicatedBatch` (catalogued in spec/fleet.yaml),
 msgpack-encoded. Generation-start entries carry no batch and take no stream
 offset (the `generation_start` gap offsets are a fleet feature not enabled).
+
+**Guarded batches** (`publish_if`, `commit`; decision `quorum-guarded-writes` in
+spec/messages.yaml). A batch with `expected_offset` is applied only if the stream
+log ends exactly there when its turn comes (the raw tail: generation-start entries
+take no stream offset here). The check runs on every replica at the batch's place
+in the log, against a stream log that is the same on every replica, so every
+replica decides the same; a refused batch becomes no record anywhere (its entry
+stays in the replication log as a no-op). `apply` answers, for a guarded batch,
+the tail it was checked against: equal to `expected_offset` when applied (it is
+then the batch's base offset), any other number is a refusal with that tail. A
+batch with `commit` stores the commit mark with its record and applies it to the
+shard's state view once durable, on every replica (so `state_get` on a promoted
+leader answers what was committed).
+
+How many stream records an entry becomes therefore depends on the tail before it
+(`records_at`). The restart walk (`applied_entries`) knows that tail; the
+compaction weighing (`records_of`, called by the disk's compaction in log order,
+each entry once, from the records below the disk's base that the restart walk was
+given) keeps its own running tail.
 """
 
 from __future__ import annotations
@@ -25,13 +44,20 @@ from collections.abc import Sequence
 
 import msgspec
 
-from felix_broker.storage.format import BatchExtension, ProducerMark
+from felix_broker.storage.format import BatchExtension, CommitMark, ProducerMark, StoredChange
 from felix_broker.streams.engine import Shard
-from felix_wire.fleet import ReplicatedBatch
+from felix_wire.fleet import ReplicatedBatch, ReplicatedCommit, ReplicatedStateChange
 
 from .core import Entry
 
-__all__ = ["StreamApplier", "decode_batch", "encode_batch", "records_in"]
+__all__ = [
+    "StreamApplier",
+    "commit_mark",
+    "decode_batch",
+    "encode_batch",
+    "records_at",
+    "replicated_commit",
+]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(ReplicatedBatch)
@@ -47,16 +73,37 @@ def decode_batch(payload: bytes) -> ReplicatedBatch:
     return _decoder.decode(payload)
 
 
-def records_in(entry: Entry) -> int:
-    """How many stream records an entry becomes once applied."""
-    return 0 if entry.start else len(decode_batch(entry.payload).payloads)
+def replicated_commit(mark: CommitMark) -> ReplicatedCommit:
+    changes = [ReplicatedStateChange(key=c.key, value=c.value) for c in mark.changes]
+    return ReplicatedCommit(entity_key=mark.entity_key, changes=changes)
+
+
+def commit_mark(commit: ReplicatedCommit) -> CommitMark:
+    changes = tuple(StoredChange(c.key, c.value) for c in commit.changes)
+    return CommitMark(commit.entity_key, changes)
+
+
+def _admitted(batch: ReplicatedBatch, tail: int) -> bool:
+    return batch.expected_offset is None or batch.expected_offset == tail
+
+
+def records_at(entry: Entry, tail: int) -> int:
+    """How many stream records an entry becomes once applied after `tail` records
+    (a guarded batch whose condition fails at that tail becomes none)."""
+    if entry.start:
+        return 0
+    batch = decode_batch(entry.payload)
+    return len(batch.payloads) if _admitted(batch, tail) else 0
 
 
 def _extension(batch: ReplicatedBatch) -> BatchExtension | None:
-    if batch.producer_id is None:
+    producer = None
+    if batch.producer_id is not None:
+        producer = ProducerMark(batch.producer_id, batch.sequence or 0, batch.digest or 0)
+    commit = commit_mark(batch.commit) if batch.commit is not None else None
+    if producer is None and commit is None:
         return None
-    mark = ProducerMark(batch.producer_id, batch.sequence or 0, batch.digest or 0)
-    return BatchExtension(producer=mark)
+    return BatchExtension(producer=producer, commit=commit)
 
 
 class StreamApplier:
@@ -67,6 +114,7 @@ class StreamApplier:
         if shard.log is None:
             raise ValueError(f"stream {shard.spec.name!r} is not durable: nothing to apply to")
         self.shard = shard
+        self._weighed = 0  # the compaction weighing's running tail (see the module docs)
 
     @property
     def records(self) -> int:
@@ -74,17 +122,25 @@ class StreamApplier:
         return self.shard.next_offset
 
     def records_of(self, entry: Entry) -> int:
-        """The stream records `entry` becomes (the disk's weight of a record)."""
-        return records_in(entry)
+        """The stream records `entry` became (the disk's weight of a record): called
+        by compaction only, in log order, each entry once (see the module docs)."""
+        size = records_at(entry, self._weighed)
+        self._weighed += size
+        return size
+
+    def weigh_from(self, records_below: int) -> None:
+        """Where the compaction weighing starts: the records below the disk's base."""
+        self._weighed = records_below
 
     def applied_entries(self, entries: Sequence[Entry], records_below: int) -> int:
         """After a restart: how many of the replication log's `entries` the stream log
         already holds (they are applied in order, so it is a prefix), given that the
         records before `entries` (compacted away) made `records_below` stream records."""
+        self.weigh_from(records_below)
         held = self.records
         count, at = records_below, 0
         for entry in entries:
-            size = records_in(entry)
+            size = records_at(entry, count)
             if count + size > held:
                 break
             count += size
@@ -94,21 +150,32 @@ class StreamApplier:
         return at
 
     async def apply(self, entries: Sequence[Entry]) -> list[int | None]:
-        """Append the entries' batches, wait until durable, deliver them to live
-        subscribers; the stream base offset of each entry (None for a start entry)."""
+        """Append the entries' batches, wait until durable, apply their commits to the
+        state view, deliver them to live subscribers; the stream base offset of each
+        entry (None for a start entry; for a guarded batch the tail it was checked
+        against, which is its base when applied: see the module docs)."""
         bases: list[int | None] = []
+        commits: list[tuple[int, CommitMark]] = []
         shard = self.shard
         for entry in entries:
             if entry.start:
                 bases.append(None)
                 continue
             batch = decode_batch(entry.payload)
+            if not _admitted(batch, shard.next_offset):
+                bases.append(shard.next_offset)  # refused here, as on every replica
+                continue
+            extension = _extension(batch)
             base = shard.append(
-                list(batch.payloads), batch.publisher, batch.timestamp_us, _extension(batch)
+                list(batch.payloads), batch.publisher, batch.timestamp_us, extension
             )
+            if extension is not None and extension.commit is not None:
+                commits.append((base, extension.commit))
             bases.append(base)
         if shard.log is not None and shard.next_offset:
             await shard.log.wait_durable(shard.next_offset - 1)
+        for offset, commit in commits:
+            shard.marks.state.apply(offset, commit)
         for subscriber in shard.flush():
             await subscriber.wait_for_room()
         return bases

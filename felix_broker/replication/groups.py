@@ -59,7 +59,7 @@ from felix_common.catalog import StreamSpec
 from felix_wire.errors import ErrorCode, RetryClass
 from felix_wire.fleet import GroupChangeKind, ReplicatedGroupChange, ReplicatedGroupChanges
 
-from .apply import StreamApplier
+from .apply import StreamApplier, records_at
 from .core import Entry
 from .driver import ReplicaDriver, ReplicationRefusedError
 
@@ -131,12 +131,13 @@ class GroupStreamApplier:
     def applied_entries(self, entries: Sequence[Entry], records_below: int) -> int:
         """The retained entries already applied: up to the last batch the stream log
         holds, and no further (a group entry after it is applied again once committed)."""
+        self.stream.weigh_from(records_below)
         held = self.stream.records
         count, at = records_below, 0
         for entry in entries:
             if count == held:
                 break
-            size = self.records_of(entry)
+            size = 0 if is_group_entry(entry) else records_at(entry, count)
             if count + size > held:
                 break
             count += size

@@ -23,6 +23,14 @@ once this replica holds a newer generation (a leader promoted it or it opened).
 Reports run one at a time in the background; a failed one is logged and made
 again a second later (and the standing one is checked as often, to withdraw it).
 
+Guarded writes (`publish_if`, `commit` with or without `expected_offset`; decision
+`quorum-guarded-writes`) ride the same path: the batch carries its condition and
+commit mark, every replica checks the condition where the batch falls in the log
+(apply.py), and the answer is the batch's offset once a majority holds it and it
+is applied here, or `AppendRefusedError` (offset_mismatch with the tail checked:
+nothing written on any replica). Idempotent batches are still refused
+`invalid_request` here (their producer table is not replicated).
+
 Group changes of these shards ride the same log (replication/groups.py, through
 `wrap_applier`). Not yet here (reported as unfinished): Leader-consistency
 replica sets (async shipping).
@@ -42,10 +50,16 @@ from felix_broker.fleet.peer import PeerDialer
 from felix_broker.fleet.routing import AssignmentState, RoutingSnapshot, ShardId, ShardKind
 from felix_broker.fleet.view import FleetView
 from felix_broker.streams.engine import Engine, PublishRequest, now_micros
+from felix_broker.streams.guards import (
+    AppendRefusedError,
+    CommitGuard,
+    ConditionalGuard,
+    TailMismatch,
+)
 from felix_wire.errors import ErrorCode, RetryClass
 from felix_wire.fleet import PromotionRefusal, ReplicatedBatch
 
-from .apply import StreamApplier, encode_batch
+from .apply import StreamApplier, encode_batch, replicated_commit
 from .core import Config, Effect, PromotionRefused
 from .disk import ReplicaDisk
 from .driver import Applier, ReplicaDriver, ReplicationRefusedError
@@ -148,20 +162,27 @@ class ReplicationManager:
         if driver is None:  # not a replica here: the routing view says who is
             done.set_exception(ReplicationRefusedError(ErrorCode.NOT_LEADER, RetryClass.REDIRECT))
             return done
-        if request.guard is not None:
+        guard = request.guard
+        guarded: ConditionalGuard | CommitGuard | None = None
+        if isinstance(guard, ConditionalGuard | CommitGuard):
+            guarded = guard
+        elif guard is not None:  # an idempotent producer's batch (ProducerGuard)
             done.set_exception(
                 ReplicationRefusedError(
                     ErrorCode.INVALID_REQUEST,
                     RetryClass.FATAL,
-                    message="idempotent, conditional and commit publishes are not replicated "
-                    "yet: use a Leader stream for them",
+                    message="idempotent publishes are not replicated yet: "
+                    "use a Leader stream for them",
                 )
             )
             return done
+        expected = guarded.expected_offset if guarded is not None else None
         batch = ReplicatedBatch(
             timestamp_us=now_micros(),
             publisher=request.publisher if self._engine().record_publishers else None,
             payloads=list(request.payloads),
+            expected_offset=expected,
+            commit=replicated_commit(guarded.commit) if isinstance(guarded, CommitGuard) else None,
         )
 
         async def write() -> None:
@@ -176,9 +197,14 @@ class ReplicationManager:
                 if not done.done():
                     done.set_exception(exc)
                 return
-            if not done.done():
-                assert written.stream_offset is not None
-                done.set_result(written.stream_offset)
+            if done.done():
+                return
+            assert written.stream_offset is not None
+            if expected is not None and written.stream_offset != expected:
+                # Refused at its place in the log, on every replica: nothing written.
+                done.set_exception(AppendRefusedError(TailMismatch(written.stream_offset)))
+                return
+            done.set_result(written.stream_offset)
 
         task = asyncio.get_running_loop().create_task(write())
         self._writes.add(task)

@@ -45,6 +45,7 @@ from dataclasses import dataclass
 
 from felix_broker.catalog import StreamSpec
 from felix_broker.metrics import BrokerMetrics
+from felix_broker.replication.driver import ReplicationRefusedError
 from felix_broker.session.context import RequestContext
 from felix_broker.session.dispatch import DispatchTable
 from felix_broker.session.protocol import StreamProtocol
@@ -401,6 +402,13 @@ class GuardedWriteService:
                 self._metrics.conditional_refusals.labels(type=kind).inc()
             return _Refused(
                 "offset_mismatch", refused_answer(proto, request_id, exc.admission, batch=False)
+            )
+        except ReplicationRefusedError as exc:
+            # A Quorum stream's write: quorum_timeout / leadership_lost (outcome unknown),
+            # not_ready, fenced, not_leader (nothing written), as for a plain publish.
+            why = ErrorDetail(reason=exc.reason) if exc.reason else None
+            return _Refused(
+                exc.code.wire, proto.error(exc.code, str(exc), retry=exc.retry, detail=why)
             )
         except (StorageError, ValueError) as exc:
             # Appended or not: the worker could not confirm it (outcome unknown).

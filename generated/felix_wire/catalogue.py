@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 601406a8e63a30d60762c7606e90894453df1589ec9fa7b713ebcc5178a4130f
+# spec sha256: 1b5a5bebb4ed2659009a3b7ff6b19b5e1c2969304e51709a19b5bf056761f47e
 """Read-only index of the catalogue: every name the generated layer knows.
 
 Tests count these against tests/vectors/protocol-tables.yaml; tools (the conformance
@@ -30,7 +30,7 @@ __all__ = [
     "COUNTS",
 ]
 
-SPEC_SHA256 = "601406a8e63a30d60762c7606e90894453df1589ec9fa7b713ebcc5178a4130f"
+SPEC_SHA256 = "1b5a5bebb4ed2659009a3b7ff6b19b5e1c2969304e51709a19b5bf056761f47e"
 
 
 class Decision(NamedTuple):
@@ -162,6 +162,11 @@ DECISIONS: Mapping[str, Decision] = MappingProxyType(
             "they ride the stream shard's own replication log: each settle's changes are one ReplicatedGroupChanges entry (spec/fleet.yaml), acknowledged at the quorum mark like a publish and applied in log order to the group log on every replica; a generation-start entry makes every replica rebuild its groups from that log; claims stay in memory (a promoted leader redelivers unacknowledged records, at least once)",
             "a log of their own per shard (as caches have) would need its own promotion, and a replica caught up on the stream could be behind on the group log, leaving groups unavailable with nothing the placer could act on; one log means one ballot, one caught-up check, and a settle always after the records it settles",
         ),
+        "quorum-guarded-writes": Decision(
+            "where the condition of publish_if and of commit with expected_offset is judged on a Quorum stream (issue 19)",
+            "at the batch's place in the replicated log: the leader admits the write without checking, as a ReplicatedBatch carrying expected_offset (and a commit's state changes); every replica checks it against its stream log's raw tail when it applies the committed entry, appends the batch only if it holds, and otherwise writes no record (the entry stays a no-op in the replication log); the leader answers once a majority holds the entry and it is applied here, with the offset or publish_refused offset_mismatch at the tail checked; no majority in time is quorum_timeout (outcome unknown)",
+            "a check at the leader before the append would judge a log the replicas may not have (an uncommitted suffix a new leader drops) and would need the check and the append in one step of the driver; checked where it is applied, the outcome is a function of the committed log alone, the same on every replica and on any later leader, as for a Quorum cache's put_if",
+        ),
     }
 )
 
@@ -185,6 +190,6 @@ COUNTS: Mapping[str, int] = MappingProxyType(
         "error_codes": 17,
         "retry_classes": 5,
         "shapes": 25,
-        "decisions": 25,
+        "decisions": 26,
     }
 )

@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 601406a8e63a30d60762c7606e90894453df1589ec9fa7b713ebcc5178a4130f
+# spec sha256: 1b5a5bebb4ed2659009a3b7ff6b19b5e1c2969304e51709a19b5bf056761f47e
 """Feature bits: which requests and messages exist between two peers.
 
 A feature bit says a request or message EXISTS; a frame flag says how a payload

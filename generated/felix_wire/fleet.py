@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 15ff23c935c231e436a43a5237a7af4a38da96ce1e6f7833baf6f3fc176ac92f
+# spec sha256: 6e73cf97a02e245ec4f43c738c3224d28c29cb4f19161e72dcec2558a9880502
 """The fleet catalogue: etcd record shapes and broker-to-broker messages.
 
 Broker-to-broker QUIC (TLS 1.3, mutual TLS): each broker's peer certificate is signed by the fleet CA and names its node id as a DNS SAN; both sides check it, and the listener checks it against hello.
@@ -91,6 +91,8 @@ __all__ = [
     "ReplicaShard",
     "ReplicaEntry",
     "ReplicatedBatch",
+    "ReplicatedStateChange",
+    "ReplicatedCommit",
     "MoveFile",
     "ReplicatedCacheOp",
     "ReplicatedGroupChange",
@@ -591,6 +593,10 @@ class ReplicatedBatch(msgspec.Struct, omit_defaults=True, kw_only=True):
     """the idempotent producer mark, when the batch is one"""
     sequence: U64 | None = None
     digest: U64 | None = None
+    expected_offset: U64 | None = None
+    """publish_if, or commit with expected_offset: the batch is applied only if the shard's stream log ends exactly here when the batch's turn comes in the log (checked by every replica at the batch's place, so every replica decides the same); otherwise nothing of it is written (decision quorum-guarded-writes)"""
+    commit: ReplicatedCommit | None = None
+    """commit: the entity's state changes, stored with the batch (its one payload is the event) and applied to the state view with it"""
 
     def __post_init__(self) -> None:
         _check_u64(
@@ -600,9 +606,26 @@ class ReplicatedBatch(msgspec.Struct, omit_defaults=True, kw_only=True):
                 "producer_id",
                 "sequence",
                 "digest",
+                "expected_offset",
             ),
             (),
         )
+
+
+class ReplicatedStateChange(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One state change of a replicated commit: a put (value present) or a delete (value absent)."""
+
+    key: str
+    value: bytes | None = None
+    """absent: the key is deleted"""
+
+
+class ReplicatedCommit(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """A commit's entity and state changes, as the leader admitted them (the event is the batch's one payload)."""
+
+    entity_key: bytes
+    changes: list[ReplicatedStateChange]
+    """may be empty"""
 
 
 class MoveFile(msgspec.Struct, omit_defaults=True, kw_only=True):

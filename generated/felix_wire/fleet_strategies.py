@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 15ff23c935c231e436a43a5237a7af4a38da96ce1e6f7833baf6f3fc176ac92f
+# spec sha256: 6e73cf97a02e245ec4f43c738c3224d28c29cb4f19161e72dcec2558a9880502
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
@@ -149,6 +149,20 @@ FLEET_SHAPE_STRATEGIES["ReplicatedBatch"] = st.builds(
     producer_id=(st.none() | _U64),
     sequence=(st.none() | _U64),
     digest=(st.none() | _U64),
+    expected_offset=(st.none() | _U64),
+    commit=(st.none() | st.deferred(lambda: FLEET_SHAPE_STRATEGIES["ReplicatedCommit"])),
+)
+FLEET_SHAPE_STRATEGIES["ReplicatedStateChange"] = st.builds(
+    _f.ReplicatedStateChange,
+    key=_TEXT,
+    value=(st.none() | _BLOB),
+)
+FLEET_SHAPE_STRATEGIES["ReplicatedCommit"] = st.builds(
+    _f.ReplicatedCommit,
+    entity_key=_BLOB,
+    changes=st.lists(
+        st.deferred(lambda: FLEET_SHAPE_STRATEGIES["ReplicatedStateChange"]), max_size=3
+    ),
 )
 FLEET_SHAPE_STRATEGIES["MoveFile"] = st.builds(
     _f.MoveFile,
