@@ -86,11 +86,12 @@ from felix_wire.messages import (
 
 __all__ = ["GUARDED_FEATURES", "GUARDED_FLAGS", "GuardedWriteService"]
 
-GUARDED_NOT_REPLICATED = (
-    "idempotent, conditional and commit publishes are not replicated yet: "
+IDEMPOTENT_NOT_REPLICATED = (
+    "idempotent publishes are not replicated yet (their producer table is not): "
     "use a Leader stream for them"
 )
-"""Why a fleet member refuses a guarded write on a replicated (Quorum) stream."""
+"""Why a fleet member refuses an idempotent publish on a replicated (Quorum) stream
+(conditional publishes and commits are replicated: replication/apply.py)."""
 
 # Served on any broker (commits and publish_if then refuse in-memory streams).
 GUARDED_FEATURES = int(
@@ -166,7 +167,14 @@ class GuardedWriteService:
     # -- shared admission --------------------------------------------------------------
 
     def _admit(
-        self, ctx: RequestContext, tenant_id: str, namespace: str, stream: str, action: Action
+        self,
+        ctx: RequestContext,
+        tenant_id: str,
+        namespace: str,
+        stream: str,
+        action: Action,
+        *,
+        idempotent: bool = False,
     ) -> StreamSpec | tuple[ErrorCode, str]:
         denied = refusal(ctx, tenant_id, action, stream_object(tenant_id, namespace, stream))
         if denied is not None:
@@ -177,10 +185,10 @@ class GuardedWriteService:
                 ErrorCode.NOT_FOUND,
                 f"stream not found: tenant={tenant_id} namespace={namespace} stream={stream}",
             )
-        if action is Action.STREAM_PUBLISH and spec.replicated and self._engine.replication_hook:
+        if idempotent and spec.replicated and self._engine.replication_hook:
             # Refused before anything is queued (the replication hook would refuse it
             # only once it is queued, too late for a typed answer).
-            return ErrorCode.INVALID_REQUEST, GUARDED_NOT_REPLICATED
+            return ErrorCode.INVALID_REQUEST, IDEMPOTENT_NOT_REPLICATED
         return spec
 
     def _shard(self, spec: StreamSpec, key: bytes | None) -> Shard | tuple[ErrorCode, str]:
@@ -290,7 +298,9 @@ class GuardedWriteService:
                 )
                 await ctx.answer_in_order(None, lambda _r: answer)
 
-        spec = self._admit(ctx, tenant_id, namespace, stream, Action.STREAM_PUBLISH)
+        spec = self._admit(
+            ctx, tenant_id, namespace, stream, Action.STREAM_PUBLISH, idempotent=True
+        )
         if not isinstance(spec, StreamSpec):
             await refuse(*spec)
             return

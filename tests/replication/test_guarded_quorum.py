@@ -1,6 +1,7 @@
-"""Guarded writes (idempotent, conditional, commit) on a Quorum stream are not
-replicated yet: the leader refuses them before anything is queued, with a typed
+"""Idempotent publishes on a Quorum stream are not replicated yet (their producer
+table is not): the leader refuses them before anything is queued, with a typed
 `invalid_request` naming why, never `internal` and never a traceback in its log.
+(Conditional publishes and commits are replicated: test_guarded_fleet_etcd.py.)
 Three in-process fleet members over real QUIC and real storage."""
 
 from __future__ import annotations
@@ -16,11 +17,9 @@ from felix_broker.fleet.routing import AssignmentState, Route, ShardId, ShardKin
 from felix_common.catalog import Consistency
 from felix_wire.features import Feature
 from felix_wire.messages import (
-    Commit,
     Error,
     PublishError,
     PublishIdempotent,
-    PublishIf,
     PublishRefused,
 )
 
@@ -36,7 +35,7 @@ SHARD = ShardId(ShardKind.STREAM, TENANT, NS, "q", 0)
 GUARDED = OFFICIAL_FEATURES | int(Feature.FEATURE_IDEMPOTENT_PRODUCER)
 
 
-async def test_guarded_writes_on_a_quorum_stream_are_refused_typed(
+async def test_idempotent_publishes_on_a_quorum_stream_are_refused_typed(
     tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
     catalog = StaticCatalog(streams=[QUORUM], caches=[])
@@ -56,8 +55,6 @@ async def test_guarded_writes_on_a_quorum_stream_are_refused_typed(
         client = await WireClient.connect(fleet.entry("node-a"))
         scope = {"tenant_id": TENANT, "namespace": NS, "stream": "q"}
         requests = [
-            PublishIf(**scope, payloads=[b"a"], expected_offset=0, request_id=1),  # type: ignore[arg-type]
-            Commit(**scope, entity_key=b"e", event=b"ev", changes=[], request_id=2),  # type: ignore[arg-type]
             PublishIdempotent(
                 **scope,  # type: ignore[arg-type]
                 payloads=[b"a"],
