@@ -66,7 +66,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument(
         "--spare-quorum-leader",
         action="store_true",
-        help="broker faults never hit the Quorum log's leader (today's failover can stall)",
+        help="kills, pauses and failed fsyncs never hit the Quorum log's leader "
+        "(today's failover can stall)",
     )
     parser.add_argument(
         "--quorum-cache",

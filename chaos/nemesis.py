@@ -18,7 +18,20 @@ Faults (`FaultKind`):
 - ``etcd``: etcd stopped by its PID for the hold, then started on the same data;
 - ``fsync_slow``: the broker's fault file makes every fsync sleep 50–500 ms;
 - ``fsync_fail``: every fsync fails (EIO); a failed log acknowledges nothing until
-  reopened, so the heal is a ``kill -9`` and a restart.
+  reopened, so the heal is a ``kill -9`` and a restart;
+- ``partition``: broker-to-broker messages lost (the fault files' ``peer_blocked_out``
+  / ``peer_blocked_in``, applied by every peer message: replication, forwarding,
+  moves), between the target and every other broker or one other, both ways or one
+  way (out: the target's messages lost, it still hears; in: it hears nothing, its
+  own messages arrive). A one-way cut is written on either end at random (the
+  sender's ``out`` or the receiver's ``in``), so both halves of the peer layer are
+  exercised. Clients and etcd still reach every broker: leases hold, nothing fails
+  over, Quorum writes on a cut leader time out (outcome unknown) and forwards
+  across the cut fail; the heal clears the files;
+- ``clock``: the target's wall clock jumps 1 s to 10 min forward or back (its fault
+  file's ``clock_offset_ms``: append times, cache TTLs, log stamps; never monotonic
+  timers or leases) for the hold, then jumps back to the host's time. Checked by the
+  checker's ``append_time_order`` (a log's append times never decrease).
 """
 
 from __future__ import annotations
@@ -32,7 +45,7 @@ from dataclasses import dataclass, field
 
 import msgspec
 
-from felix_broker.chaos.faults import FsyncFault
+from felix_broker.chaos.faults import Faults, FsyncFault
 from felix_broker.fixture.link import Fault
 from felix_client import Client
 from felix_client.errors import BrokerError, ClientError
@@ -51,6 +64,20 @@ class FaultKind(enum.Enum):
     ETCD = "etcd"
     FSYNC_SLOW = "fsync_slow"
     FSYNC_FAIL = "fsync_fail"
+    PARTITION = "partition"
+    CLOCK = "clock"
+
+
+class Cut(enum.Enum):
+    """Which messages of a partition are lost, seen from its target."""
+
+    BOTH = "both ways"
+    OUT = "one way, out"  # the target's messages to the others
+    IN = "one way, in"  # the others' messages to the target
+
+
+# Faults that stop a broker (its lease may lapse: a failover); the others keep it a member.
+_FAILOVER_KINDS = frozenset({FaultKind.KILL, FaultKind.PAUSE, FaultKind.FSYNC_FAIL})
 
 
 class FaultEvent(msgspec.Struct, frozen=True, kw_only=True):
@@ -73,7 +100,8 @@ class Nemesis:
     hold: tuple[float, float] = (0.5, 4.0)
     liveness_bound: float = 45.0
     roles: tuple[str, ...] = ("owner", "other")  # whom broker faults may hit
-    # Broker faults never hit the Quorum log's leader (see `_failover` for why).
+    # Kills, pauses and failed disks never hit the Quorum log's leader (see `_failover`
+    # for why); partitions and clock jumps still may (no lease lapses).
     spare_quorum_leader: bool = False
     owners: Client | None = None  # asks which broker owns a log shard
     events: list[FaultEvent] = field(default_factory=list)
@@ -94,11 +122,13 @@ class Nemesis:
                 pass
             await self.round()
 
-    async def _target(self) -> tuple[BrokerProcess, str, str | None]:
+    async def _target(self, spare: bool) -> tuple[BrokerProcess, str, str | None]:
         """The owner (leader) of a random checked log's shard (by the routing the
         fleet reports), or another broker: the nemesis's choice, the owner taken from
         the fleet. A Quorum log's leader killed or paused is a failover. The third
-        item is the stream whose owner was picked (None for another broker)."""
+        item is the stream whose owner was picked (None for another broker). With
+        `spare` (a fault that may fail the target over) and `spare_quorum_leader`,
+        never the Quorum log's leader."""
         role = self.rng.choice(self.roles)
         pick = self.rng.randrange(len(self.fleet.brokers))
         owner: BrokerProcess | None = None
@@ -117,7 +147,7 @@ class Nemesis:
         else:
             others = [b for b in self.fleet.brokers if b is not owner]
             chosen, picked, role = others[pick % len(others)], None, "other"
-        spared = await self._quorum_leader() if self.spare_quorum_leader else None
+        spared = await self._quorum_leader() if spare and self.spare_quorum_leader else None
         if spared is not None and chosen is spared:
             others = [b for b in self.fleet.brokers if b is not spared]
             return others[pick % len(others)], "other, the Quorum leader spared", None
@@ -161,10 +191,38 @@ class Nemesis:
             return f", no failover within {took:.1f} s"
         return f", failover {took:.1f} s"
 
+    def _partition(self, target: BrokerProcess) -> str:
+        """Cut `target` off from every other broker or from one, both ways or one way,
+        by writing the fault files; returns what was cut (for the fault log)."""
+        others = [b for b in self.fleet.brokers if b is not target]
+        if self.rng.random() < 0.5:
+            peers, whom = others, "every other broker"
+        else:
+            peer = self.rng.choice(others)
+            peers, whom = [peer], peer.node_id
+        cut = self.rng.choice(tuple(Cut))
+        names = frozenset(b.node_id for b in peers)
+        me = frozenset({target.node_id})
+        on_target = cut is Cut.BOTH or self.rng.random() < 0.5
+        if cut is Cut.BOTH:
+            target.set_fault(Faults(blocked_out=names, blocked_in=names))
+            written = f"{target.node_id}'s file"
+        elif on_target:
+            target.set_fault(
+                Faults(blocked_out=names) if cut is Cut.OUT else Faults(blocked_in=names)
+            )
+            written = f"{target.node_id}'s file"
+        else:  # the same cut, written at the other end
+            for peer in peers:
+                peer.set_fault(Faults(blocked_in=me) if cut is Cut.OUT else Faults(blocked_out=me))
+            written = "the peers' files"
+        arrow = {Cut.BOTH: "<->", Cut.OUT: "->", Cut.IN: "<-"}[cut]
+        return f"partition {target.node_id} {arrow} {whom} ({cut.value}, in {written})"
+
     async def round(self) -> FaultEvent:
         kind = self.rng.choice(self.kinds)
         hold = self.rng.uniform(*self.hold)
-        broker, role, stream = await self._target()
+        broker, role, stream = await self._target(kind in _FAILOVER_KINDS)
         start = self._now()
         detail = f"{role}, {hold:.1f} s"
         target = broker.node_id
@@ -200,6 +258,18 @@ class Nemesis:
             broker.set_fault(FsyncFault(delay_ms=delay))
             await asyncio.sleep(hold)
             broker.set_fault(FsyncFault())
+        elif kind is FaultKind.PARTITION:
+            cut = self._partition(broker)
+            detail = f"{role}, {cut}, {hold:.1f} s"
+            await asyncio.sleep(hold)
+            for member in self.fleet.brokers:
+                member.set_fault(Faults())
+        elif kind is FaultKind.CLOCK:
+            jump_ms = self.rng.choice((-1, 1)) * self.rng.randint(1_000, 600_000)
+            detail += f", clock {jump_ms / 1000:+.1f} s"
+            broker.set_fault(Faults(clock_offset_ms=jump_ms))
+            await asyncio.sleep(hold)
+            broker.set_fault(Faults())
         else:
             broker.set_fault(FsyncFault(fail=True))
             await asyncio.sleep(hold)

@@ -601,10 +601,12 @@ async def final_logs(
                 invoke = rec.now()
                 try:
                     values: list[str] = []
+                    times: list[int] = []
                     async for page in client.stream_read(
                         stream, start=0, shard=shard, max_records=1000
                     ):
                         values.extend(r.payload.decode() for r in page.records)
+                        times.extend(r.timestamp_micros for r in page.records)
                     break
                 except _OUTCOMES as exc:
                     if attempt == attempts - 1:
@@ -615,6 +617,7 @@ async def final_logs(
                 kind=Kind.FINAL,
                 key=log_key(stream, shard),
                 values=values,
+                times=times,
                 invoke=invoke,
                 complete=rec.now(),
                 outcome=Outcome.OK,

@@ -49,7 +49,7 @@ if TYPE_CHECKING:  # the fleet (and so etcd) is imported only by a broker that j
     from felix_broker.fleet.features import FleetFeatures
     from felix_broker.fleet.moves import MoveHold, MoveService
     from felix_broker.fleet.node import FleetNode
-    from felix_broker.fleet.peer import PeerDialer, PeerListener
+    from felix_broker.fleet.peer import LinkFaults, PeerDialer, PeerListener
     from felix_broker.fleet.placement import ClusterPlacement
     from felix_broker.replication.cache import CacheReplication
     from felix_broker.replication.manager import ReplicationManager
@@ -105,11 +105,15 @@ class Broker:
         fsync: Callable[[int], None] = os.fsync
         # Test mode only: the fault file's fsync and replication faults (chaos, fixture).
         self._peer_blocked: Callable[[str], bool] | None = None
+        self._link_faults: LinkFaults | None = None
         if config.test_faults_file is not None:
+            from felix_broker import clock
             from felix_broker.chaos.faults import FaultFile
 
             faults = FaultFile(config.test_faults_file)
             fsync, self._peer_blocked = faults.fsync, faults.peer_blocked
+            self._link_faults = faults  # one-way and both-ways peer partitions
+            clock.install_offset(faults.clock_offset_ns)  # clock jumps
         self.metrics = BrokerMetrics(quic_impl=config.quic_impl.value, fsync=fsync)
         self.health = Health()
         self.engine: Engine | None = None
@@ -423,7 +427,9 @@ class Broker:
 
         fleet = self.fleet
         assert fleet is not None
-        self.peer_dialer = PeerDialer(fleet.tls, fleet.limits, impl=self.config.quic_impl.value)
+        self.peer_dialer = PeerDialer(
+            fleet.tls, fleet.limits, impl=self.config.quic_impl.value, faults=self._link_faults
+        )
 
         async def hold_bytes(ctx: RequestContext, size: int) -> Callable[[], None]:
             assert self.streams is not None  # built before any request is dispatched
@@ -533,7 +539,9 @@ class Broker:
         self.cache_replication = self._cache_replication(config)
         for kind, handler in self.replication.service.handlers.items():
             table.register(kind, handler)
-        self.peer_listener = PeerListener(fleet.tls, table.handle, fleet.limits)
+        self.peer_listener = PeerListener(
+            fleet.tls, table.handle, fleet.limits, faults=self._link_faults
+        )
         await self.peer_listener.start(fleet.peer_host, fleet.peer_port)
 
     def _cache_replication(self, config: BrokerConfig) -> CacheReplication:
@@ -715,6 +723,10 @@ class Broker:
             await self.store.aclose()
         for client in reversed(self._control):
             await client.close()
+        if self._link_faults is not None:  # test mode: the clock offset goes with the broker
+            from felix_broker import clock
+
+            clock.install_offset(None)
         self._stopped.set()
 
     async def wait_stopped(self) -> None:

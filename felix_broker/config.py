@@ -675,10 +675,12 @@ class BrokerConfig:
     # them yet; the client fixture's no-commit broker).
     test_faults_file: Path | None = _optional_path(
         "FELIX_TEST_FAULTS",
-        doc="Test mode only: a fault file (JSON: fsync_delay_ms, fsync_fail, peer_blocked) "
-        "every fsync and replication message reads, so a chaos run or the client fixture can "
-        "slow or fail the disk or cut replication with named members; unset (the default), "
-        "fsync is plain and replication uncut.",
+        doc="Test mode only: a fault file (JSON: fsync_delay_ms, fsync_fail, peer_blocked, "
+        "peer_blocked_out, peer_blocked_in, clock_offset_ms) every fsync, peer message and "
+        "wall-clock read consults, so a chaos run or the client fixture can slow or fail the "
+        "disk, cut replication with named members, lose peer messages one way or both ways, "
+        "or jump the broker's clock; unset (the default), fsync is plain, peers uncut and the "
+        "clock the host's.",
     )
     test_quorum_ack_before_majority: bool = _bool(
         False,

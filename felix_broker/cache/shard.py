@@ -31,7 +31,6 @@ import asyncio
 import heapq
 import logging
 import os
-import time
 from collections import OrderedDict
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -47,6 +46,7 @@ from felix_broker.cache.records import (
     encode_record,
 )
 from felix_broker.cache.watch import Change, Watcher
+from felix_broker.clock import wall_ms, wall_us
 from felix_broker.config import FsyncMode
 from felix_broker.storage import Log, LogConfig, Retention, StorageError
 from felix_broker.storage.format import batch_size
@@ -108,11 +108,11 @@ class _Counter:
 
 
 def now_ms() -> int:
-    return time.time_ns() // 1_000_000
+    return wall_ms()
 
 
 def _now_us() -> int:
-    return time.time_ns() // 1000
+    return wall_us()
 
 
 class CacheShard:

@@ -20,6 +20,12 @@ a `Rule`; a `Verdict` lists every violation found with the operations involved
 9. `delivery_order`: a subscription delivers values out of log order.
 10. `lost_delivery`: a subscription skips a value of the log between two it
     delivered (or after its first position, before its first delivery).
+11. `append_time_order`: a final log's append times decrease somewhere. An append
+    time is the leader's clock at append (S13), so a broker whose clock jumps back
+    (or a successor whose clock is behind its predecessor's) must hold them flat
+    rather than go back: `offset_for_time` is a binary search over them. Nothing
+    ties them to real time: a clock jumped forward stamps the future, and that is
+    its clock's answer, not a violation.
 
 A history without a `final` operation for a stream that has writes cannot be
 judged for rules 1, 3, 8–10: `check` raises `IncompleteHistory`.
@@ -49,6 +55,7 @@ class Rule(enum.Enum):
     PARTIAL_COMMIT = "partial_commit"
     DELIVERY_ORDER = "delivery_order"
     LOST_DELIVERY = "lost_delivery"
+    APPEND_TIME_ORDER = "append_time_order"
 
 
 class IncompleteHistory(ValueError):
@@ -151,6 +158,20 @@ class _Check:
     def finals_rules(self) -> None:
         for key, values in self.finals.items():
             self.seen(key, values, None)
+        for index, op in enumerate(self.history):
+            if op.kind is not Kind.FINAL:
+                continue
+            back = next(
+                (i for i, (a, b) in enumerate(itertools.pairwise(op.times), start=1) if b < a),
+                None,
+            )
+            if back is not None:
+                self.fail(
+                    Rule.APPEND_TIME_ORDER,
+                    f"{op.key}: position {back} was appended at {op.times[back]} µs, "
+                    f"before position {back - 1} ({op.times[back - 1]} µs)",
+                    index,
+                )
 
     def acknowledged(self) -> None:
         for (key, value), writers in self.writers.items():

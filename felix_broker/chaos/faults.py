@@ -2,7 +2,7 @@
 
 The chaos nemesis and the client fixture write the file (JSON, replaced atomically);
 the broker reads it at most once per `RECHECK_S` (a `stat` otherwise), on every
-fsync and on every replication message it sends or receives. Its keys, each optional:
+fsync, every peer message it sends or receives and every wall-clock read. Its keys, each optional:
 
 - ``{"fsync_delay_ms": N}``: each fsync first sleeps N ms (a slow disk);
 - ``{"fsync_fail": true}``: each fsync raises ``OSError(EIO)`` instead of syncing
@@ -13,6 +13,22 @@ fsync and on every replication message it sends or receives. Its keys, each opti
   ``replica_received {held: false}`` without reaching the replica (as a lost
   message: the cores resend, so healing loses nothing). Client traffic, forwarding
   and every other peer message are untouched;
+- ``{"peer_blocked_out": ["node-2"]}`` / ``{"peer_blocked_in": ["node-3"]}``: a
+  directional partition of every peer message (forwarding, moves, replication),
+  applied by the peer layer (`felix_broker.fleet.peer`, dialer and listener
+  alike). ``out`` loses what this broker sends to those members: its requests to
+  them fail unsent, and its answers to their requests are lost after the request
+  took effect (they see the stream reset: outcome unknown). ``in`` loses what
+  they send to this broker: their requests are dropped unseen (stream reset), and
+  their answers to this broker's requests are lost after taking effect there. A
+  both-ways cut of a pair needs one file naming the other node in both lists;
+  a one-way cut X -> Y is X's ``out`` or Y's ``in``. Client traffic and etcd are
+  untouched (leases hold: no failover, only replication and forwarding fail);
+- ``{"clock_offset_ms": N}``: this broker's wall clock runs N ms ahead (negative:
+  behind) of the host's: a clock jump. It moves every wall-clock read of the
+  broker's data path (`felix_broker.clock`: append times, cache TTLs and expiry,
+  group and cache log stamps); monotonic timers, etcd leases, token and
+  certificate checks are unaffected. At most ``MAX_CLOCK_OFFSET_MS`` either way;
 - an empty object, or no file: no fault.
 
 A file that is not such an object counts as no fault and is logged once per
@@ -32,7 +48,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["RECHECK_S", "FaultFile", "Faults", "FsyncFault", "write_fault"]
+__all__ = ["MAX_CLOCK_OFFSET_MS", "RECHECK_S", "FaultFile", "Faults", "FsyncFault", "write_fault"]
 
 _log = logging.getLogger(__name__)
 
@@ -40,7 +56,24 @@ RECHECK_S = 0.05
 _MAX_DELAY_MS = 60_000  # a fault is bounded: one fsync never sleeps longer than this
 
 
-_KEYS = frozenset({"fsync_delay_ms", "fsync_fail", "peer_blocked"})
+MAX_CLOCK_OFFSET_MS = 86_400_000  # a clock jump is bounded: a day either way
+
+_KEYS = frozenset(
+    {
+        "fsync_delay_ms",
+        "fsync_fail",
+        "peer_blocked",
+        "peer_blocked_out",
+        "peer_blocked_in",
+        "clock_offset_ms",
+    }
+)
+
+
+def _node_ids(value: object, key: str) -> frozenset[str]:
+    if not isinstance(value, list) or not all(isinstance(n, str) and n for n in value):
+        raise ValueError(f"{key} must be a list of node ids")
+    return frozenset(value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,12 +83,18 @@ class Faults:
     delay_ms: int = 0
     fail: bool = False
     peer_blocked: frozenset[str] = frozenset()  # node ids cut off for replication
+    blocked_out: frozenset[str] = frozenset()  # node ids this broker's messages to are lost
+    blocked_in: frozenset[str] = frozenset()  # node ids whose messages to this broker are lost
+    clock_offset_ms: int = 0  # this broker's wall clock, ahead (+) or behind (-)
 
     def to_json(self) -> dict[str, object]:
         return {
             "fsync_delay_ms": self.delay_ms,
             "fsync_fail": self.fail,
             "peer_blocked": sorted(self.peer_blocked),
+            "peer_blocked_out": sorted(self.blocked_out),
+            "peer_blocked_in": sorted(self.blocked_in),
+            "clock_offset_ms": self.clock_offset_ms,
         }
 
     @classmethod
@@ -66,14 +105,25 @@ class Faults:
             raise ValueError(f"expected an object with some of {', '.join(sorted(_KEYS))}")
         delay = value.get("fsync_delay_ms", 0)
         fail = value.get("fsync_fail", False)
-        blocked = value.get("peer_blocked", [])
+        offset = value.get("clock_offset_ms", 0)
         if not isinstance(delay, int) or isinstance(delay, bool) or not delay >= 0:
             raise ValueError("fsync_delay_ms must be a non-negative integer")
         if not isinstance(fail, bool):
             raise ValueError("fsync_fail must be true or false")
-        if not isinstance(blocked, list) or not all(isinstance(n, str) and n for n in blocked):
-            raise ValueError("peer_blocked must be a list of node ids")
-        return cls(min(delay, _MAX_DELAY_MS), fail, frozenset(blocked))
+        if (
+            not isinstance(offset, int)
+            or isinstance(offset, bool)
+            or not -MAX_CLOCK_OFFSET_MS <= offset <= MAX_CLOCK_OFFSET_MS
+        ):
+            raise ValueError(f"clock_offset_ms must be an integer within +-{MAX_CLOCK_OFFSET_MS}")
+        return cls(
+            min(delay, _MAX_DELAY_MS),
+            fail,
+            _node_ids(value.get("peer_blocked", []), "peer_blocked"),
+            _node_ids(value.get("peer_blocked_out", []), "peer_blocked_out"),
+            _node_ids(value.get("peer_blocked_in", []), "peer_blocked_in"),
+            offset,
+        )
 
 
 FsyncFault = Faults  # the name the chaos runner's fsync faults use
@@ -81,7 +131,9 @@ FsyncFault = Faults  # the name the chaos runner's fsync faults use
 
 class FaultFile:
     """``fsync`` is ``os.fsync`` with the file's current fault applied; ``peer_blocked``
-    says whether replication with a node is cut (both thread-safe)."""
+    says whether replication with a node is cut, ``blocks_out`` / ``blocks_in`` whether
+    peer messages to / from a node are lost (the peer layer's `LinkFaults`), and
+    ``clock_offset_ns`` how far this broker's wall clock is moved (all thread-safe)."""
 
     def __init__(self, path: Path, sync: Callable[[int], None] = os.fsync) -> None:
         self.path = path
@@ -114,6 +166,15 @@ class FaultFile:
 
     def peer_blocked(self, node_id: str) -> bool:
         return node_id in self.current().peer_blocked
+
+    def blocks_out(self, node_id: str) -> bool:
+        return node_id in self.current().blocked_out
+
+    def blocks_in(self, node_id: str) -> bool:
+        return node_id in self.current().blocked_in
+
+    def clock_offset_ns(self) -> int:
+        return self.current().clock_offset_ms * 1_000_000
 
     def fsync(self, fd: int) -> None:
         fault = self.current()

@@ -16,7 +16,8 @@ Kinds and their fields:
   position), `values` delivered in order.
 - `cache_put`: `key`, `value` (null for a delete).
 - `cache_get`: `key`, `value` read (null: absent).
-- `final`: after the run healed, the whole log of `key` (`values`).
+- `final`: after the run healed, the whole log of `key` (`values`), with each
+  record's append time in µs (`times`, same order) when the log stores them.
 
 Positions count delivered records only (generation-start records take an
 offset on the wire but are never delivered, so they are not positions here).
@@ -81,6 +82,7 @@ class Operation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     values: list[str] = msgspec.field(default_factory=list)
     writes: list[Write] = msgspec.field(default_factory=list)
     offset: int | None = None
+    times: list[int] = msgspec.field(default_factory=list)  # a final log's append times
     tail: bool = False
     retry: str | None = None
     code: str | None = None

@@ -33,6 +33,17 @@ Bounds (`PeerLimits`), and what happens at each:
   a request it does not answer within `request_timeout`, fails with
   `PeerUnavailableError` (`sent` says whether the outcome is unknown).
 
+Test mode only, both take a `LinkFaults` (the broker's fault file,
+`felix_broker.chaos.faults`): a directional partition of peer messages. A message
+this broker sends to a node it ``blocks_out`` is lost: a request fails unsent
+(`PeerUnavailableError`, ``sent=False``), an answer is never written (the request
+took effect; the stream is reset, so the dialer's outcome is unknown). A message
+from a node it ``blocks_in`` is lost: a request is dropped unseen (the stream is
+reset), an answer is dropped once read (the request took effect there; the
+caller gets ``PeerUnavailableError(sent=True)``). Hello and hello_ok are the
+stream's setup, not messages: the cut applies to requests and answers. Each is
+checked per message, so a partition starts and heals mid-connection.
+
 The listener runs on aioquic: qh3 2.1 cannot request client certificates
 (felix_transport.config). The dialer runs on the configured stack.
 """
@@ -47,6 +58,7 @@ from collections import deque
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Protocol
 
 from cryptography import x509
 
@@ -81,6 +93,7 @@ from felix_wire.messages import Unknown
 from felix_wire.wire_errors import FrameError, WireError
 
 __all__ = [
+    "LinkFaults",
     "PeerDialer",
     "PeerHandler",
     "PeerLimits",
@@ -99,6 +112,28 @@ _log = logging.getLogger(__name__)
 # Application close code for a peer connection whose certificate names no node.
 _CLOSE_UNIDENTIFIED = 0x10
 _FRAME_FLAGS_JSON = 0
+# Stream reset code of a message lost to a test-mode partition (LinkFaults).
+_RESET_LOST = 0x11
+
+
+class LinkFaults(Protocol):
+    """Test mode: which peers' messages are lost, per direction (see the module)."""
+
+    def blocks_out(self, node_id: str) -> bool:
+        """Messages from this broker to `node_id` are lost."""
+        ...
+
+    def blocks_in(self, node_id: str) -> bool:
+        """Messages from `node_id` to this broker are lost."""
+        ...
+
+
+def _cut(stream: Stream) -> None:
+    """End a stream both ways at once (a message on it was lost)."""
+    with contextlib.suppress(StreamClosedError):
+        stream.reset(_RESET_LOST)
+    with contextlib.suppress(StreamClosedError):
+        stream.stop_sending(_RESET_LOST)
 
 
 @dataclass(frozen=True, slots=True)
@@ -274,11 +309,17 @@ class PeerListener:
     dialer's certificate."""
 
     def __init__(
-        self, tls: PeerTls, handler: PeerHandler, limits: PeerLimits | None = None
+        self,
+        tls: PeerTls,
+        handler: PeerHandler,
+        limits: PeerLimits | None = None,
+        *,
+        faults: LinkFaults | None = None,
     ) -> None:
         self._tls = tls
         self._handler = handler
         self._limits = limits or PeerLimits()
+        self._faults = faults  # test mode: a partition (see the module)
         self._server: Server | None = None
         self._connections: set[Connection] = set()
 
@@ -335,11 +376,18 @@ class PeerListener:
                 task.cancel()
 
     async def _write_answers(
-        self, stream: Stream, answers: asyncio.Queue[Awaitable[PeerMessage] | None]
+        self, stream: Stream, node_id: str, answers: asyncio.Queue[Awaitable[PeerMessage] | None]
     ) -> None:
+        lost = False
         while (answer := await answers.get()) is not None:
-            await stream.write(_frame(await answer))
-        await stream.finish()
+            message = await answer
+            if not lost and self._faults is not None and self._faults.blocks_out(node_id):
+                lost = True  # this answer and the stream's later ones never arrive
+                _cut(stream)
+            if not lost:
+                await stream.write(_frame(message))
+        if not lost:
+            await stream.finish()
 
     async def _serve_stream(self, conn: Connection, stream: Stream, names: frozenset[str]) -> None:
         frames = _FrameStream(stream, PEER_HELLO_MAX_FRAME_BYTES, then=self._limits.max_frame_bytes)
@@ -355,13 +403,19 @@ class PeerListener:
                 return
             await stream.write(_frame(HelloOk(node_id=self._tls.node_id, features=[])))
             origin = PeerOrigin(hello.node_id, conn, stream)
+            faults = self._faults
             # Requests of one stream are admitted in order; their answers are written in
             # that order as they settle, at most `stream_window` pending.
             answers: asyncio.Queue[Awaitable[PeerMessage] | None]
             answers = asyncio.Queue(maxsize=self._limits.stream_window)
-            writer = asyncio.get_running_loop().create_task(self._write_answers(stream, answers))
+            writer = asyncio.get_running_loop().create_task(
+                self._write_answers(stream, hello.node_id, answers)
+            )
             try:
                 while (request := await frames.next()) is not None:
+                    if faults is not None and faults.blocks_in(hello.node_id):
+                        _cut(stream)  # the request is lost unseen, and the stream with it
+                        return
                     if isinstance(request, Unknown):
                         unsupported = PeerUnsupported(
                             request_type=request.type, request_id=request.request_id
@@ -393,9 +447,16 @@ class PeerPipe:
     order holds across pipes too. A broken pipe fails everything pending with
     PeerUnavailableError(sent=True)."""
 
-    def __init__(self, stream: Stream, node_id: str, limits: PeerLimits) -> None:
+    def __init__(
+        self,
+        stream: Stream,
+        node_id: str,
+        limits: PeerLimits,
+        faults: LinkFaults | None = None,
+    ) -> None:
         self._stream = stream
         self._node_id = node_id
+        self._faults = faults
         self._timeout = limits.request_timeout
         self._slots = asyncio.Semaphore(limits.stream_window)
         self._pending: deque[asyncio.Future[PeerMessage]] = deque()
@@ -415,6 +476,12 @@ class PeerPipe:
         if not self.usable:
             self._slots.release()
             raise self._error or PeerUnavailableError("pipe closed", sent=False)
+        if self._faults is not None and self._faults.blocks_out(self._node_id):
+            self._slots.release()
+            lost = f"{self._node_id}: message lost (test fault)"
+            self._fail(PeerUnavailableError(lost, sent=True))  # the stream breaks
+            _cut(self._stream)
+            raise PeerUnavailableError(lost, sent=False)
         future: asyncio.Future[PeerMessage] = asyncio.get_running_loop().create_future()
         self._pending.append(future)
         try:
@@ -462,6 +529,10 @@ class PeerPipe:
                     raise PeerProtocolError(f"unknown answer type {answer.type!r}")
                 if not self._pending:
                     raise PeerProtocolError("an answer nobody asked for")
+                if self._faults is not None and self._faults.blocks_in(self._node_id):
+                    _cut(self._stream)
+                    lost = f"{self._node_id}: answer lost (test fault)"
+                    raise PeerUnavailableError(lost, sent=True)
                 future = self._pending.popleft()
                 self._slots.release()
                 if not future.done():
@@ -490,10 +561,16 @@ class PeerDialer:
     """Sends peer requests: one connection per peer node, one stream per request."""
 
     def __init__(
-        self, tls: PeerTls, limits: PeerLimits | None = None, impl: Impl | None = None
+        self,
+        tls: PeerTls,
+        limits: PeerLimits | None = None,
+        impl: Impl | None = None,
+        *,
+        faults: LinkFaults | None = None,
     ) -> None:
         self._tls = tls
         self._limits = limits or PeerLimits()
+        self._faults = faults  # test mode: a partition (see the module)
         self._impl: Impl = impl or default_impl()
         self._connections: dict[str, Connection] = {}
         self._connecting: dict[str, asyncio.Lock] = {}
@@ -514,13 +591,15 @@ class PeerDialer:
         Raises PeerUnavailableError when the peer cannot be reached or does not
         answer within `request_timeout`, PeerProtocolError for an answer the peer
         protocol does not allow."""
+        if self._faults is not None and self._faults.blocks_out(node_id):
+            raise PeerUnavailableError(f"{node_id}: request lost (test fault)", sent=False)
         slots = self._slots.setdefault(node_id, asyncio.Semaphore(self._limits.max_inflight))
         sent = [False]
         try:
             async with asyncio.timeout(self._limits.request_timeout):
                 async with slots:
                     conn = await self._connection(node_id, peer_addr)
-                    return await self._exchange(conn, message, sent)
+                    answer = await self._exchange(conn, message, sent)
         except TimeoutError:
             raise PeerUnavailableError(f"{node_id} did not answer in time", sent=sent[0]) from None
         except (ConnectionClosedError, StreamClosedError, OSError) as exc:
@@ -528,10 +607,15 @@ class PeerDialer:
             raise PeerUnavailableError(f"{node_id} at {peer_addr}: {exc}", sent=sent[0]) from None
         except (WireError, FrameError) as exc:
             raise PeerProtocolError(f"{node_id} answered badly: {exc}") from None
+        if self._faults is not None and self._faults.blocks_in(node_id):
+            raise PeerUnavailableError(f"{node_id}: answer lost (test fault)", sent=True)
+        return answer
 
     async def pipe(self, node_id: str, peer_addr: str) -> PeerPipe:
         """A new ordered pipe to `node_id` (hello sent). Raises PeerUnavailableError
         (nothing sent) when the peer cannot be reached."""
+        if self._faults is not None and self._faults.blocks_out(node_id):
+            raise PeerUnavailableError(f"{node_id}: stream lost (test fault)", sent=False)
         try:
             async with asyncio.timeout(self._limits.request_timeout):
                 conn = await self._connection(node_id, peer_addr)
@@ -542,7 +626,7 @@ class PeerDialer:
         except (ConnectionClosedError, StreamClosedError, OSError) as exc:
             self._forget(node_id)
             raise PeerUnavailableError(f"{node_id} at {peer_addr}: {exc}", sent=False) from None
-        return PeerPipe(stream, node_id, self._limits)
+        return PeerPipe(stream, node_id, self._limits, self._faults)
 
     def forget(self, node_id: str) -> None:
         """Drop the connection to `node_id` (it stopped answering: a peer that restarted

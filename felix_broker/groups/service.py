@@ -65,6 +65,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from prometheus_client import Counter
 
 from felix_broker.catalog import Catalog, StreamSpec
+from felix_broker.clock import wall_us
 from felix_broker.config import BrokerConfig, FsyncMode
 from felix_broker.groups.records import (
     GroupChange,
@@ -490,7 +491,7 @@ class GroupService:
             self._commit(groups)
         if not changes:
             return None
-        stamp = max(time.time_ns() // 1000, groups.last_stamp_us)
+        stamp = max(wall_us(), groups.last_stamp_us)
         groups.last_stamp_us = stamp
         base = groups.log.append([encode_change(c) for c in changes], timestamp_us=stamp)
         return base + len(changes) - 1
@@ -628,7 +629,7 @@ class GroupService:
             # Every record before the copy has a time below `stamp`, the copy and
             # everything after it one at or above it: retention by age at `stamp`
             # removes exactly the segments wholly before the copy.
-            stamp = max(time.time_ns() // 1000, groups.last_stamp_us + 1)
+            stamp = max(wall_us(), groups.last_stamp_us + 1)
             groups.last_stamp_us = stamp
             changes = snapshot_changes(groups.durable.items())
             if changes:

@@ -12,11 +12,11 @@ import asyncio
 import logging
 import os
 import re
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from felix_broker.clock import wall_us
 from felix_broker.config import FsyncMode
 from felix_broker.storage.errors import LogFailedError, LogOpenError
 from felix_broker.storage.log import Log, LogConfig
@@ -32,7 +32,7 @@ _SHARD = re.compile(r"0|[1-9][0-9]{0,9}")
 
 
 def _now_us() -> int:
-    return time.time_ns() // 1000
+    return wall_us()
 
 
 @dataclass(frozen=True, order=True, slots=True)

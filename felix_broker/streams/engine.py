@@ -54,6 +54,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from felix_broker.catalog import Catalog, StreamSpec
+from felix_broker.clock import wall_us
 from felix_broker.config import BrokerConfig, SubscriberQueuePolicy
 from felix_broker.metrics import BrokerMetrics
 from felix_broker.storage import Log, LogStore, Retention, ShardKey, StorageError
@@ -871,7 +872,7 @@ class Engine:
 
 
 def now_micros() -> int:
-    return time.time_ns() // 1000
+    return wall_us()
 
 
 def publisher_of(subject: str) -> str | None:

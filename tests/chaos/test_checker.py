@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from msgspec.structs import replace
 
 from felix_broker.chaos.checker import IncompleteHistory, Rule, check
 from felix_broker.chaos.history import Kind, Operation, Outcome, Write, dump, load, loads
@@ -239,6 +240,17 @@ def test_lost_delivery() -> None:
     only(Rule.LOST_DELIVERY, history)
     only(Rule.LOST_DELIVERY, [*history[:3], subscribe(["b", "c"]), history[-1]])
     assert check([*history[:3], subscribe(["b", "c"], offset=1), history[-1]]).ok
+
+
+def test_append_times_that_go_back_in_a_final_log() -> None:
+    writes = [append("a", 0, 1), append("b", 2, 3), append("c", 4, 5)]
+    flat = replace(final("a", "b", "c"), times=[10, 10, 30])
+    ahead = replace(final("a", "b", "c"), times=[10, 9_000_000, 9_000_000])
+    back = replace(final("a", "b", "c"), times=[10, 30, 20])
+    # Flat (a clock jumped back, held) and far ahead (jumped forward) keep the rule.
+    assert check([*writes, flat]).ok and check([*writes, ahead]).ok
+    only(Rule.APPEND_TIME_ORDER, [*writes, back])
+    assert "position 2" in check([*writes, back]).summary()
 
 
 def test_a_history_without_a_final_log_cannot_be_judged() -> None:
