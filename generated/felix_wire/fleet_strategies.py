@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 15ff23c935c231e436a43a5237a7af4a38da96ce1e6f7833baf6f3fc176ac92f
+# spec sha256: cc7d3c1fd80ee91887851ea8b01975768c1753ccfee7286a69e3b6cff71e09ad
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
@@ -365,6 +365,18 @@ PEER_MESSAGE_STRATEGIES: Mapping[str, st.SearchStrategy[Any]] = MappingProxyType
             generation=_U64,
             files=st.lists(st.deferred(lambda: FLEET_SHAPE_STRATEGIES["MoveFile"]), max_size=3),
             bytes=_U64,
+        ),
+        "replica_read_round": st.builds(
+            _f.ReplicaReadRound,
+            shard=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["ReplicaShard"]),
+            generation=_U64,
+            leader=_TEXT,
+        ),
+        "replica_read_answer": st.builds(
+            _f.ReplicaReadAnswer,
+            held=st.booleans(),
+            generation=_U64,
+            confirmed=st.booleans(),
         ),
     }
 )
