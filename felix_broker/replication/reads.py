@@ -113,13 +113,14 @@ class ReadRounds:
         if state is None:
             state = self._shards[driver.shard] = _Shard(driver)
         state.driver = driver
-        if state.queued is None:
-            state.queued = asyncio.get_running_loop().create_future()
-            state.queued.add_done_callback(_retrieve)
+        future = state.queued
+        if future is None:
+            future = state.queued = asyncio.get_running_loop().create_future()
+            future.add_done_callback(_retrieve)
             if state.running is None:
                 self._start(state)
         # Shielded: one reader going away does not cancel the round others share.
-        await asyncio.shield(state.queued)
+        await asyncio.shield(future)
 
     def _start(self, state: _Shard) -> None:
         future, state.queued = state.queued, None
@@ -160,21 +161,22 @@ class ReadRounds:
         )
         asks = [asyncio.create_task(self._ask(peer, ask)) for peer in replica.followers]
         confirmed = 0
+        pending: set[asyncio.Task[ReplicaReadAnswer | None]] = set(asks)
         try:
             async with asyncio.timeout(self._timeout):
-                for done in asyncio.as_completed(asks):
-                    if confirmed >= needed:
-                        break
-                    answer = await done
-                    if answer is None or not answer.held:
-                        continue
-                    if answer.generation > generation:
-                        raise leadership_lost(
-                            f"a replica of {driver.shard} holds generation "
-                            f"{answer.generation}, newer than this leader's {generation}"
-                        )
-                    if answer.confirmed:
-                        confirmed += 1
+                while confirmed < needed and pending:
+                    done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_COMPLETED)
+                    for task in done:
+                        answer = task.result()
+                        if answer is None or not answer.held:
+                            continue
+                        if answer.generation > generation:
+                            raise leadership_lost(
+                                f"a replica of {driver.shard} holds generation "
+                                f"{answer.generation}, newer than this leader's {generation}"
+                            )
+                        if answer.confirmed:
+                            confirmed += 1
         except TimeoutError:
             raise leadership_lost(
                 f"no majority of {driver.shard}'s replicas confirmed this leader within "
