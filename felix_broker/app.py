@@ -53,6 +53,7 @@ if TYPE_CHECKING:  # the fleet (and so etcd) is imported only by a broker that j
     from felix_broker.fleet.placement import ClusterPlacement
     from felix_broker.replication.cache import CacheReplication
     from felix_broker.replication.manager import ReplicationManager
+    from felix_broker.replication.reads import ReadRounds
 
 __all__ = ["SERVER_FEATURES", "SERVER_FLAGS", "Broker", "Verifier"]
 
@@ -537,6 +538,10 @@ class Broker:
             groups.replication = GroupReplication(replication.driver, lambda: fleet.view.snapshot)
         self.replication.start()
         self.cache_replication = self._cache_replication(config)
+        from felix_wire.fleet import ReplicaReadRound
+
+        self.cache_replication.reads = reads = self._read_rounds(config)
+        table.register(ReplicaReadRound, reads.handle)
         for kind, handler in self.replication.service.handlers.items():
             table.register(kind, handler)
         self.peer_listener = PeerListener(
@@ -569,6 +574,35 @@ class Broker:
         cache.replication = replication
         replication.start()
         return replication
+
+    def _read_rounds(self, config: BrokerConfig) -> ReadRounds:
+        """Majority read rounds of Quorum caches: on with FELIX_QUORUM_READS=majority
+        once the fleet finalized lease_free_reads (replication/reads.py)."""
+        from felix_broker.config import QuorumReads
+        from felix_broker.fleet.features import LEASE_FREE_READS
+        from felix_broker.replication.reads import ReadRounds
+
+        assert self.fleet is not None and self.replication is not None
+        assert self.peer_dialer is not None
+        view = self.fleet.view
+        majority = config.quorum_reads is QuorumReads.MAJORITY
+
+        def address_of(node: str) -> str | None:
+            member = view.snapshot.members.get(node)
+            return member.peer_addr if member is not None else None
+
+        def active() -> bool:
+            features = self.fleet_features
+            return majority and features is not None and features.is_enabled(LEASE_FREE_READS)
+
+        return ReadRounds(
+            self.peer_dialer,
+            address_of,
+            self.replication.service,
+            timeout_ms=config.publish_quorum_timeout_ms,
+            active=active,
+            blocked=self._peer_blocked,
+        )
 
     def _move_storage(self) -> Any:
         from felix_broker.fleet.moves import ServiceStorage

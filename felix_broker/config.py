@@ -50,6 +50,7 @@ __all__ = [
     "InvalidConfigValueError",
     "LaneShard",
     "QuicImpl",
+    "QuorumReads",
     "SubscriberQueuePolicy",
     "UnknownConfigKeyError",
     "add_cli_arguments",
@@ -106,6 +107,13 @@ class FsyncMode(StrEnum):
     NONE = "none"
     PERIODIC = "periodic"
     ON_COMMIT = "on_commit"
+
+
+class QuorumReads(StrEnum):
+    """What confirms a read of a Quorum cache shard (FELIX_QUORUM_READS)."""
+
+    LEASE = "lease"
+    MAJORITY = "majority"
 
 
 class QuicImpl(StrEnum):
@@ -780,6 +788,17 @@ class BrokerConfig:
         doc="How long a publish to a Quorum stream waits for a majority of its replica set "
         "to hold it durably; past it the publish is answered quorum_timeout (outcome "
         "unknown: the batch may still commit).",
+    )
+    quorum_reads: QuorumReads = _enum(
+        QuorumReads.LEASE,
+        "FELIX_QUORUM_READS",
+        doc="What confirms a get or counter_get of a replicated Quorum cache on its leader: "
+        "the leader's etcd lease (lease), or a round to the replica set in which a majority, "
+        "the leader included, confirms it still holds its generation (majority; a failed "
+        "round answers leadership_lost). majority takes effect only once the fleet "
+        "finalized the lease_free_reads feature: until then, and on Leader or unreplicated "
+        "caches, every read uses the lease and this knob has no effect. Watches and stream "
+        "readers always use the lease.",
     )
     client_advertise_addr: str = _text(
         "",

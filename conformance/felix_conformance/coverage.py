@@ -240,10 +240,6 @@ def compute_coverage(cases: Sequence[Case]) -> Coverage:
 
 
 _CLUSTER = "needs a multi-broker target"
-_LEADERSHIP_LOST = (
-    f"{_CLUSTER} with replication whose leader loses leadership while a write waits "
-    "for a majority: the fixture's /partition keeps the leader"
-)
 # What a catalogue entry no case exercises needs before a case can provoke it:
 # the kit's own judgement of the reference broker (standalone, the fixture's fleet
 # and its limited broker), by dimension. Each says why no case reaches it.
@@ -254,7 +250,6 @@ NEEDS: dict[str, dict[str, str]] = {
         "stream_deleted": "a stream deleted while subscribed; no bit value is known",
     },
     "error codes": {
-        "leadership_lost": _LEADERSHIP_LOST,
         "unacknowledged": f"{_CLUSTER} whose owner takes a forward and never answers",
         "draining": "a client's auth landing between a broker's drain and its close: the "
         "reference broker closes every connection once its queued publishes are answered",

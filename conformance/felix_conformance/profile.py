@@ -95,11 +95,12 @@ def profile_from_fixture(fixture: Path) -> dict[str, Any]:
     for name in ("tenant_id", "token", "namespace"):
         if name in document:
             out[name] = document[name]
-    faults = ("movable_stream", "quorum_stream", "limited_addrs")
+    faults = ("movable_stream", "quorum_stream", "quorum_cache", "limited_addrs")
     if "control_url" in document and any(name in document for name in faults):
         # A fleet fixture fences movable_stream on POST /fence and cuts quorum_stream's
-        # leader off on POST /partition; any fixture with a limited broker fails its
-        # fsyncs on POST /storage-fault: the fault cases run.
+        # (quorum_cache's) leader off on POST /partition (/partition-cache); any fixture
+        # with a limited broker fails its fsyncs on POST /storage-fault: the fault cases
+        # run.
         out["control_url"] = document["control_url"]
     if document.get("limited_addrs"):
         out[LIMITED_BROKER] = document["limited_addrs"][0]

@@ -79,6 +79,7 @@ FIXTURE_VARIABLES = (
     "single_shard_cache",
     "movable_stream",
     "quorum_stream",
+    "quorum_cache",
     "flood_stream",
     "control_url",
 )
@@ -271,7 +272,7 @@ STREAM_VARIABLES = (
     "quorum_stream",
     "flood_stream",
 )
-CACHE_VARIABLES = ("cache", "single_shard_cache")
+CACHE_VARIABLES = ("cache", "single_shard_cache", "quorum_cache")
 
 
 @dataclass(frozen=True)

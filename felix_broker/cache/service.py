@@ -175,6 +175,10 @@ class ReplicatedCaches(Protocol):
 
     def read_refusal(self, spec: CacheSpec, index: int) -> tuple[ErrorCode, str | None] | None: ...
 
+    def reads_need_round(self) -> bool: ...
+
+    async def confirm_read(self, spec: CacheSpec, index: int) -> None: ...
+
     async def write(self, spec: CacheSpec, index: int, op: ReplicatedCacheOp) -> Outcome: ...
 
 
@@ -528,9 +532,31 @@ class CacheService:
         )
 
     async def _get(self, spec: CacheSpec, request: CacheGet, ctx: RequestContext) -> bytes:
-        return self._get_now(spec, request, ctx)
+        answer = self._get_answer(spec, request, ctx)
+        await self._confirm_read(spec, request.key)
+        return answer
 
-    def _get_now(self, spec: CacheSpec, request: CacheGet, ctx: RequestContext) -> bytes:
+    def _get_now(self, spec: CacheSpec, request: CacheGet, ctx: RequestContext) -> bytes | None:
+        """The answer from memory, or None when the read waits for a majority round."""
+        if self._replicated(spec) and self._needs_round():
+            return None  # the handler runs (`_get`): the round needs a task
+        return self._get_answer(spec, request, ctx)
+
+    def _needs_round(self) -> bool:
+        return self.replication is not None and self.replication.reads_need_round()
+
+    async def _confirm_read(self, spec: CacheSpec, key: str) -> None:
+        """A replicated read confirmed by a majority round, when rounds are on
+        (FELIX_QUORUM_READS=majority, lease_free_reads): see replication/reads.py."""
+        if self.replication is None or not spec.replicated:
+            return
+        index = shard_for_key(key.encode(), spec.shards, CACHE_MODE)
+        try:
+            await self.replication.confirm_read(spec, index)
+        except ReplicationRefusedError as exc:
+            raise _Refused(exc.code, str(exc), retry=exc.retry, reason=exc.reason) from None
+
+    def _get_answer(self, spec: CacheSpec, request: CacheGet, ctx: RequestContext) -> bytes:
         key = request.key
         replicated = self._gate(spec, key)
         shard = self.shard_of_key(spec, key)
@@ -683,6 +709,7 @@ class CacheService:
         self._gate(spec, request.key)
         shard = self.shard_of_key(spec, request.key)
         value = shard.counter(request.key)
+        await self._confirm_read(spec, request.key)
         return ctx.proto.message(CounterValue(value=value, request_id=request.request_id))
 
     # -- replicated (Quorum) caches in a fleet -------------------------------------

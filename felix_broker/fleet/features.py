@@ -6,7 +6,8 @@ finalizes one once every live broker implements it (``P/features/{name}``,
 one-way), and the routing view carries the finalized set. A broker acts only on
 its **enabled** set: what it implements that the fleet finalized.
 
-Two features are acted on here:
+Three features are acted on (``lease_free_reads`` by the Quorum caches' read rounds,
+felix_broker/replication/reads.py; the two below here):
 
 - ``atomic_commit``: a fleet member refuses ``commit`` (``invalid_request``,
   nothing written) until it is enabled. ``FEATURE_ATOMIC_COMMIT`` stays
@@ -38,6 +39,7 @@ from felix_wire.messages import Commit
 
 __all__ = [
     "ATOMIC_COMMIT",
+    "LEASE_FREE_READS",
     "PUBLISHER_PRINCIPAL",
     "FeatureMissingError",
     "FleetFeatures",
@@ -48,6 +50,9 @@ _log = logging.getLogger(__name__)
 
 ATOMIC_COMMIT = "atomic_commit"
 PUBLISHER_PRINCIPAL = "publisher_principal"
+# Majority-confirmed reads of Quorum caches with FELIX_QUORUM_READS=majority
+# (felix_broker/replication/reads.py): without it finalized, every read uses the lease.
+LEASE_FREE_READS = "lease_free_reads"
 
 
 class FeatureMissingError(RuntimeError):
@@ -66,7 +71,7 @@ def implemented_features(*, atomic_commit: bool, override: str = "") -> list[str
     list (FELIX_TEST_FLEET_FEATURES) when one is set."""
     if override.strip():
         return sorted({word.strip() for word in override.split(",") if word.strip()})
-    features = [PUBLISHER_PRINCIPAL]
+    features = [LEASE_FREE_READS, PUBLISHER_PRINCIPAL]
     if atomic_commit:
         features.append(ATOMIC_COMMIT)
     return sorted(features)

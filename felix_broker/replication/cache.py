@@ -28,9 +28,12 @@ cache adds is what an entry means and how it is applied:
   application gave. No majority within FELIX_PUBLISH_QUORUM_TIMEOUT_MS:
   `quorum_timeout` (outcome unknown: it may still commit).
 - **Reads** (get, counter_get, watch) are served only by the open leader, under
-  its lease (`read_refusal`): a replica that is not the leader answers
-  `not_leader`; one named leader but still fencing or without a mark at its
-  generation `shard_unavailable/not_ready`; one whose lease lapsed
+  its lease (`read_refusal`); with FELIX_QUORUM_READS=majority and
+  ``lease_free_reads`` finalized, a get or counter_get is also confirmed by a
+  majority read round before it is answered (`confirm_read`, reads.py). A
+  replica that is not the leader answers `not_leader`; one named leader but
+  still fencing or without a mark at its generation
+  `shard_unavailable/not_ready`; one whose lease lapsed
   `shard_unavailable/fenced`. What it serves is what was applied, i.e.
   committed: never past the mark. Reads do not change the shard's recency order
   (eviction by the memory bound is a function of the writes alone, the same on
@@ -68,6 +71,7 @@ from felix_wire.fleet import CacheOpKind, ReplicatedCacheOp
 from .core import Config, Effect, Entry
 from .disk import ReplicaDisk
 from .driver import ReplicaDriver, ReplicationRefusedError
+from .reads import ReadRounds
 from .service import Blocked, ReplicationService, peer_sender
 
 __all__ = [
@@ -243,6 +247,7 @@ class CacheReplication:
         self._blocked = blocked
         self._on_event = on_event
         self._replicas: dict[ShardId, _Replica] = {}
+        self.reads: ReadRounds | None = None  # majority read rounds (set by the broker)
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
 
@@ -279,6 +284,19 @@ class CacheReplication:
         if refused is not None and refused[0] is ErrorCode.NOT_LEADER and self._named(shard):
             return _SETTLING
         return refused
+
+    def reads_need_round(self) -> bool:
+        """Whether gets and counter_gets wait for a majority read round now."""
+        return self.reads is not None and self.reads.active
+
+    async def confirm_read(self, spec: CacheSpec, index: int) -> None:
+        """After a read's value was taken (`read_refusal` passed): returns once a
+        majority read round confirmed this leader, when rounds are on; raises
+        ReplicationRefusedError (leadership_lost) when the round failed."""
+        driver = self.driver(_shard_id(spec, index))
+        if self.reads is None or driver is None or not self.reads.active:
+            return
+        await self.reads.confirm(driver)
 
     async def write(self, spec: CacheSpec, index: int, op: ReplicatedCacheOp) -> CacheOutcome:
         """One write, acknowledged at the quorum mark once applied here; raises

@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 6e73cf97a02e245ec4f43c738c3224d28c29cb4f19161e72dcec2558a9880502
+# spec sha256: 65e9915bf188ef74646d05cd7418485d4e1b45ca7db34172d3a25c7a11b06688
 """The fleet catalogue: etcd record shapes and broker-to-broker messages.
 
 Broker-to-broker QUIC (TLS 1.3, mutual TLS): each broker's peer certificate is signed by the fleet CA and names its node id as a DNS SAN; both sides check it, and the listener checks it against hello.
@@ -121,6 +121,8 @@ __all__ = [
     "ReplicaReceived",
     "MoveCaughtUp",
     "MoveFinal",
+    "ReplicaReadRound",
+    "ReplicaReadAnswer",
     "PeerMessage",
     "PEER_MESSAGE_CLASSES",
     "DIALER_TO_LISTENER",
@@ -1207,6 +1209,43 @@ class MoveFinal(
         )
 
 
+class ReplicaReadRound(
+    msgspec.Struct, tag_field="type", tag="replica_read_round", omit_defaults=True, kw_only=True
+):
+    """A leader about to answer a read of a Quorum shard (FELIX_QUORUM_READS=majority, lease_free_reads finalized) asks a replica whether it still holds the leader's generation. Read-only on the replica: nothing is persisted. The read is answered once a majority of the replica set (the leader included) confirmed; one answer naming a newer generation fails it as leadership_lost.
+
+    Direction: dialer_to_listener.
+    Answered by: replica_read_answer.
+    """
+
+    shard: ReplicaShard
+    generation: U64
+    """the leader's generation"""
+    leader: str
+    """the asking leader's node id (checked against its peer certificate)"""
+
+    def __post_init__(self) -> None:
+        _check_u64(self, ("generation",), ())
+
+
+class ReplicaReadAnswer(
+    msgspec.Struct, tag_field="type", tag="replica_read_answer", omit_defaults=True, kw_only=True
+):
+    """The replica's ballot for the shard. It confirms the round when held is true and generation is at most the leader's (and, at the leader's own generation, it follows no other leader: confirmed says so); held false: it holds no replica of the shard (no vote).
+
+    Direction: listener_to_dialer.
+    """
+
+    held: bool
+    generation: U64 = 0
+    """the newest generation the replica accepted"""
+    confirmed: bool = False
+    """the replica confirms the asking leader at its generation"""
+
+    def __post_init__(self) -> None:
+        _check_u64(self, ("generation",), ())
+
+
 PeerMessage = Union[
     Hello,
     HelloOk,
@@ -1230,6 +1269,8 @@ PeerMessage = Union[
     ReplicaReceived,
     MoveCaughtUp,
     MoveFinal,
+    ReplicaReadRound,
+    ReplicaReadAnswer,
 ]
 """Any known peer message."""
 
@@ -1257,6 +1298,8 @@ PEER_MESSAGE_CLASSES: Mapping[str, type[PeerMessage]] = MappingProxyType(
         "replica_received": ReplicaReceived,
         "move_caught_up": MoveCaughtUp,
         "move_final": MoveFinal,
+        "replica_read_round": ReplicaReadRound,
+        "replica_read_answer": ReplicaReadAnswer,
     }
 )
 DIALER_TO_LISTENER = frozenset(
@@ -1274,6 +1317,7 @@ DIALER_TO_LISTENER = frozenset(
         "replica_fence_refused",
         "move_caught_up",
         "move_final",
+        "replica_read_round",
     }
 )
 LISTENER_TO_DIALER = frozenset(
@@ -1287,6 +1331,7 @@ LISTENER_TO_DIALER = frozenset(
         "move_chunk_ok",
         "move_done_ok",
         "replica_received",
+        "replica_read_answer",
     }
 )
 RECORD_CLASSES: Mapping[str, type[msgspec.Struct]] = MappingProxyType(

@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 6e73cf97a02e245ec4f43c738c3224d28c29cb4f19161e72dcec2558a9880502
+# spec sha256: 65e9915bf188ef74646d05cd7418485d4e1b45ca7db34172d3a25c7a11b06688
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
@@ -379,6 +379,18 @@ PEER_MESSAGE_STRATEGIES: Mapping[str, st.SearchStrategy[Any]] = MappingProxyType
             generation=_U64,
             files=st.lists(st.deferred(lambda: FLEET_SHAPE_STRATEGIES["MoveFile"]), max_size=3),
             bytes=_U64,
+        ),
+        "replica_read_round": st.builds(
+            _f.ReplicaReadRound,
+            shard=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["ReplicaShard"]),
+            generation=_U64,
+            leader=_TEXT,
+        ),
+        "replica_read_answer": st.builds(
+            _f.ReplicaReadAnswer,
+            held=st.booleans(),
+            generation=_U64,
+            confirmed=st.booleans(),
         ),
     }
 )
