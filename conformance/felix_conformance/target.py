@@ -34,6 +34,10 @@ from felix_wire.messages import (
     CacheShardsView,
     Error,
     Ok,
+    ShardKind,
+    ShardOwner,
+    ShardOwners,
+    ShardOwnersView,
     StreamShards,
     StreamShardsView,
     Topology,
@@ -56,6 +60,7 @@ __all__ = [
     "fixture_ca_file",
     "parse_host_port",
     "probe",
+    "shard_owners",
     "target_from_fixture",
 ]
 
@@ -114,6 +119,13 @@ class Target:
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    def at(self, address: str) -> Target:
+        """The same target setup reached at another broker of its fleet (HOST:PORT)."""
+        host, port = parse_host_port(address)
+        return Target(
+            host, port, self.ca_pem, self.server_name, self.variables, self.unavailable
+        )
 
     def transport_config(self) -> TransportConfig:
         return TransportConfig.client(self.ca_pem, server_name=self.server_name)
@@ -256,6 +268,36 @@ async def probe(target: Target, timeout: float = CONNECT_TIMEOUT) -> Advertised:
         capabilities.features,
     )
     return Advertised(capabilities.flags, capabilities.features, isinstance(answer, Ok))
+
+
+async def shard_owners(
+    target: Target, names: list[tuple[str, str]], timeout: float = CONNECT_TIMEOUT
+) -> dict[tuple[str, str], list[ShardOwner]]:
+    """The owners the target reports (`shard_owners`) for each (kind, name), kind
+    "stream" or "cache"; a name it answered with anything else is left out."""
+    control, answer = await _authenticated(target, timeout)
+    found: dict[tuple[str, str], list[ShardOwner]] = {}
+    try:
+        if not isinstance(answer, AuthOk | Ok):
+            raise TargetRefusedError(f"the target refused the kit's auth: {answer!r}")
+        for request_id, (kind, name) in enumerate(names, start=(1 << 40) + 1):
+            await control.send(
+                ShardOwners(
+                    tenant_id=str(target.variables.get("tenant_id", "")),
+                    namespace=str(target.variables.get("namespace", "")),
+                    name=name,
+                    kind=ShardKind(kind),
+                    request_id=request_id,
+                )
+            )
+            reply = await control.next_answer()
+            if isinstance(reply, ShardOwnersView):
+                found[(kind, name)] = list(reply.owners)
+    except (StreamClosedError, ConnectionClosedError, TimeoutError, WireError) as exc:
+        raise TargetRefusedError(f"no usable answer to shard_owners: {exc!r}") from None
+    finally:
+        control.connection.close()
+    return found
 
 
 # The profile variable naming a broker with small bounds (the fixture's
