@@ -77,6 +77,7 @@ FIXTURE_VARIABLES = (
     "unauthorized_token",
     "inspector_token",
     "durable_stream",
+    "leader_durable_stream",
     "memory_stream",
     "publisher_stream",
     "missing_stream",
@@ -188,12 +189,17 @@ def fixture_ca_file(path: Path, document: dict[str, Any]) -> Path:
 
 def with_defaults(variables: dict[str, Any]) -> dict[str, Any]:
     """Variables every run has unless the profile names them: a tenant that is
-    surely not the token's, and a stream name that surely does not exist
-    (discovery checks that it does not)."""
+    surely not the token's, a stream name that surely does not exist
+    (discovery checks that it does not), and durable_stream as the
+    leader_durable_stream."""
     out = dict(variables)
     if "tenant_id" in out:
         out.setdefault("other_tenant", f"{out['tenant_id']}-conformance-other")
     out.setdefault("missing_stream", "conformance-no-such-stream")
+    # The idempotent, conditional and commit cases need a Leader stream; a profile
+    # naming none has them use durable_stream (a single broker's is one).
+    if "durable_stream" in out:
+        out.setdefault("leader_durable_stream", out["durable_stream"])
     return out
 
 
@@ -307,6 +313,7 @@ LIMITED_BROKER = "limited_broker"
 # Profile variables naming streams and caches, and what each must be on the target.
 STREAM_VARIABLES = (
     "durable_stream",
+    "leader_durable_stream",
     "memory_stream",
     "publisher_stream",
     "movable_stream",
