@@ -124,9 +124,7 @@ class Target:
     def at(self, address: str) -> Target:
         """The same target setup reached at another broker of its fleet (HOST:PORT)."""
         host, port = parse_host_port(address)
-        return Target(
-            host, port, self.ca_pem, self.server_name, self.variables, self.unavailable
-        )
+        return Target(host, port, self.ca_pem, self.server_name, self.variables, self.unavailable)
 
     def transport_config(self) -> TransportConfig:
         return TransportConfig.client(self.ca_pem, server_name=self.server_name)
