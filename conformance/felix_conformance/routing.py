@@ -32,7 +32,7 @@ from .model import Case
 from .target import Advertised, Target, TargetRefusedError, TargetUnreachableError, shard_owners
 from .wirelog import WireLog
 
-__all__ = ["LEADER_SERVED", "LeaderRequest", "leader_requests", "route_to_owner"]
+__all__ = ["LEADER_SERVED", "LeaderRequest", "leader_requests", "owner_of", "route_to_owner"]
 
 # The requests a non-owner answers with not_leader (cluster-facts A.3), by message type.
 LEADER_SERVED = frozenset(
@@ -110,7 +110,7 @@ def leader_requests(case: Case, variables: dict[str, Any]) -> list[LeaderRequest
     return found
 
 
-def _owner(request: LeaderRequest, owners: list[ShardOwner]) -> ShardOwner | None:
+def owner_of(request: LeaderRequest, owners: list[ShardOwner]) -> ShardOwner | None:
     """The owner of the shard the request lands on. Every shard with one owner
     needs no shard; otherwise the request's `shard`, or its key's shard
     (modulo routing, the default), or shard 0 for a request with neither."""
@@ -143,7 +143,7 @@ async def route_to_owner(
     except (TargetRefusedError, TargetUnreachableError) as exc:
         log.note("route", f"shard_owners failed ({exc}): the case stays at {target.address}")
         return target
-    owner = _owner(first, owners.get((first.kind, first.name), []))
+    owner = owner_of(first, owners.get((first.kind, first.name), []))
     if owner is None or not owner.addr:
         log.note("route", f"no owner with an address for {first.kind} {first.name!r}")
         return target
