@@ -27,10 +27,11 @@ def reference_target(fixture_file: Path) -> Target:
     return target_from_fixture(fixture_file)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="package")
 def fleet_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A three-broker fixture (etcd, a control plane, three broker processes), one for
-    every kit test that needs a fleet: starting one costs tens of seconds."""
+    every kit test that needs a fleet (starting one costs tens of seconds), stopped
+    once the last test of tests/conformance has run."""
     folder = tmp_path_factory.mktemp("kit-fleet")
     process, _document = start_fixture_broker(folder, args=("--brokers", "3"), timeout=90)
     try:
