@@ -29,6 +29,7 @@ from felix_wire.wire_errors import FrameError
 from .frames import build_frame, decode_received, match_frame
 from .matching import MissingVariableError, match, substitute
 from .model import CONTROL_URL, Case, Level, Step
+from .routing import route_to_owner
 from .schema import TranscriptError
 from .session import Session
 from .target import Advertised, Target, TargetUnreachableError
@@ -340,7 +341,8 @@ async def run_case(case: Case, target: Target, advertised: Advertised) -> CaseRe
     if unmet is not None:
         return CaseResult(case, unmet.verdict, unmet.reason)
     log = WireLog()
-    run = _CaseRun(case, target, log)
+    # Against a fleet, the case goes where a client that looked up the owner would.
+    run = _CaseRun(case, await route_to_owner(case, target, advertised, log), log)
     result: CaseResult
     try:
         async with asyncio.timeout(case.timeout):

@@ -34,6 +34,10 @@ from felix_wire.messages import (
     CacheShardsView,
     Error,
     Ok,
+    ShardKind,
+    ShardOwner,
+    ShardOwners,
+    ShardOwnersView,
     StreamShards,
     StreamShardsView,
     Topology,
@@ -56,6 +60,7 @@ __all__ = [
     "fixture_ca_file",
     "parse_host_port",
     "probe",
+    "shard_owners",
     "target_from_fixture",
 ]
 
@@ -72,6 +77,7 @@ FIXTURE_VARIABLES = (
     "unauthorized_token",
     "inspector_token",
     "durable_stream",
+    "leader_durable_stream",
     "memory_stream",
     "publisher_stream",
     "missing_stream",
@@ -115,6 +121,11 @@ class Target:
     @property
     def address(self) -> str:
         return f"{self.host}:{self.port}"
+
+    def at(self, address: str) -> Target:
+        """The same target setup reached at another broker of its fleet (HOST:PORT)."""
+        host, port = parse_host_port(address)
+        return Target(host, port, self.ca_pem, self.server_name, self.variables, self.unavailable)
 
     def transport_config(self) -> TransportConfig:
         return TransportConfig.client(self.ca_pem, server_name=self.server_name)
@@ -177,12 +188,17 @@ def fixture_ca_file(path: Path, document: dict[str, Any]) -> Path:
 
 def with_defaults(variables: dict[str, Any]) -> dict[str, Any]:
     """Variables every run has unless the profile names them: a tenant that is
-    surely not the token's, and a stream name that surely does not exist
-    (discovery checks that it does not)."""
+    surely not the token's, a stream name that surely does not exist
+    (discovery checks that it does not), and durable_stream as the
+    leader_durable_stream."""
     out = dict(variables)
     if "tenant_id" in out:
         out.setdefault("other_tenant", f"{out['tenant_id']}-conformance-other")
     out.setdefault("missing_stream", "conformance-no-such-stream")
+    # The idempotent, conditional and commit cases need a Leader stream; a profile
+    # naming none has them use durable_stream (a single broker's is one).
+    if "durable_stream" in out:
+        out.setdefault("leader_durable_stream", out["durable_stream"])
     return out
 
 
@@ -259,6 +275,36 @@ async def probe(target: Target, timeout: float = CONNECT_TIMEOUT) -> Advertised:
     return Advertised(capabilities.flags, capabilities.features, isinstance(answer, Ok))
 
 
+async def shard_owners(
+    target: Target, names: list[tuple[str, str]], timeout: float = CONNECT_TIMEOUT
+) -> dict[tuple[str, str], list[ShardOwner]]:
+    """The owners the target reports (`shard_owners`) for each (kind, name), kind
+    "stream" or "cache"; a name it answered with anything else is left out."""
+    control, answer = await _authenticated(target, timeout)
+    found: dict[tuple[str, str], list[ShardOwner]] = {}
+    try:
+        if not isinstance(answer, AuthOk | Ok):
+            raise TargetRefusedError(f"the target refused the kit's auth: {answer!r}")
+        for request_id, (kind, name) in enumerate(names, start=(1 << 40) + 1):
+            await control.send(
+                ShardOwners(
+                    tenant_id=str(target.variables.get("tenant_id", "")),
+                    namespace=str(target.variables.get("namespace", "")),
+                    name=name,
+                    kind=ShardKind(kind),
+                    request_id=request_id,
+                )
+            )
+            reply = await control.next_answer()
+            if isinstance(reply, ShardOwnersView):
+                found[(kind, name)] = list(reply.owners)
+    except (StreamClosedError, ConnectionClosedError, TimeoutError, WireError) as exc:
+        raise TargetRefusedError(f"no usable answer to shard_owners: {exc!r}") from None
+    finally:
+        control.connection.close()
+    return found
+
+
 # The profile variable naming a broker with small bounds (the fixture's
 # `limited_addrs`): the cases reaching a limit with a handful of frames need it.
 LIMITED_BROKER = "limited_broker"
@@ -266,6 +312,7 @@ LIMITED_BROKER = "limited_broker"
 # Profile variables naming streams and caches, and what each must be on the target.
 STREAM_VARIABLES = (
     "durable_stream",
+    "leader_durable_stream",
     "memory_stream",
     "publisher_stream",
     "movable_stream",

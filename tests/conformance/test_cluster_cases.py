@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -23,27 +22,11 @@ from felix_conformance.runner import run_case
 from felix_conformance.target import Target, probe, target_from_fixture
 from felix_conformance.verdicts import Verdict
 
-from ..conftest import start_fixture_broker, stop_fixture_broker
-
 CLUSTER = ["cluster.*"]
 
 
 def _cluster_ids() -> set[str]:
     return {case.id for case in select(load_corpus(), CLUSTER, strict=True)}
-
-
-@pytest.fixture(scope="module")
-def fleet_file(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A three-broker fixture (etcd, a control plane, three broker processes)."""
-    folder = tmp_path_factory.mktemp("kit-fleet")
-    process, _document = start_fixture_broker(folder, args=("--brokers", "3"), timeout=90)
-    try:
-        yield folder / "fixture.json"
-    finally:
-        if process.poll() is None:
-            stop_fixture_broker(process)
-        else:
-            process.wait(timeout=10)
 
 
 def _run(tmp_path: Path, *args: str) -> tuple[int, dict[str, Any]]:

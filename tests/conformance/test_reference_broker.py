@@ -3,6 +3,7 @@ case needing something the broker does not advertise must come out unsupported."
 
 from __future__ import annotations
 
+import asyncio
 import json
 import os
 import subprocess
@@ -15,18 +16,50 @@ import pytest
 from felix_conformance.cli import EXIT_OK, EXIT_UNREACHABLE, EXIT_USAGE, main
 from felix_conformance.corpus import load_corpus
 from felix_conformance.runner import missing_needs
-from felix_conformance.target import Target, probe
+from felix_conformance.target import Target, probe, shard_owners, target_from_fixture
 from felix_conformance.verdicts import Verdict
 
 
+def _entry(fleet_file: Path, tmp_path: Path, *, owner: bool) -> Path:
+    """The fleet's fixture document with the entry broker first (the kit's target):
+    the leader of durable_stream's shard 0 (most cases' stream), or a broker leading
+    none of durable_stream's, memory_stream's and cache's shard 0 (one leading the
+    fewest when every broker leads one), never durable_stream's."""
+    document = json.loads(fleet_file.read_text())
+    target = target_from_fixture(fleet_file)
+    names = [("stream", "durable_stream"), ("stream", "memory_stream"), ("cache", "cache")]
+    owners = asyncio.run(shard_owners(target, [(k, document[n]) for k, n in names]))
+    leaders = [owners[(k, document[n])][0].addr for k, n in names]
+    if owner:
+        entry = leaders[0]
+    else:
+        others = [a for a in document["addrs"] if a != leaders[0]]
+        entry = min(others, key=leaders.count)
+    document["addrs"] = [entry, *(a for a in document["addrs"] if a != entry)]
+    path = tmp_path / "entry.json"
+    path.write_text(json.dumps(document))
+    return path
+
+
 @pytest.mark.timeout(300)
-def test_whole_kit_passes_against_the_reference_broker(fixture_file: Path, tmp_path: Path) -> None:
+@pytest.mark.parametrize("topology", ["one-broker", "fleet-via-owner", "fleet-via-non-owner"])
+def test_whole_kit_passes_against_the_reference_broker(
+    topology: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    """Every case against one broker, and against the 3-broker fixture entered at a
+    shard's owner and at a non-owner: forwarded requests go through the entry broker,
+    leader-served ones to the owner the kit looks up, as a client would."""
+    if topology == "one-broker":
+        fixture = request.getfixturevalue("fixture_file")
+    else:
+        fleet = request.getfixturevalue("fleet_file")
+        fixture = _entry(fleet, tmp_path, owner=topology == "fleet-via-owner")
     report_path = tmp_path / "report.json"
     junit_path = tmp_path / "report.xml"
     logs = tmp_path / "logs"
     code = main(
         [
-            "--fixture", str(fixture_file), "--json", str(report_path),
+            "--fixture", str(fixture), "--json", str(report_path),
             "--junit-xml", str(junit_path), "--log-dir", str(logs),
         ]
     )  # fmt: skip
@@ -40,6 +73,25 @@ def test_whole_kit_passes_against_the_reference_broker(fixture_file: Path, tmp_p
     suites = ET.parse(junit_path).getroot()
     assert sum(int(s.get("tests", "0")) for s in suites) == len(report["cases"])
     assert len(list(logs.glob("*.log"))) == len(report["cases"])
+    if topology != "one-broker":
+        verdicts = {c["id"]: c["verdict"] for c in report["cases"]}
+        cluster = {cid: v for cid, v in verdicts.items() if cid.startswith("cluster.")}
+        assert cluster and set(cluster.values()) == {"pass"}, cluster
+        # Only the publisher layouts lack their stream (the fixture stores no publishers).
+        setup = {cid for cid, v in verdicts.items() if v == "setup"}
+        assert all(cid.startswith("events.publisher-") for cid in setup), setup
+        if topology == "fleet-via-non-owner":
+            # The leader-served cases on durable_stream went on to its owner.
+            routed = {
+                c["id"]
+                for c in report["cases"]
+                if "the case's connections go" in str(c["wire_log"])
+            }
+            assert {
+                "groups.lifecycle",
+                "gated.stream-read",
+                "durable.replay-from-an-offset",
+            } <= routed
 
 
 async def test_unadvertised_features_make_cases_unsupported(reference_target: Target) -> None:
