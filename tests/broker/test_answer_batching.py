@@ -11,12 +11,14 @@ from felix_broker.session.context import StreamIO
 from felix_wire.codec import encode_frame
 from felix_wire.messages import AckMode, AuthOk, Publish, PublishOk
 
+from ..fleet.harness import TOPOLOGIES
 from ..support.wire import NS, TENANT, WireClient
 from .harness import running_broker
 
 
+@pytest.mark.parametrize("topology", TOPOLOGIES)
 async def test_settled_answers_go_out_in_order_and_together(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, topology: str
 ) -> None:
     writes: list[int] = []
     real_write = StreamIO.write
@@ -25,7 +27,7 @@ async def test_settled_answers_go_out_in_order_and_together(
         writes.append(len(data))
         await real_write(self, data)
 
-    async with running_broker(tmp_path, ack_on_commit=True) as broker:
+    async with running_broker(tmp_path, topology=topology, ack_on_commit=True) as broker:
         client = await WireClient.connect(broker)
         stream, ok = await client.authed()
         assert isinstance(ok, AuthOk), ok

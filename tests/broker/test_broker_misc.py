@@ -24,20 +24,36 @@ from felix_wire.messages import (
     StreamShards,
     StreamShardsView,
     Topology,
+    TopologyView,
     Unsupported,
 )
 
 from ..conftest import start_fixture_broker, stop_fixture_broker
+from ..fleet.harness import TOPOLOGIES, leader_of
 from ..support.wire import NS, TENANT, WireClient
 from .harness import running_broker
 
 pytestmark = pytest.mark.timeout(40)
 
 
-async def test_discovery_answers(tmp_path: Path) -> None:
-    async with running_broker(tmp_path) as broker:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_discovery_answers(tmp_path: Path, topology: str) -> None:
+    async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)
         stream, _ = await client.authed()
+        # A fleet member answers from its routing snapshot: every shard led by node-a
+        # at generation 1, whichever member is asked; a standalone broker names no owner.
+        leader = None if topology == "one" else leader_of(broker)
+
+        def owners(count: int) -> list[ShardOwner]:
+            if leader is None:
+                return [ShardOwner(shard=i, generation=0) for i in range(count)]
+            addr = f"127.0.0.1:{leader.quic_port}"
+            return [
+                ShardOwner(shard=i, node_id=leader.node_id, addr=addr, generation=1)
+                for i in range(count)
+            ]
+
         cases = [
             (
                 StreamShards(tenant_id=TENANT, namespace=NS, stream="mod", request_id=1),
@@ -68,16 +84,11 @@ async def test_discovery_answers(tmp_path: Path) -> None:
                 ShardOwners(
                     tenant_id=TENANT, namespace=NS, name="mod", kind="stream", request_id=7
                 ),
-                ShardOwnersView(
-                    owners=[ShardOwner(shard=i, generation=0) for i in range(3)], request_id=7
-                ),
+                ShardOwnersView(owners=owners(3), request_id=7),
             ),
             (
                 ShardOwners(tenant_id=TENANT, namespace=NS, name="c", kind="cache", request_id=8),
-                ShardOwnersView(
-                    owners=[ShardOwner(shard=0, generation=0), ShardOwner(shard=1, generation=0)],
-                    request_id=8,
-                ),
+                ShardOwnersView(owners=owners(2), request_id=8),
             ),
             (
                 ShardOwners(
@@ -85,12 +96,18 @@ async def test_discovery_answers(tmp_path: Path) -> None:
                 ),
                 ShardOwnersView(owners=[], request_id=9),
             ),
-            # Not advertised by a standalone broker: answered unsupported, the stream goes on.
-            (Topology(), Unsupported(request_type="topology")),
         ]
         for request, expected in cases:
             await stream.send(request)
             assert await stream.recv() == expected
+        await stream.send(Topology())
+        answer = await stream.recv()
+        if topology == "one":
+            # Not advertised by a standalone broker: answered unsupported, the stream goes on.
+            assert answer == Unsupported(request_type="topology")
+        else:
+            assert isinstance(answer, TopologyView), answer
+            assert [b.node_id for b in answer.brokers] == ["node-a", "node-b", "node-c"]
         client.close()
 
 
@@ -102,6 +119,8 @@ def _get(url: str) -> tuple[int, str]:
         return exc.code, exc.read().decode()
 
 
+# Standalone: operator HTTP of one broker, not the client protocol (a member's
+# /backup/offsets: tests/fleet/test_backup_offsets.py).
 async def test_http_endpoints_report_the_broker(tmp_path: Path) -> None:
     async with running_broker(tmp_path) as broker:
         base = f"http://127.0.0.1:{broker.http_port}"
@@ -125,6 +144,7 @@ async def test_http_endpoints_report_the_broker(tmp_path: Path) -> None:
         client.close()
 
 
+# Standalone: the `token` command of the CLI, no broker running.
 def test_token_command_prints_a_verifiable_token(tmp_path: Path) -> None:
     result = subprocess.run(
         [
@@ -150,6 +170,7 @@ def test_token_command_prints_a_verifiable_token(tmp_path: Path) -> None:
     assert principal.permissions.allows("stream.publish", "stream:acme/ns/s")
 
 
+# Standalone: configuration checked before any broker (or fleet) starts.
 def test_bad_configuration_fails_at_start_naming_the_key(tmp_path: Path) -> None:
     config = tmp_path / "broker.yaml"
     config.write_text("pub_queue_dept: 5\n")
@@ -163,6 +184,7 @@ def test_bad_configuration_fails_at_start_naming_the_key(tmp_path: Path) -> None
     assert "pub_queue_dept" in result.stderr
 
 
+# Standalone: the single-broker fixture process (--brokers 3: tests/fixture/test_fleet_fixture.py).
 def test_fixture_serves_until_sigterm_and_drains(tmp_path: Path) -> None:
     process, document = start_fixture_broker(tmp_path)
     try:
@@ -182,6 +204,7 @@ def test_fixture_serves_until_sigterm_and_drains(tmp_path: Path) -> None:
     stop_fixture_broker(process)
 
 
+# Standalone: the standalone CLI process's start message.
 def test_start_message_names_addresses_ca_and_token(tmp_path: Path) -> None:
     process = subprocess.Popen(
         [
@@ -210,6 +233,7 @@ def test_start_message_names_addresses_ca_and_token(tmp_path: Path) -> None:
         assert process.wait(timeout=20) == 0
 
 
+# Standalone: operator HTTP of one broker (a member's: tests/fleet/test_backup_offsets.py).
 async def test_backup_offsets_without_durable_storage_skip_everything(tmp_path: Path) -> None:
     async with running_broker(tmp_path, durable_storage_dir="") as broker:
         base = f"http://127.0.0.1:{broker.http_port}"

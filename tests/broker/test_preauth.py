@@ -16,6 +16,7 @@ from felix_wire.codec import encode_frame
 from felix_wire.frame import HEADER_SIZE, MAGIC
 from felix_wire.messages import AckMode, AuthOk, CacheGet, CacheValue, Error, Publish
 
+from ..fleet.harness import TOPOLOGIES
 from ..support.wire import NS, TENANT, WireClient
 from .harness import running_broker
 
@@ -43,6 +44,8 @@ def broker_buffered(broker: object) -> int:
     return sum(c.buffered_bytes for c in server.connections)
 
 
+# Standalone: the pre-auth receive budgets are the listener's, spent before any request
+# is routed, so a fleet member holds exactly what a standalone broker does.
 async def test_unauthenticated_streams_cannot_fill_memory(tmp_path: Path) -> None:
     async with running_broker(
         tmp_path, preauth_conn_recv_budget=BUDGET, preauth_recv_budget=GLOBAL
@@ -75,10 +78,11 @@ async def test_unauthenticated_streams_cannot_fill_memory(tmp_path: Path) -> Non
             client.close()
 
 
+@pytest.mark.parametrize("topology", TOPOLOGIES)
 async def test_every_unauthenticated_stream_times_out_whatever_its_siblings_did(
-    tmp_path: Path,
+    tmp_path: Path, topology: str
 ) -> None:
-    async with running_broker(tmp_path, auth_timeout_ms=400) as broker:
+    async with running_broker(tmp_path, topology=topology, auth_timeout_ms=400) as broker:
         client = await WireClient.connect(broker)
         control, ok = await client.authed()
         assert isinstance(ok, AuthOk)
@@ -105,6 +109,7 @@ async def test_every_unauthenticated_stream_times_out_whatever_its_siblings_did(
         client.close()
 
 
+# Standalone: pre-auth slots are the listener's, taken before any request is routed.
 async def test_streams_waiting_for_a_preauth_slot_leave_no_task_behind(tmp_path: Path) -> None:
     # The asyncio guard of tests/conftest.py fails this test on "Task was destroyed
     # but it is pending" (their answer writers, before the fix).
@@ -131,10 +136,14 @@ async def test_streams_waiting_for_a_preauth_slot_leave_no_task_behind(tmp_path:
     assert len(STALLED) == HEADER_SIZE
 
 
-async def test_a_client_gone_before_its_answers_leaves_no_failed_writer(tmp_path: Path) -> None:
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_a_client_gone_before_its_answers_leaves_no_failed_writer(
+    tmp_path: Path, topology: str
+) -> None:
     # The asyncio guard of tests/conftest.py fails this test on "Task exception was
     # never retrieved" (the answer writer dying on the closed stream, before the fix).
-    async with running_broker(tmp_path) as broker:
+    # Through a non-owner the answers are the owner's, arriving after the client left.
+    async with running_broker(tmp_path, topology=topology) as broker:
         for _ in range(3):
             client = await WireClient.connect(broker)
             stream = await client.session()

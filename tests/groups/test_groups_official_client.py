@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 
 from ..broker.harness import running_broker
+from ..fleet.harness import TOPOLOGIES, leader_of
 from ..support.wire import NS, TENANT, token
 
 felix = pytest.importorskip("felix", reason="the official felix-client package")
@@ -57,12 +58,25 @@ def discard(addr: str, ca: str, tok: str) -> list[int]:
     return list(client.group_dead_letters(*scope))
 
 
-async def test_official_client_groups(tmp_path: Path) -> None:
+def trusted(broker: Any, tmp: Path) -> str:
+    """One CA file for the broker reached and, in a fleet, the owner it redirects to
+    (each in-process member has its own TLS material)."""
+    paths = dict.fromkeys([broker.ca_path, leader_of(broker).ca_path])
+    bundle = tmp / "trusted.pem"
+    bundle.write_text("".join(Path(p).read_text() for p in paths))
+    return str(bundle)
+
+
+# In a fleet the client is given only the broker reached: through a non-owner its
+# publishes are forwarded and its group requests redirected (not_leader) to the owner.
+@pytest.mark.parametrize("topology", TOPOLOGIES)
+async def test_official_client_groups(tmp_path: Path, topology: str) -> None:
     async with running_broker(
-        tmp_path, group_visibility_timeout_ms=1500, group_max_attempts=2
+        tmp_path, topology=topology, group_visibility_timeout_ms=1500, group_max_attempts=2
     ) as broker:
         assert broker.ca_path is not None
-        addr, ca, tok = f"127.0.0.1:{broker.quic_port}", str(broker.ca_path), token(broker)
+        addr, tok = f"127.0.0.1:{broker.quic_port}", token(broker)
+        ca = trusted(broker, tmp_path)
         result = await asyncio.to_thread(scenario, addr, ca, tok)
         assert result["got"] == [(0, b"one", 1), (1, b"two", 1), (2, b"three", 1)]
         assert result["redelivered"] == [(1, 2)]
