@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 6e73cf97a02e245ec4f43c738c3224d28c29cb4f19161e72dcec2558a9880502
+# spec sha256: f266c2c99e91f75b15d77352604747b6a8dd5c067db62f929db93dd593ef74b4
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
