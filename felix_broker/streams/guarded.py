@@ -11,7 +11,10 @@ mode (the guard's check runs where the worker assigns offsets):
   ``publish_ok`` with the batch's (or, for a duplicate, the original) first
   offset, ``publish_refused`` with the producer table's reason, or
   ``publish_error``. Sequences count per producer per shard; in-memory
-  streams keep producers in memory only.
+  streams keep producers in memory only. On a Quorum stream of a fleet the
+  batch is judged by every replica where it falls in the replicated log
+  (replication/apply.py; decision quorum-idempotent-producers) and answered
+  once a majority holds it (``quorum_timeout`` when none does in time).
 - ``publish_if``: ``publish_ok`` with the first offset, ``publish_refused
   {offset_mismatch: {tail}}`` with nothing written, or ``error``; an empty
   batch or an in-memory stream is ``invalid_request``.
