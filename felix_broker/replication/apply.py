@@ -201,9 +201,12 @@ class StreamApplier:
 
     def judge(self, batch: ReplicatedBatch) -> Decision:
         """An idempotent batch's verdict against the shard's producer table now (the
-        same on every replica: the table is a function of the stream log)."""
+        same on every replica: the table is a function of the stream log). Not
+        trimmed to this replica's retention first: retention runs on each replica
+        at its own time, so a verdict depending on it could differ between replicas
+        (the table's own bounds, per producer and in producers, are the same
+        everywhere)."""
         marks = self.shard.marks
-        marks.follow(self.shard.start_offset)
         assert batch.producer_id is not None
         sequence, digest = batch.sequence or 0, batch.digest or 0
         return marks.producers.check(batch.producer_id, sequence, digest, reused_refusal=True)
