@@ -4,8 +4,8 @@ three brokers that joined through etcd (real QUIC, mutual TLS between peers, rea
 storage). Every replica judges an idempotent batch against its producer table where
 the batch falls in the replicated log (decision quorum-idempotent-producers), so:
 
-- batches accepted, a resend answered with the original offset and written once,
-  a sequence gap refused ``sequence_gap {expected}``, a reused sequence refused
+- batches (JSON and binary 0x0100) accepted, a resend answered with the original
+  offset and written once, a sequence gap refused ``sequence_gap {expected}``, a reused sequence refused
   ``sequence_reused``; every replica's stream log and producer marks are the same;
 - a batch the leader acknowledged, resent to the promoted successor after the
   leader's loss, lands once (exactly once across failover), and the producer goes on;
@@ -27,6 +27,7 @@ from felix_broker.chaos.faults import Faults, write_fault
 from felix_broker.fleet.routing import AssignmentState
 from felix_broker.streams.producers import payload_digest
 from felix_common.etcd_process import EtcdProcess
+from felix_wire.binary import BinaryAckMode, PublishBatchFrame
 from felix_wire.features import Feature
 from felix_wire.messages import (
     ProducerInit,
@@ -112,19 +113,34 @@ async def test_idempotent_batches_on_a_quorum_stream_are_deduplicated_on_every_r
         await other.send(batch(pid, 2, [b"c"], 8))
         answers = [await s.recv(timeout=20), await other.recv(timeout=20)]
         assert answers == [PublishOk(request_id=8, offset=4)] * 2, answers
+        # A binary idempotent frame (0x0100) rides the same path, answered in JSON.
+        frame = PublishBatchFrame(
+            request_id=9,
+            ack_mode=BinaryAckMode.PER_BATCH,
+            producer_id=pid,
+            sequence=3,
+            tenant_id=BASE["tenant_id"],
+            namespace=BASE["namespace"],
+            stream=BASE["stream"],
+            payloads=[b"bin"],
+        )
+        for _resend in range(2):
+            await s.send(frame)
+            assert await s.recv(timeout=20) == PublishOk(request_id=9, offset=5)
         client.close()
 
-        await same_everywhere(fleet, [b"r0", b"a0", b"a1", b"b", b"c"])
+        await same_everywhere(fleet, [b"r0", b"a0", b"a1", b"b", b"c", b"bin"])
         want = [
             (1, pid, 0, payload_digest([b"a0", b"a1"])),
             (3, pid, 1, payload_digest([b"b"])),
             (4, pid, 2, payload_digest([b"c"])),
+            (5, pid, 3, payload_digest([b"bin"])),
         ]
         for broker in fleet.brokers.values():
             assert marks(broker) == want
             assert broker.engine is not None
             table = broker.engine.shard(SPEC, 0).marks.producers
-            assert table.next_sequence(pid) == 3
+            assert table.next_sequence(pid) == 4
 
 
 async def test_a_batch_acked_by_the_old_leader_lands_once_after_failover(
