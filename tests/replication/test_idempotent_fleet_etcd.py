@@ -6,7 +6,8 @@ the batch falls in the replicated log (decision quorum-idempotent-producers), so
 
 - batches (JSON and binary 0x0100) accepted, a resend answered with the original
   offset and written once, a sequence gap refused ``sequence_gap {expected}``, a
-  reused sequence refused ``sequence_reused``; every replica's stream log and producer marks are the same;
+  reused sequence refused ``sequence_reused``; every replica's stream log and
+  producer marks are the same;
 - a batch the leader acknowledged, resent to the promoted successor after the
   leader's loss, lands once (exactly once across failover), and the producer goes on;
 - a leader cut off from both replicas (``peer_blocked``) answers ``quorum_timeout``
