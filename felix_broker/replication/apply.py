@@ -31,21 +31,37 @@ batch with `commit` stores the commit mark with its record and applies it to the
 shard's state view once durable, on every replica (so `state_get` on a promoted
 leader answers what was committed).
 
+**Idempotent batches** (`publish_idempotent`, binary 0x0100; decision
+`quorum-idempotent-producers`). A batch with `producer_id` is judged against the
+shard's producer table (`ShardMarks.producers`, a pure function of the stream
+log) when its turn comes, on every replica, so every replica decides the same and
+the table is replicated with the log: appended (its producer mark stored and
+recorded), or no record anywhere (a duplicate, a gap, an unknown producer, an
+expired or reused sequence). `apply` answers the verdict as one number
+(`encode_verdict`: the base offset when appended, a negative code otherwise), and
+the leader turns it into the client's answer (`decode_verdict`): a duplicate gets
+the original offset, a refusal the protocol's `publish_refused`.
+
 How many stream records an entry becomes therefore depends on the tail before it
-(`records_at`). The restart walk (`applied_entries`) knows that tail; the
-compaction weighing (`records_of`, called by the disk's compaction in log order,
-each entry once, from the records below the disk's base that the restart walk was
-given) keeps its own running tail.
+(`records_at`) and, for an idempotent batch, on the producer table. The restart
+walk (`applied_entries`) knows the tail, and tells an applied idempotent batch
+from a refused one by the stream log (an applied one is the batch with its mark
+at that offset); the compaction weighing (`records_of`, called by the disk's
+compaction in log order, each entry once, from the records below the disk's base
+that the restart walk was given) keeps its own running tail and the judged sizes
+of idempotent batches, in log order.
 """
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Sequence
 
 import msgspec
 
 from felix_broker.storage.format import BatchExtension, CommitMark, ProducerMark, StoredChange
 from felix_broker.streams.engine import Shard
+from felix_broker.streams.producers import Append, Decision, Duplicate, Refusal, RefusalReason
 from felix_wire.fleet import ReplicatedBatch, ReplicatedCommit, ReplicatedStateChange
 
 from .core import Entry
@@ -54,7 +70,9 @@ __all__ = [
     "StreamApplier",
     "commit_mark",
     "decode_batch",
+    "decode_verdict",
     "encode_batch",
+    "encode_verdict",
     "records_at",
     "replicated_commit",
 ]
@@ -89,11 +107,59 @@ def _admitted(batch: ReplicatedBatch, tail: int) -> bool:
 
 def records_at(entry: Entry, tail: int) -> int:
     """How many stream records an entry becomes once applied after `tail` records
-    (a guarded batch whose condition fails at that tail becomes none)."""
+    (a guarded batch whose condition fails at that tail becomes none; an idempotent
+    batch is counted whole: only the applier knows its verdict)."""
     if entry.start:
         return 0
     batch = decode_batch(entry.payload)
     return len(batch.payloads) if _admitted(batch, tail) else 0
+
+
+# An idempotent batch's verdict as one number (what `apply` answers for it):
+# >= 0: appended at that base offset; < 0: -1 - (argument * 8 + kind).
+_DUPLICATE, _UNKNOWN, _GAP, _EXPIRED, _REUSED = range(5)
+_REFUSED_KIND = {
+    RefusalReason.UNKNOWN_PRODUCER: _UNKNOWN,
+    RefusalReason.SEQUENCE_GAP: _GAP,
+    RefusalReason.SEQUENCE_EXPIRED: _EXPIRED,
+}
+
+
+def encode_verdict(decision: Decision, at: int) -> int:
+    """`decision` on a batch judged at stream offset `at` (a reused sequence is
+    encoded with its original offset by the applier)."""
+    if isinstance(decision, Append):
+        return at
+    if isinstance(decision, Duplicate):
+        return -1 - (decision.offset * 8 + _DUPLICATE)
+    kind = _REFUSED_KIND[decision.reason]
+    return -1 - ((decision.expected or 0) * 8 + kind)
+
+
+def _reused(original: int) -> int:
+    return -1 - (original * 8 + _REUSED)
+
+
+def decode_verdict(value: int, *, reused_refusal: bool) -> Append | Duplicate | Refusal:
+    """The client's answer to an idempotent batch whose `apply` answered `value`:
+    `Append` (the batch is at `value`), `Duplicate` (answer its original offset) or
+    a `Refusal`. A reused sequence (other payloads) is refused `sequence_reused` to a
+    client that offered FEATURE_SEQUENCE_REUSED, else a duplicate of the original."""
+    if value >= 0:
+        return Append()
+    code = -1 - value
+    kind, argument = code % 8, code // 8
+    if kind == _DUPLICATE:
+        return Duplicate(argument)
+    if kind == _REUSED:
+        return Refusal(RefusalReason.SEQUENCE_REUSED) if reused_refusal else Duplicate(argument)
+    if kind == _GAP:
+        return Refusal(RefusalReason.SEQUENCE_GAP, argument)
+    if kind == _EXPIRED:
+        return Refusal(RefusalReason.SEQUENCE_EXPIRED)
+    if kind == _UNKNOWN:
+        return Refusal(RefusalReason.UNKNOWN_PRODUCER)
+    raise ValueError(f"not an idempotent verdict: {value}")
 
 
 def _extension(batch: ReplicatedBatch) -> BatchExtension | None:
@@ -115,6 +181,9 @@ class StreamApplier:
             raise ValueError(f"stream {shard.spec.name!r} is not durable: nothing to apply to")
         self.shard = shard
         self._weighed = 0  # the compaction weighing's running tail (see the module docs)
+        # Records each judged idempotent batch became, in log order, from the disk's
+        # base: what the compaction weighing takes (each once) instead of a guess.
+        self._judged: deque[int] = deque()
 
     @property
     def records(self) -> int:
@@ -125,12 +194,60 @@ class StreamApplier:
         """The stream records `entry` became (the disk's weight of a record): called
         by compaction only, in log order, each entry once (see the module docs)."""
         size = records_at(entry, self._weighed)
+        if size and self._judged and decode_batch(entry.payload).producer_id is not None:
+            size = self._judged.popleft()
         self._weighed += size
         return size
+
+    def judge(self, batch: ReplicatedBatch) -> Decision:
+        """An idempotent batch's verdict against the shard's producer table now (the
+        same on every replica: the table is a function of the stream log). Not
+        trimmed to this replica's retention first: retention runs on each replica
+        at its own time, so a verdict depending on it could differ between replicas
+        (the table's own bounds, per producer and in producers, are the same
+        everywhere)."""
+        marks = self.shard.marks
+        assert batch.producer_id is not None
+        sequence, digest = batch.sequence or 0, batch.digest or 0
+        return marks.producers.check(batch.producer_id, sequence, digest, reused_refusal=True)
+
+    def walk_size(
+        self, entry: Entry, tail: int, marked: dict[int, tuple[int, int, int, int]]
+    ) -> int | None:
+        """The restart walk's size of `entry` after `tail` records, None when it is not
+        applied yet (stop the walk). An idempotent batch was applied iff the stream log
+        holds a batch with its mark at `tail` (`marked`: `stream_marks`); one at the
+        stream log's end is not applied yet (a refused one is judged again, the same way:
+        nothing was appended since)."""
+        size = records_at(entry, tail)
+        if not size or entry.start:
+            return size
+        batch = decode_batch(entry.payload)
+        if batch.producer_id is None:
+            return size
+        if tail >= self.records:
+            return None
+        mark = (batch.producer_id, batch.sequence or 0, batch.digest or 0, size)
+        size = size if marked.get(tail) == mark else 0
+        self._judged.append(size)
+        return size
+
+    def stream_marks(self, records_below: int) -> dict[int, tuple[int, int, int, int]]:
+        """Offset -> producer mark of the stream log's idempotent batches at or above
+        `records_below` (for the restart walk; reads heads and extensions only)."""
+        log = self.shard.log
+        assert log is not None
+        marked: dict[int, tuple[int, int, int, int]] = {}
+        for offset, count, extension in log.extensions():
+            mark = extension.producer
+            if offset >= records_below and mark is not None:
+                marked[offset] = (mark.producer_id, mark.sequence, mark.digest, count)
+        return marked
 
     def weigh_from(self, records_below: int) -> None:
         """Where the compaction weighing starts: the records below the disk's base."""
         self._weighed = records_below
+        self._judged.clear()
 
     def applied_entries(self, entries: Sequence[Entry], records_below: int) -> int:
         """After a restart: how many of the replication log's `entries` the stream log
@@ -138,10 +255,11 @@ class StreamApplier:
         records before `entries` (compacted away) made `records_below` stream records."""
         self.weigh_from(records_below)
         held = self.records
+        marked = self.stream_marks(records_below)
         count, at = records_below, 0
         for entry in entries:
-            size = records_at(entry, count)
-            if count + size > held:
+            size = self.walk_size(entry, count, marked)
+            if size is None or count + size > held:
                 break
             count += size
             at += 1
@@ -153,7 +271,8 @@ class StreamApplier:
         """Append the entries' batches, wait until durable, apply their commits to the
         state view, deliver them to live subscribers; the stream base offset of each
         entry (None for a start entry; for a guarded batch the tail it was checked
-        against, which is its base when applied: see the module docs)."""
+        against, which is its base when applied; for an idempotent batch its verdict,
+        `encode_verdict`: see the module docs)."""
         bases: list[int | None] = []
         commits: list[tuple[int, CommitMark]] = []
         shard = self.shard
@@ -165,10 +284,20 @@ class StreamApplier:
             if not _admitted(batch, shard.next_offset):
                 bases.append(shard.next_offset)  # refused here, as on every replica
                 continue
+            if batch.producer_id is not None:
+                decision = self.judge(batch)
+                if not isinstance(decision, Append):  # no record, as on every replica
+                    self._judged.append(0)
+                    bases.append(self._verdict(batch, decision, shard.next_offset))
+                    continue
             extension = _extension(batch)
             base = shard.append(
                 list(batch.payloads), batch.publisher, batch.timestamp_us, extension
             )
+            if batch.producer_id is not None:
+                self._judged.append(len(batch.payloads))
+                sequence, digest = batch.sequence or 0, batch.digest or 0
+                shard.marks.producers.record(batch.producer_id, sequence, digest, base)
             if extension is not None and extension.commit is not None:
                 commits.append((base, extension.commit))
             bases.append(base)
@@ -179,3 +308,13 @@ class StreamApplier:
         for subscriber in shard.flush():
             await subscriber.wait_for_room()
         return bases
+
+    def _verdict(self, batch: ReplicatedBatch, decision: Decision, at: int) -> int:
+        if isinstance(decision, Refusal) and decision.reason is RefusalReason.SEQUENCE_REUSED:
+            assert batch.producer_id is not None  # same sequence, other payloads
+            original = self.shard.marks.producers.check(
+                batch.producer_id, batch.sequence or 0, batch.digest or 0, reused_refusal=False
+            )
+            assert isinstance(original, Duplicate)
+            return _reused(original.offset)
+        return encode_verdict(decision, at)

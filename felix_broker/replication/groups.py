@@ -59,7 +59,7 @@ from felix_common.catalog import StreamSpec
 from felix_wire.errors import ErrorCode, RetryClass
 from felix_wire.fleet import GroupChangeKind, ReplicatedGroupChange, ReplicatedGroupChanges
 
-from .apply import StreamApplier, records_at
+from .apply import StreamApplier
 from .core import Entry
 from .driver import ReplicaDriver, ReplicationRefusedError
 
@@ -133,12 +133,13 @@ class GroupStreamApplier:
         holds, and no further (a group entry after it is applied again once committed)."""
         self.stream.weigh_from(records_below)
         held = self.stream.records
+        marked = self.stream.stream_marks(records_below)
         count, at = records_below, 0
         for entry in entries:
             if count == held:
                 break
-            size = 0 if is_group_entry(entry) else records_at(entry, count)
-            if count + size > held:
+            size = 0 if is_group_entry(entry) else self.stream.walk_size(entry, count, marked)
+            if size is None or count + size > held:
                 break
             count += size
             at += 1

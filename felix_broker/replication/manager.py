@@ -28,8 +28,14 @@ Guarded writes (`publish_if`, `commit` with or without `expected_offset`; decisi
 commit mark, every replica checks the condition where the batch falls in the log
 (apply.py), and the answer is the batch's offset once a majority holds it and it
 is applied here, or `AppendRefusedError` (offset_mismatch with the tail checked:
-nothing written on any replica). Idempotent batches are still refused
-`invalid_request` here (their producer table is not replicated).
+nothing written on any replica). Idempotent batches (decision
+`quorum-idempotent-producers`) carry their producer mark; every replica judges them
+against its producer table where they fall in the log (apply.py), so the table is
+replicated with the log and a promoted leader answers a resend of a batch its
+predecessor acknowledged as a duplicate (the original offset). The answer is the
+verdict once a majority holds the entry and it is applied here: the offset
+(appended or duplicate), or `AppendRefusedError` with the producer table's refusal
+(sequence_gap, unknown_producer, ...: nothing written on any replica).
 
 Group changes of these shards ride the same log (replication/groups.py, through
 `wrap_applier`). Not yet here (reported as unfinished): Leader-consistency
@@ -54,12 +60,14 @@ from felix_broker.streams.guards import (
     AppendRefusedError,
     CommitGuard,
     ConditionalGuard,
+    ProducerGuard,
     TailMismatch,
 )
+from felix_broker.streams.producers import Duplicate, Refusal
 from felix_wire.errors import ErrorCode, RetryClass
 from felix_wire.fleet import PromotionRefusal, ReplicatedBatch
 
-from .apply import StreamApplier, encode_batch, replicated_commit
+from .apply import StreamApplier, decode_verdict, encode_batch, replicated_commit
 from .core import Config, Effect, PromotionRefused
 from .disk import ReplicaDisk
 from .driver import Applier, ReplicaDriver, ReplicationRefusedError
@@ -164,23 +172,21 @@ class ReplicationManager:
             return done
         guard = request.guard
         guarded: ConditionalGuard | CommitGuard | None = None
+        producer: ProducerGuard | None = None
         if isinstance(guard, ConditionalGuard | CommitGuard):
             guarded = guard
-        elif guard is not None:  # an idempotent producer's batch (ProducerGuard)
-            done.set_exception(
-                ReplicationRefusedError(
-                    ErrorCode.INVALID_REQUEST,
-                    RetryClass.FATAL,
-                    message="idempotent publishes are not replicated yet: "
-                    "use a Leader stream for them",
-                )
-            )
-            return done
+        elif isinstance(guard, ProducerGuard):
+            producer = guard
+        elif guard is not None:
+            raise TypeError(f"no replicated form for guard {type(guard).__name__}")
         expected = guarded.expected_offset if guarded is not None else None
         batch = ReplicatedBatch(
             timestamp_us=now_micros(),
             publisher=request.publisher if self._engine().record_publishers else None,
             payloads=list(request.payloads),
+            producer_id=producer.producer_id if producer is not None else None,
+            sequence=producer.sequence if producer is not None else None,
+            digest=producer.digest if producer is not None else None,
             expected_offset=expected,
             commit=replicated_commit(guarded.commit) if isinstance(guarded, CommitGuard) else None,
         )
@@ -200,6 +206,18 @@ class ReplicationManager:
             if done.done():
                 return
             assert written.stream_offset is not None
+            if producer is not None:
+                verdict = decode_verdict(
+                    written.stream_offset, reused_refusal=producer.reused_refusal
+                )
+                producer.admission = verdict  # what the metrics count (duplicates)
+                if isinstance(verdict, Refusal):  # judged so on every replica: nothing written
+                    done.set_exception(AppendRefusedError(verdict))
+                elif isinstance(verdict, Duplicate):  # the original's offset
+                    done.set_result(verdict.offset)
+                else:
+                    done.set_result(written.stream_offset)
+                return
             if expected is not None and written.stream_offset != expected:
                 # Refused at its place in the log, on every replica: nothing written.
                 done.set_exception(AppendRefusedError(TailMismatch(written.stream_offset)))

@@ -11,7 +11,10 @@ mode (the guard's check runs where the worker assigns offsets):
   ``publish_ok`` with the batch's (or, for a duplicate, the original) first
   offset, ``publish_refused`` with the producer table's reason, or
   ``publish_error``. Sequences count per producer per shard; in-memory
-  streams keep producers in memory only.
+  streams keep producers in memory only. On a Quorum stream of a fleet the
+  batch is judged by every replica where it falls in the replicated log
+  (replication/apply.py; decision quorum-idempotent-producers) and answered
+  once a majority holds it (``quorum_timeout`` when none does in time).
 - ``publish_if``: ``publish_ok`` with the first offset, ``publish_refused
   {offset_mismatch: {tail}}`` with nothing written, or ``error``; an empty
   batch or an in-memory stream is ``invalid_request``.
@@ -85,13 +88,6 @@ from felix_wire.messages import (
 )
 
 __all__ = ["GUARDED_FEATURES", "GUARDED_FLAGS", "GuardedWriteService"]
-
-IDEMPOTENT_NOT_REPLICATED = (
-    "idempotent publishes are not replicated yet (their producer table is not): "
-    "use a Leader stream for them"
-)
-"""Why a fleet member refuses an idempotent publish on a replicated (Quorum) stream
-(conditional publishes and commits are replicated: replication/apply.py)."""
 
 # Served on any broker (commits and publish_if then refuse in-memory streams).
 GUARDED_FEATURES = int(
@@ -173,8 +169,6 @@ class GuardedWriteService:
         namespace: str,
         stream: str,
         action: Action,
-        *,
-        idempotent: bool = False,
     ) -> StreamSpec | tuple[ErrorCode, str]:
         denied = refusal(ctx, tenant_id, action, stream_object(tenant_id, namespace, stream))
         if denied is not None:
@@ -185,10 +179,6 @@ class GuardedWriteService:
                 ErrorCode.NOT_FOUND,
                 f"stream not found: tenant={tenant_id} namespace={namespace} stream={stream}",
             )
-        if idempotent and spec.replicated and self._engine.replication_hook:
-            # Refused before anything is queued (the replication hook would refuse it
-            # only once it is queued, too late for a typed answer).
-            return ErrorCode.INVALID_REQUEST, IDEMPOTENT_NOT_REPLICATED
         return spec
 
     def _shard(self, spec: StreamSpec, key: bytes | None) -> Shard | tuple[ErrorCode, str]:
@@ -298,9 +288,7 @@ class GuardedWriteService:
                 )
                 await ctx.answer_in_order(None, lambda _r: answer)
 
-        spec = self._admit(
-            ctx, tenant_id, namespace, stream, Action.STREAM_PUBLISH, idempotent=True
-        )
+        spec = self._admit(ctx, tenant_id, namespace, stream, Action.STREAM_PUBLISH)
         if not isinstance(spec, StreamSpec):
             await refuse(*spec)
             return
@@ -335,6 +323,17 @@ class GuardedWriteService:
         def answer(offset: int | None) -> bytes:
             # Always answered after the write (A5), in JSON (A4).
             failure = queued.exception() if queued.done() and not queued.cancelled() else None
+            if isinstance(failure, ReplicationRefusedError):
+                # A Quorum stream's batch: quorum_timeout / leadership_lost (outcome
+                # unknown: resend it, the producer table dedups), not_leader, ...
+                why = ErrorDetail(reason=failure.reason) if failure.reason else None
+                return proto.publish_answer(
+                    request_id,
+                    binary=False,
+                    error=(failure.code, str(failure)),
+                    retry=failure.retry,
+                    detail=why,
+                )
             if isinstance(failure, AppendRefusedError):
                 admission = failure.admission
                 if isinstance(admission, Refusal):

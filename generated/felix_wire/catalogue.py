@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 1b5a5bebb4ed2659009a3b7ff6b19b5e1c2969304e51709a19b5bf056761f47e
+# spec sha256: 108f91f623ea8b24121c45bd8308a4a527d352efdf6cedcb539abb43ec9db8a9
 """Read-only index of the catalogue: every name the generated layer knows.
 
 Tests count these against tests/vectors/protocol-tables.yaml; tools (the conformance
@@ -30,7 +30,7 @@ __all__ = [
     "COUNTS",
 ]
 
-SPEC_SHA256 = "1b5a5bebb4ed2659009a3b7ff6b19b5e1c2969304e51709a19b5bf056761f47e"
+SPEC_SHA256 = "108f91f623ea8b24121c45bd8308a4a527d352efdf6cedcb539abb43ec9db8a9"
 
 
 class Decision(NamedTuple):
@@ -167,6 +167,11 @@ DECISIONS: Mapping[str, Decision] = MappingProxyType(
             "at the batch's place in the replicated log: the leader admits the write without checking, as a ReplicatedBatch carrying expected_offset (and a commit's state changes); every replica checks it against its stream log's raw tail when it applies the committed entry, appends the batch only if it holds, and otherwise writes no record (the entry stays a no-op in the replication log); the leader answers once a majority holds the entry and it is applied here, with the offset or publish_refused offset_mismatch at the tail checked; no majority in time is quorum_timeout (outcome unknown)",
             "a check at the leader before the append would judge a log the replicas may not have (an uncommitted suffix a new leader drops) and would need the check and the append in one step of the driver; checked where it is applied, the outcome is a function of the committed log alone, the same on every replica and on any later leader, as for a Quorum cache's put_if",
         ),
+        "quorum-idempotent-producers": Decision(
+            "how an idempotent producer's batch (publish_idempotent, binary 0x0100) is deduplicated on a Quorum stream, across failover (issue 19)",
+            "at the batch's place in the replicated log, like a guarded write: the leader admits the batch without consulting its producer table, as a ReplicatedBatch carrying producer_id, sequence and digest; every replica judges it against its own producer table (a function of its stream log's producer marks) when it applies the committed entry, appends it with its producer mark only for the next expected sequence (or sequence 0 of an unknown producer), and otherwise writes no record; the leader answers once a majority holds the entry and it is applied here: publish_ok with the offset, or a duplicate's original offset, or publish_refused with the table's reason (sequence_gap {expected}, unknown_producer, sequence_expired, sequence_reused to a client that offered FEATURE_SEQUENCE_REUSED, else the original's publish_ok); no majority in time is quorum_timeout (outcome unknown, resend the same batch)",
+            "the producer table is then replicated without a message of its own: it is derived from the committed log, which every replica and every later leader holds, so a promoted leader answers a resend of a batch its predecessor acknowledged as a duplicate (exactly once across failover); a table consulted at the leader before the append would include an uncommitted suffix a new leader drops, and two in-flight resends of one sequence would both pass it",
+        ),
     }
 )
 
@@ -190,6 +195,6 @@ COUNTS: Mapping[str, int] = MappingProxyType(
         "error_codes": 17,
         "retry_classes": 5,
         "shapes": 25,
-        "decisions": 26,
+        "decisions": 27,
     }
 )

@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 65e9915bf188ef74646d05cd7418485d4e1b45ca7db34172d3a25c7a11b06688
+# spec sha256: 0ac8d43ac1680ea2fc5e911ffd3457e8745d8f368ad51c119f47ade23b6503ef
 """The fleet catalogue: etcd record shapes and broker-to-broker messages.
 
 Broker-to-broker QUIC (TLS 1.3, mutual TLS): each broker's peer certificate is signed by the fleet CA and names its node id as a DNS SAN; both sides check it, and the listener checks it against hello.

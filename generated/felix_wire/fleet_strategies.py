@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 65e9915bf188ef74646d05cd7418485d4e1b45ca7db34172d3a25c7a11b06688
+# spec sha256: 0ac8d43ac1680ea2fc5e911ffd3457e8745d8f368ad51c119f47ade23b6503ef
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.

@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 1b5a5bebb4ed2659009a3b7ff6b19b5e1c2969304e51709a19b5bf056761f47e
+# spec sha256: 108f91f623ea8b24121c45bd8308a4a527d352efdf6cedcb539abb43ec9db8a9
 """Hypothesis strategies for every message and every legal binary flag value.
 
 Derived from the catalogue (hypothesis' `from_type` ignores msgspec.Meta bounds),
