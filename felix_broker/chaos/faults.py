@@ -13,6 +13,13 @@ fsync and on every replication message it sends or receives. Its keys, each opti
   ``replica_received {held: false}`` without reaching the replica (as a lost
   message: the cores resend, so healing loses nothing). Client traffic, forwarding
   and every other peer message are untouched;
+- ``{"forwards_unanswered": true}``: a fleet member that takes every publish another
+  broker forwards to it and never answers (nor applies) it: the forwarding broker
+  stops waiting after its peer request timeout and answers its client
+  ``unacknowledged`` (retry class ``outcome_unknown``);
+- ``{"auth_draining": true}``: the broker answers every new ``auth`` ``draining``,
+  as in the window between the start of a drain and its close, and keeps serving
+  the connections it already has (a drain held open; a real drain cannot be undone);
 - an empty object, or no file: no fault.
 
 A file that is not such an object counts as no fault and is logged once per
@@ -40,7 +47,10 @@ RECHECK_S = 0.05
 _MAX_DELAY_MS = 60_000  # a fault is bounded: one fsync never sleeps longer than this
 
 
-_KEYS = frozenset({"fsync_delay_ms", "fsync_fail", "peer_blocked"})
+_SWITCHES = ("forwards_unanswered", "auth_draining")
+_KEYS = frozenset(
+    {"fsync_delay_ms", "fsync_fail", "peer_blocked", "forwards_unanswered", "auth_draining"}
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,12 +60,16 @@ class Faults:
     delay_ms: int = 0
     fail: bool = False
     peer_blocked: frozenset[str] = frozenset()  # node ids cut off for replication
+    forwards_unanswered: bool = False  # forwarded publishes taken, never answered
+    auth_draining: bool = False  # every new auth answered `draining`
 
     def to_json(self) -> dict[str, object]:
         return {
             "fsync_delay_ms": self.delay_ms,
             "fsync_fail": self.fail,
             "peer_blocked": sorted(self.peer_blocked),
+            "forwards_unanswered": self.forwards_unanswered,
+            "auth_draining": self.auth_draining,
         }
 
     @classmethod
@@ -65,15 +79,22 @@ class Faults:
         if not isinstance(value, dict) or set(value) - _KEYS:
             raise ValueError(f"expected an object with some of {', '.join(sorted(_KEYS))}")
         delay = value.get("fsync_delay_ms", 0)
-        fail = value.get("fsync_fail", False)
         blocked = value.get("peer_blocked", [])
         if not isinstance(delay, int) or isinstance(delay, bool) or not delay >= 0:
             raise ValueError("fsync_delay_ms must be a non-negative integer")
-        if not isinstance(fail, bool):
-            raise ValueError("fsync_fail must be true or false")
+        flags = {key: value.get(key, False) for key in ("fsync_fail", *_SWITCHES)}
+        for key, flag in flags.items():
+            if not isinstance(flag, bool):
+                raise ValueError(f"{key} must be true or false")
         if not isinstance(blocked, list) or not all(isinstance(n, str) and n for n in blocked):
             raise ValueError("peer_blocked must be a list of node ids")
-        return cls(min(delay, _MAX_DELAY_MS), fail, frozenset(blocked))
+        return cls(
+            min(delay, _MAX_DELAY_MS),
+            flags["fsync_fail"],
+            frozenset(blocked),
+            forwards_unanswered=flags["forwards_unanswered"],
+            auth_draining=flags["auth_draining"],
+        )
 
 
 FsyncFault = Faults  # the name the chaos runner's fsync faults use
@@ -114,6 +135,12 @@ class FaultFile:
 
     def peer_blocked(self, node_id: str) -> bool:
         return node_id in self.current().peer_blocked
+
+    def forwards_unanswered(self) -> bool:
+        return self.current().forwards_unanswered
+
+    def auth_draining(self) -> bool:
+        return self.current().auth_draining
 
     def fsync(self, fd: int) -> None:
         fault = self.current()
