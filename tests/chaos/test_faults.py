@@ -52,6 +52,8 @@ def test_a_slow_fsync_sleeps_first_and_heals_when_the_file_changes(tmp_path: Pat
         '{"peer_blocked": "node-2"}',
         '{"peer_blocked": [2]}',
         '{"peer_blocked": [""]}',
+        '{"forwards_unanswered": 1}',
+        '{"auth_draining": "true"}',
     ],
 )
 def test_a_bad_fault_file_is_no_fault(tmp_path: Path, text: str) -> None:
@@ -142,3 +144,16 @@ def test_the_broken_quorum_knob_is_refused_outside_test_mode(tmp_path: Path) -> 
     config = load_config(environ={**broken, "FELIX_TEST_FAULTS": str(tmp_path / "f.json")})
     assert config.test_quorum_ack_before_majority
     assert not load_config(environ={}).test_quorum_ack_before_majority
+
+
+def test_the_forward_and_drain_switches_round_trip_and_heal(tmp_path: Path) -> None:
+    """forwards_unanswered and auth_draining (the fixture's /unanswered-forwards and
+    /drain) are read back as written, and an empty fault ends them."""
+    path = tmp_path / "faults.json"
+    write_fault(path, Faults(forwards_unanswered=True, auth_draining=True))
+    faults = FaultFile(path)
+    assert faults.forwards_unanswered() and faults.auth_draining()
+    assert Faults.parse(path.read_text()) == Faults(forwards_unanswered=True, auth_draining=True)
+    write_fault(path, Faults())
+    time.sleep(0.06)  # past the re-check interval
+    assert not faults.forwards_unanswered() and not faults.auth_draining()
