@@ -107,6 +107,8 @@ class Broker:
         # Test mode only: the fault file's fsync and replication faults (chaos, fixture).
         self._peer_blocked: Callable[[str], bool] | None = None
         self._link_faults: LinkFaults | None = None
+        self._forwards_unanswered: Callable[[], bool] | None = None
+        self._auth_draining: Callable[[], bool] = lambda: False
         if config.test_faults_file is not None:
             from felix_broker import clock
             from felix_broker.chaos.faults import FaultFile
@@ -115,6 +117,8 @@ class Broker:
             fsync, self._peer_blocked = faults.fsync, faults.peer_blocked
             self._link_faults = faults  # one-way and both-ways peer partitions
             clock.install_offset(faults.clock_offset_ns)  # clock jumps
+            self._forwards_unanswered = faults.forwards_unanswered
+            self._auth_draining = faults.auth_draining
         self.metrics = BrokerMetrics(quic_impl=config.quic_impl.value, fsync=fsync)
         self.health = Health()
         self.engine: Engine | None = None
@@ -491,6 +495,7 @@ class Broker:
             max_frame_bytes=config.max_frame_bytes,
             metrics=self.metrics,
             hold=self.move_hold,
+            unanswered=self._forwards_unanswered,
         )
         assert self.peer_dialer is not None
         self.moves = MoveService(
@@ -767,7 +772,7 @@ class Broker:
         await self._stopped.wait()
 
     def _authenticate(self, auth: Auth) -> Principal:
-        if self._draining:
+        if self._draining or self._auth_draining():  # the latter: a test fault only
             raise AuthRefusedError(ErrorCode.DRAINING, "broker is shutting down", "draining")
         assert self._verifier is not None
         try:

@@ -239,7 +239,6 @@ def compute_coverage(cases: Sequence[Case]) -> Coverage:
     )
 
 
-_CLUSTER = "needs a multi-broker target"
 # What a catalogue entry no case exercises needs before a case can provoke it:
 # the kit's own judgement of the reference broker (standalone, the fixture's fleet
 # and its limited broker), by dimension. Each says why no case reaches it.
@@ -250,12 +249,11 @@ NEEDS: dict[str, dict[str, str]] = {
         "stream_deleted": "a stream deleted while subscribed; no bit value is known",
     },
     "error codes": {
-        "unacknowledged": f"{_CLUSTER} whose owner takes a forward and never answers",
-        "draining": "a client's auth landing between a broker's drain and its close: the "
-        "reference broker closes every connection once its queued publishes are answered",
         "internal": "a broker fault no request provokes in a correct broker",
         "revoked": "a broker that tells a revoked credential from an invalid one: the "
-        "reference broker answers both unauthenticated",
+        "protocol's error table has no revoked (only the official client's code table "
+        "names 16) and says a refused token is unauthenticated, as the reference broker "
+        "answers a token whose key was revoked",
     },
     "features": {
         "FEATURE_STREAM_PUBLISH_WINDOW": "a case filling one stream's window as another "

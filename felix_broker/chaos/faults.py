@@ -29,6 +29,13 @@ fsync, every peer message it sends or receives and every wall-clock read. Its ke
   broker's data path (`felix_broker.clock`: append times, cache TTLs and expiry,
   group and cache log stamps); monotonic timers, etcd leases, token and
   certificate checks are unaffected. At most ``MAX_CLOCK_OFFSET_MS`` either way;
+- ``{"forwards_unanswered": true}``: a fleet member that takes every publish another
+  broker forwards to it and never answers (nor applies) it: the forwarding broker
+  stops waiting after its peer request timeout and answers its client
+  ``unacknowledged`` (retry class ``outcome_unknown``);
+- ``{"auth_draining": true}``: the broker answers every new ``auth`` ``draining``,
+  as in the window between the start of a drain and its close, and keeps serving
+  the connections it already has (a drain held open; a real drain cannot be undone);
 - an empty object, or no file: no fault.
 
 A file that is not such an object counts as no fault and is logged once per
@@ -54,10 +61,9 @@ _log = logging.getLogger(__name__)
 
 RECHECK_S = 0.05
 _MAX_DELAY_MS = 60_000  # a fault is bounded: one fsync never sleeps longer than this
-
-
 MAX_CLOCK_OFFSET_MS = 86_400_000  # a clock jump is bounded: a day either way
 
+_SWITCHES = ("forwards_unanswered", "auth_draining")
 _KEYS = frozenset(
     {
         "fsync_delay_ms",
@@ -66,6 +72,7 @@ _KEYS = frozenset(
         "peer_blocked_out",
         "peer_blocked_in",
         "clock_offset_ms",
+        *_SWITCHES,
     }
 )
 
@@ -86,6 +93,8 @@ class Faults:
     blocked_out: frozenset[str] = frozenset()  # node ids this broker's messages to are lost
     blocked_in: frozenset[str] = frozenset()  # node ids whose messages to this broker are lost
     clock_offset_ms: int = 0  # this broker's wall clock, ahead (+) or behind (-)
+    forwards_unanswered: bool = False  # forwarded publishes taken, never answered
+    auth_draining: bool = False  # every new auth answered `draining`
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -95,6 +104,8 @@ class Faults:
             "peer_blocked_out": sorted(self.blocked_out),
             "peer_blocked_in": sorted(self.blocked_in),
             "clock_offset_ms": self.clock_offset_ms,
+            "forwards_unanswered": self.forwards_unanswered,
+            "auth_draining": self.auth_draining,
         }
 
     @classmethod
@@ -104,12 +115,13 @@ class Faults:
         if not isinstance(value, dict) or set(value) - _KEYS:
             raise ValueError(f"expected an object with some of {', '.join(sorted(_KEYS))}")
         delay = value.get("fsync_delay_ms", 0)
-        fail = value.get("fsync_fail", False)
         offset = value.get("clock_offset_ms", 0)
         if not isinstance(delay, int) or isinstance(delay, bool) or not delay >= 0:
             raise ValueError("fsync_delay_ms must be a non-negative integer")
-        if not isinstance(fail, bool):
-            raise ValueError("fsync_fail must be true or false")
+        flags = {key: value.get(key, False) for key in ("fsync_fail", *_SWITCHES)}
+        for key, flag in flags.items():
+            if not isinstance(flag, bool):
+                raise ValueError(f"{key} must be true or false")
         if (
             not isinstance(offset, int)
             or isinstance(offset, bool)
@@ -118,11 +130,13 @@ class Faults:
             raise ValueError(f"clock_offset_ms must be an integer within +-{MAX_CLOCK_OFFSET_MS}")
         return cls(
             min(delay, _MAX_DELAY_MS),
-            fail,
+            flags["fsync_fail"],
             _node_ids(value.get("peer_blocked", []), "peer_blocked"),
             _node_ids(value.get("peer_blocked_out", []), "peer_blocked_out"),
             _node_ids(value.get("peer_blocked_in", []), "peer_blocked_in"),
             offset,
+            forwards_unanswered=flags["forwards_unanswered"],
+            auth_draining=flags["auth_draining"],
         )
 
 
@@ -132,8 +146,10 @@ FsyncFault = Faults  # the name the chaos runner's fsync faults use
 class FaultFile:
     """``fsync`` is ``os.fsync`` with the file's current fault applied; ``peer_blocked``
     says whether replication with a node is cut, ``blocks_out`` / ``blocks_in`` whether
-    peer messages to / from a node are lost (the peer layer's `LinkFaults`), and
-    ``clock_offset_ns`` how far this broker's wall clock is moved (all thread-safe)."""
+    peer messages to / from a node are lost (the peer layer's `LinkFaults`),
+    ``clock_offset_ns`` how far this broker's wall clock is moved, and
+    ``forwards_unanswered`` / ``auth_draining`` whether those switches are on (all
+    thread-safe)."""
 
     def __init__(self, path: Path, sync: Callable[[int], None] = os.fsync) -> None:
         self.path = path
@@ -175,6 +191,12 @@ class FaultFile:
 
     def clock_offset_ns(self) -> int:
         return self.current().clock_offset_ms * 1_000_000
+
+    def forwards_unanswered(self) -> bool:
+        return self.current().forwards_unanswered
+
+    def auth_draining(self) -> bool:
+        return self.current().auth_draining
 
     def fsync(self, fd: int) -> None:
         fault = self.current()

@@ -127,6 +127,7 @@ class OwnerService:
         max_frame_bytes: int,
         metrics: BrokerMetrics,
         hold: MoveHold | None = None,
+        unanswered: Callable[[], bool] | None = None,
     ) -> None:
         self._view = view
         self._hold = hold  # a forward for a shard in a move waits for its cut-over
@@ -141,6 +142,9 @@ class OwnerService:
         self._max_frame_bytes = max_frame_bytes
         self._metrics = metrics
         self._states: dict[Connection, ConnectionState] = {}
+        # Test mode only (the fault file's forwards_unanswered): another broker's
+        # forwarded publishes are taken and never answered nor applied.
+        self._unanswered = unanswered
 
     async def handle(
         self, message: PeerMessage, origin: PeerOrigin
@@ -151,12 +155,24 @@ class OwnerService:
         request_id: int = getattr(message, "request_id", 0) or 0
         try:
             if isinstance(message, ForwardPublish):
+                if self._swallows(origin):
+                    # Never settles: the forwarder stops waiting after its request
+                    # timeout and resets the peer stream, which drops this answer.
+                    never: asyncio.Future[PeerMessage] = asyncio.get_running_loop().create_future()
+                    return never
                 return await self._publish(message)
             if isinstance(message, ForwardCacheOp):
                 return await self._cache_op(message, origin)
         except _Refusal as refused:
             return ForwardRefused(request_id=request_id, refusal=refused.refusal)
         return PeerUnsupported(request_type=str(type(message).__struct_config__.tag))
+
+    def _swallows(self, origin: PeerOrigin) -> bool:
+        """Whether a forward from another broker goes unanswered (a test fault; one this
+        broker serves itself, led here meanwhile, never does)."""
+        if self._unanswered is None or origin.node_id == self._view.snapshot.node_id:
+            return False
+        return self._unanswered()
 
     def _replay_authenticate(self, auth: Auth) -> Principal:
         """The replayed auth of a forwarded cache op: the client's token, verified again."""

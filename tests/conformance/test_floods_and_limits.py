@@ -162,7 +162,7 @@ async def test_without_a_limited_broker_the_limit_cases_are_setup(
     )
     advertised = await probe(target)
     limits = [case for case in load_corpus() if case.id.startswith("limits.")]
-    assert len(limits) == 3
+    assert len(limits) == 4
     for case in limits:
         unmet = missing_needs(case, target, advertised)
         assert unmet is not None and unmet.verdict is Verdict.SETUP, case.id
