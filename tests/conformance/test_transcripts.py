@@ -127,7 +127,7 @@ def test_coverage_says_what_needs_a_multi_broker_target() -> None:
     cluster = "(needs a multi-broker target"
     # Every cluster-only error code is exercised against the fixture's fleet now.
     assert cluster not in none["error codes"]
-    assert "internal a broker fault no request provokes" in none["error codes"]
+    assert "internal (a broker fault no request provokes" in none["error codes"]
     # Every flag value is exercised (the owner-named refusals and skipped layouts
     # as frames a client sends and the broker must refuse).
     assert none["flag values"] == "  none: -"
