@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from pathlib import Path
@@ -85,6 +85,12 @@ class MovingFleet:
     brokers: dict[str, Broker]
     issuer: DevIssuer
     placer: Placer
+    start: Callable[[str], Awaitable[Broker]]  # a member on its node's data and config
+
+    async def restart(self, node: str) -> None:
+        """Stop the member and start it again on its data, as a new incarnation."""
+        await self.brokers[node].stop()
+        self.brokers[node] = await self.start(node)
 
     def entry(self, node: str) -> Entry:
         return Entry(self.brokers[node], self.issuer)
@@ -140,7 +146,9 @@ async def moving_fleet(
 
         stack.push_async_callback(stop_placer)
         brokers: dict[str, Broker] = {}
-        for node in NODES:
+        stopped: set[int] = set()
+
+        async def start(node: str) -> Broker:
             settings: dict[str, Any] = {
                 "quic_bind": "127.0.0.1:0",
                 "metrics_bind": "127.0.0.1:0",
@@ -161,9 +169,20 @@ async def moving_fleet(
             fleet = FleetNode(tls=PeerTls.issue(fleet_ca, node), view=view)
             broker = Broker(config, verifier=TokenVerifier(issuer.jwks()), fleet=fleet)
             await broker.start()
-            stack.push_async_callback(broker.stop)
-            brokers[node] = broker
-        moving = MovingFleet(brokers, issuer, place)
+            real_stop = broker.stop
+
+            async def stop() -> None:
+                if id(broker) not in stopped:  # a restarted member was stopped already
+                    stopped.add(id(broker))
+                    await real_stop()
+
+            broker.stop = stop  # type: ignore[method-assign]
+            stack.push_async_callback(stop)
+            return broker
+
+        for node in NODES:
+            brokers[node] = await start(node)
+        moving = MovingFleet(brokers, issuer, place, start)
 
         def placed() -> bool:
             routes = [moving.route(NODES[0], s.shard) for s in specs]
@@ -500,6 +519,43 @@ async def test_a_member_told_to_stop_hands_its_shards_off_first(
         finally:
             client.close()
             sub.close()
+
+
+async def test_a_rolling_restart_refuses_no_publish(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    """Each member in turn does what SIGTERM runs (hand its shards off, then stop) and
+    starts again on its data, while a client publishes through a member that stays
+    up: every publish is acknowledged, and the shard holds each once, in order."""
+    async with moving_fleet(tmp_path, etcd_server) as fleet:
+        n = 0
+        for node in NODES:
+            entry = next(other for other in NODES if other != node)
+            client = await WireClient.connect(fleet.entry(entry))
+            try:
+                stream = await client.session()
+
+                async def restart(node: str = node) -> None:
+                    await fleet.brokers[node].hand_off()
+                    await fleet.restart(node)
+
+                restarting = asyncio.get_running_loop().create_task(restart())
+                while not restarting.done():
+                    n += 1
+                    await stream.send(publish(f"r{n - 1}".encode(), n))
+                    assert await stream.recv(timeout=15) == PublishOk(request_id=n), node
+                await restarting
+            finally:
+                client.close()
+
+            def rejoined() -> bool:
+                views = [b.fleet.view.snapshot for b in fleet.brokers.values() if b.fleet]
+                return all(len(v.members) == 3 for v in views) and fleet.settled_on(fleet.leader())
+
+            await eventually(rejoined, within=30, what=f"{node} back as a member")
+        assert n > len(NODES)  # publishes went on through every restart
+        log = await read_all(fleet.entry(fleet.leader()), 0, n)
+        assert [p for _, p in log] == [f"r{i}".encode() for i in range(n)]
 
 
 async def test_a_lapsed_lease_ends_the_readers_of_every_shard_it_led(
