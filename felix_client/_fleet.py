@@ -6,7 +6,7 @@ the owner it last heard of (from a `not_leader`, a `shard_moved` or the owner
 hint of a forwarded binary ack) with that owner's generation. A redirect older
 than the generation held for its shard is ignored.
 
-`Attempt` is one request's walk through the fleet (cluster-facts A.4): at most
+`Attempt` is one request's walk through the fleet: at most
 `MAX_HOPS` redirects, never the same broker twice, and one trip back to the
 entry broker when a redirect target answers `shard_unavailable` or `draining`.
 Nothing here does I/O; the client asks these objects where to go next.

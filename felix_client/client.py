@@ -115,7 +115,7 @@ _READS = frozenset(
         "cache_watch",
     }
 )
-# How long a feed whose shard moved keeps trying to reopen (cluster-facts A.11).
+# How long a feed whose shard moved keeps trying to reopen.
 _MOVE_RESUME_DEADLINE = 30.0
 
 

@@ -60,7 +60,7 @@ class Routing(StrEnum):
 
 
 class Consistency(StrEnum):
-    """What a write's acknowledgement promises (cluster-facts A.9): `leader`, once the
+    """What a write's acknowledgement promises (the README's consistency table): `leader`, once the
     leader took it (replicas catch up asynchronously); `quorum`, once a majority of the
     replica set, the leader included, holds it durably (readers stop at that mark)."""
 

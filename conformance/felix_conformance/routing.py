@@ -34,7 +34,8 @@ from .wirelog import WireLog
 
 __all__ = ["LEADER_SERVED", "LeaderRequest", "leader_requests", "owner_of", "route_to_owner"]
 
-# The requests a non-owner answers with not_leader (cluster-facts A.3), by message type.
+# The requests a non-owner answers with not_leader (the table in
+# docs/architecture.md, "What a non-owner does with each request type"), by type.
 LEADER_SERVED = frozenset(
     {
         "subscribe",

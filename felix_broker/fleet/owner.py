@@ -6,7 +6,7 @@ tenant's keys, with the permission the request needs). A credential the owner
 refuses is answered `error {code: forbidden}`, which the forwarder relays.
 
 Before anything is written the owner compares the forwarder's generation with
-the one it holds for the shard (cluster-facts A.5):
+the one it holds for the shard:
 
 - equal, and this broker serves the shard: proceed;
 - forwarder behind (or this broker no longer leads): `not_leader` naming the

@@ -1,6 +1,6 @@
 """The cluster `Placement`: per request type, what a fleet member does with a
-request for a shard it does not lead (cluster-facts A.3; docs/architecture.md,
-"What a non-owner does with each request type").
+request for a shard it does not lead (docs/architecture.md, "What a non-owner
+does with each request type").
 
 `RULES` is the one table, request type -> (how to find the request's shard,
 what to do when another broker leads it):

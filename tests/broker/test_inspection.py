@@ -42,7 +42,7 @@ def inspect(
 async def test_without_the_exact_grant_forbidden_and_the_stream_stays_open(
     tmp_path: Path, perms: list[str], topology: str
 ) -> None:
-    """Inspection is answered where it arrives (cluster-facts A.3: local), so the grant
+    """Inspection is answered where it arrives (docs/architecture.md: local), so the grant
     is checked there too, at an owner and at a non-owner alike."""
     async with running_broker(tmp_path, topology=topology) as broker:
         assert broker.features & Feature.FEATURE_INSPECT

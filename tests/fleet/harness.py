@@ -200,7 +200,7 @@ non-owner (the client on node-b, so publishes and cache ops are forwarded)."""
 
 THROUGH_LEADER = ("one", OWNER)
 """For requests a non-owner answers `not_leader` (subscribe, cache watch, groups,
-guarded writes: cluster-facts A.3): one broker, and the owner of a fleet of three.
+guarded writes; docs/architecture.md): one broker, and the owner of a fleet of three.
 What a non-owner answers them is tested in tests/fleet/test_cluster.py."""
 
 

@@ -1,5 +1,5 @@
 """Three fleet members over real QUIC (client and peer listeners, mutual TLS): what a
-broker that does not lead a shard does with each request type (cluster-facts A.3).
+broker that does not lead a shard does with each request type (docs/architecture.md).
 
 Every shard is led by node-a unless a test says otherwise; clients talk to node-b.
 """
