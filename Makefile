@@ -53,14 +53,20 @@ unit: setup
 # topologies, forwarding and redirects (test_cluster), the end-to-end run and the peer link
 # (whose listener is always aioquic and whose dialer follows the stack: felix_broker/fleet/peer.py).
 # The others are about etcd, placement and moves, over links the peer tests already cover.
+# Left out as well: the CLI's tests and the README's snippets (the client's own tests cover
+# its transport), the kill -9 crash tests (storage), and the kit's fleet runs (the one-broker
+# run covers the kit's stack; the main pass runs the kit through a fleet).
 ON_BOTH_STACKS := \
 	tests/broker tests/client \
 	tests/fleet/test_cluster.py tests/fleet/test_fleet_end_to_end.py tests/fleet/test_peer.py \
-	tests/conformance/test_reference_broker.py::test_whole_kit_passes_against_the_reference_broker \
+	"tests/conformance/test_reference_broker.py::test_whole_kit_passes_against_the_reference_broker[one-broker]" \
 	tests/conformance/test_client_tester.py::test_felix_client_passes_every_client_case \
 	tests/conformance/test_client_tester.py::test_the_official_client_is_reported_case_by_case
+NOT_TWICE := --ignore=tests/client/test_cli.py --ignore=tests/client/test_cli_groups.py \
+	--ignore=tests/client/test_cli_guarded.py --ignore=tests/client/test_readme.py \
+	--ignore=tests/broker/test_guarded_crash.py
 unit-aioquic: setup
-	FELIX_QUIC_IMPL=aioquic $(PY) -m pytest -q $(ON_BOTH_STACKS)
+	FELIX_QUIC_IMPL=aioquic $(PY) -m pytest -q $(ON_BOTH_STACKS) $(NOT_TWICE)
 
 # The whole test suite: what CI runs.
 test: drift lint types layering unit unit-aioquic

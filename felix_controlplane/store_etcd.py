@@ -105,13 +105,13 @@ class EtcdStore:
         self._root = f"{prefix}/cp/"
         self._max_changes = max_changes
         self._timeout = timeout_s
+        self._closed = False
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="felix-etcd-store", daemon=True
         )
         self._thread.start()
         self._client = self._run(self._make_client(list(endpoints), timeout_s))
-        self._closed = False
         self._listeners: list[Callable[[], None]] = []
         self._watch: concurrent.futures.Future[None] | None = None
 
@@ -120,11 +120,28 @@ class EtcdStore:
         return EtcdClient(endpoints, timeout_s=timeout_s)
 
     def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
+        if self._closed and not self._loop.is_running():
+            coro.close()
+            raise StoreUnavailableError("the store is closed")
         future = asyncio.run_coroutine_threadsafe(coro, self._loop)
         try:
             return future.result(self._timeout * _ATTEMPTS)
+        except concurrent.futures.CancelledError as exc:
+            # close() ended the request (it cancels whatever still runs on the loop).
+            raise StoreUnavailableError("the store closed while a request waited") from exc
         except EtcdUnavailableError as exc:
             raise StoreUnavailableError(str(exc)) from exc
+
+    @staticmethod
+    async def _cancel_the_rest() -> None:
+        """Cancel every other task on the store's loop and wait for them: a caller
+        blocked in `_run` then gets `StoreUnavailableError` at once instead of waiting
+        out its bound on a loop that no longer runs."""
+        me = asyncio.current_task()
+        rest = [task for task in asyncio.all_tasks() if task is not me]
+        for task in rest:
+            task.cancel()
+        await asyncio.gather(*rest, return_exceptions=True)
 
     def add_change_listener(self, listener: Callable[[], None]) -> None:
         """Call `listener` (from the store's own thread) whenever the change log advances,
@@ -486,6 +503,7 @@ class EtcdStore:
         if self._watch is not None:
             self._watch.cancel()
         with contextlib.suppress(StoreUnavailableError, TimeoutError):
+            self._run(self._cancel_the_rest())
             self._run(self._client.close())
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(self._timeout)

@@ -17,6 +17,7 @@ from felix_controlplane.store import (
     SqliteStore,
     Store,
     StoredKey,
+    StoreUnavailableError,
 )
 from felix_controlplane.store_etcd import EtcdStore
 from tests.support.etcd import start_etcd
@@ -241,4 +242,32 @@ async def test_a_long_poll_at_one_instance_wakes_for_a_write_through_another(
             assert time.monotonic() - started < 10  # woken, not timed out
     finally:
         support.ETCD_ENDPOINT = None
+        etcd.close()
+
+
+def test_a_request_to_a_closed_etcd_store_fails_at_once(tmp_path: Path) -> None:
+    """A request that reaches an etcd store after close() (an executor job of a control
+    plane shutting down) ends with StoreUnavailableError at once; it used to wait out
+    its bound (50 attempts of the timeout) on a loop that no longer ran, which held
+    the executor's shutdown, and the test run, for minutes."""
+    etcd = start_etcd(tmp_path / "etcd")
+    try:
+        store = EtcdStore([("127.0.0.1", etcd.client_port)], timeout_s=1.0)
+        store.create_tenant("t1", 10)
+        store.close()
+        outcome: list[BaseException | None] = []
+
+        def snapshot() -> None:
+            try:
+                store.snapshot()
+                outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+
+        late = threading.Thread(target=snapshot)
+        late.start()
+        late.join(5)
+        assert not late.is_alive(), "a request to a closed store is still waiting"
+        assert len(outcome) == 1 and isinstance(outcome[0], StoreUnavailableError), outcome
+    finally:
         etcd.close()
