@@ -6,14 +6,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import asynccontextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from felix_broker.fleet.etcd_node import EtcdNode
-from felix_broker.fleet.routing import RoutingSnapshot, ShardId
+from felix_broker.fleet.routing import AssignmentState, RoutingSnapshot, ShardId
 from felix_broker.fleet.view import FleetView
 from felix_common.etcd import EtcdClient
 from felix_common.fleet import Keyspace
@@ -61,6 +61,28 @@ async def eventually(check: Callable[[], bool], *, within: float = 10.0, what: s
         if time.monotonic() > deadline:
             raise AssertionError(f"not within {within}s: {what or check}")
         await asyncio.sleep(0.02)
+
+
+async def replica_set_placed(
+    route_at: Callable[[str], Any], leader_serves: Callable[[str], bool], nodes: Sequence[str]
+) -> Any:
+    """Wait (bounded) until every one of `nodes` sees the same active assignment of the
+    shard (`route_at(node)`) and its leader serves it (`leader_serves(leader)`); that
+    route."""
+
+    def placed() -> bool:
+        routes = [route_at(n) for n in nodes]
+        first = routes[0]
+        return (
+            first is not None
+            and first.state is AssignmentState.ACTIVE
+            and all(r == first for r in routes)
+        )
+
+    await eventually(placed, within=30, what="a placed replica set")
+    route = route_at(nodes[0])
+    await eventually(lambda: leader_serves(route.leader), within=15, what="the leader open")
+    return route
 
 
 @dataclass

@@ -47,7 +47,7 @@ from felix_wire.messages import (
 from tests.support.etcd import etcd_server
 
 from ..fleet.harness import NODES, Entry
-from ..fleet.support import etcd_control_plane, eventually
+from ..fleet.support import etcd_control_plane, eventually, replica_set_placed
 from ..support.wire import NS, TENANT, WireClient, WireStream
 
 __all__ = ["etcd_server"]
@@ -171,21 +171,10 @@ async def running(tmp: Path, endpoint: str) -> AsyncIterator[tuple[Fleet, str, i
             )
             stack.push_async_callback(fleet.brokers[node].stop)
 
-        def placed() -> bool:
-            routes = [fleet.route(n) for n in NODES]
-            first = routes[0]
-            return (
-                first is not None
-                and first.state is AssignmentState.ACTIVE
-                and all(r == first for r in routes)
-            )
-
-        await eventually(placed, within=30, what="a placed replica set")
-        route = fleet.route(NODES[0])
-        assert sorted(route.replicas) == sorted(NODES)
-        await eventually(
-            lambda: serving(fleet.brokers[route.leader]), within=15, what="the leader open"
+        route = await replica_set_placed(
+            fleet.route, lambda leader: serving(fleet.brokers[leader]), NODES
         )
+        assert sorted(route.replicas) == sorted(NODES)
         yield fleet, route.leader, route.generation
 
 

@@ -49,7 +49,7 @@ from tests.controlplane.support import call
 from tests.support.etcd import etcd_server
 
 from ..fleet.harness import NODES
-from ..fleet.support import etcd_control_plane, eventually
+from ..fleet.support import etcd_control_plane, eventually, replica_set_placed
 from ..support.wire import NS, TENANT
 from .test_fleet_etcd import SHARD, SPEC, STREAM, publish_all, records, serving
 from .test_groups_fleet_etcd import Fleet, ask, faults_file, start_broker
@@ -114,21 +114,10 @@ async def running(tmp: Path, endpoint: str) -> AsyncIterator[tuple[Fleet, str, i
             )
             stack.push_async_callback(fleet.brokers[node].stop)
 
-        def placed() -> bool:
-            routes = [fleet.route(n) for n in NODES]
-            first = routes[0]
-            return (
-                first is not None
-                and first.state is AssignmentState.ACTIVE
-                and all(r == first for r in routes)
-            )
-
-        await eventually(placed, within=30, what="a placed replica set")
-        route = fleet.route(NODES[0])
-        assert sorted(route.replicas) == sorted(NODES)
-        await eventually(
-            lambda: serving(fleet.brokers[route.leader]), within=15, what="the leader open"
+        route = await replica_set_placed(
+            fleet.route, lambda leader: serving(fleet.brokers[leader]), NODES
         )
+        assert sorted(route.replicas) == sorted(NODES)
         url = f"{admin_url}/v1/fleet/features/{ATOMIC_COMMIT}/finalize"
         status, answer = await call("POST", url, token=secret)
         assert status == 200 and answer["enabled"] is True, answer

@@ -30,7 +30,7 @@ from felix_broker.config import load_config
 from felix_broker.fleet.features import LEASE_FREE_READS
 from felix_broker.fleet.node import FleetNode
 from felix_broker.fleet.peer import PeerTls
-from felix_broker.fleet.routing import AssignmentState, RoutingSnapshot
+from felix_broker.fleet.routing import RoutingSnapshot
 from felix_broker.fleet.view import FleetView
 from felix_broker.replication.core import Fence
 from felix_broker.replication.driver import ReplicaDriver
@@ -44,7 +44,7 @@ from tests.controlplane.support import call
 from tests.support.etcd import etcd_server
 
 from ..fleet.harness import NODES
-from ..fleet.support import etcd_control_plane, eventually
+from ..fleet.support import etcd_control_plane, eventually, replica_set_placed
 from .test_cache_fleet_etcd import (
     CACHE,
     PLAIN,
@@ -114,19 +114,8 @@ async def running(
             fleet.brokers[node] = await start_broker(tmp, node, fleet, quorum_reads)
             stack.push_async_callback(fleet.brokers[node].stop)
 
-        def placed() -> bool:
-            routes = [fleet.route(n) for n in NODES]
-            first = routes[0]
-            return (
-                first is not None
-                and first.state is AssignmentState.ACTIVE
-                and all(r == first for r in routes)
-            )
-
-        await eventually(placed, within=30, what="a placed replica set")
-        route = fleet.route(NODES[0])
-        await eventually(
-            lambda: serving(fleet.brokers[route.leader]), within=15, what="the leader open"
+        route = await replica_set_placed(
+            fleet.route, lambda leader: serving(fleet.brokers[leader]), NODES
         )
         if finalize:
             status, answer = await call(
