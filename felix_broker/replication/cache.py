@@ -63,7 +63,7 @@ from felix_broker.cache.shard import CacheLimits, CacheShard, EntryTooLargeError
 from felix_broker.catalog import CacheSpec, Catalog
 from felix_broker.config import FsyncMode
 from felix_broker.fleet.peer import PeerDialer
-from felix_broker.fleet.routing import AssignmentState, RoutingSnapshot, ShardId, ShardKind
+from felix_broker.fleet.routing import RoutingSnapshot, ShardId, ShardKind
 from felix_broker.fleet.view import FleetView
 from felix_wire.errors import ErrorCode, RetryClass
 from felix_wire.fleet import CacheOpKind, ReplicatedCacheOp
@@ -71,6 +71,7 @@ from felix_wire.fleet import CacheOpKind, ReplicatedCacheOp
 from .core import Config, Effect, Entry
 from .disk import ReplicaDisk
 from .driver import ReplicaDriver, ReplicationRefusedError
+from .manager import follow_route
 from .reads import ReadRounds
 from .service import Blocked, ReplicationService, peer_sender
 
@@ -351,18 +352,7 @@ class CacheReplication:
                 continue
             wanted.add(shard)
             held = self._replicas.get(shard) or await self._open(shard, spec, route.replicas)
-            driver = held.driver
-            fenced = route.state is AssignmentState.UNAVAILABLE and route.reason == "fenced"
-            if fenced and route.leader == me and not driver.replica.lease_lapsed:
-                await driver.lease_expired()
-            elif not fenced and driver.replica.lease_lapsed:
-                await driver.lease_renewed()
-            if (
-                route.leader == me
-                and route.state is AssignmentState.ACTIVE
-                and route.generation > driver.replica.generation
-            ):
-                await driver.promote(route.generation)
+            await follow_route(held.driver, route, me)
         for shard in set(self._replicas) - wanted:
             await self._drop(shard)
 

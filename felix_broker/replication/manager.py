@@ -53,7 +53,7 @@ from typing import Any
 
 from felix_broker.catalog import Catalog, StreamSpec
 from felix_broker.fleet.peer import PeerDialer
-from felix_broker.fleet.routing import AssignmentState, RoutingSnapshot, ShardId, ShardKind
+from felix_broker.fleet.routing import AssignmentState, Route, RoutingSnapshot, ShardId, ShardKind
 from felix_broker.fleet.view import FleetView
 from felix_broker.streams.engine import Engine, PublishRequest, now_micros
 from felix_broker.streams.guards import (
@@ -82,6 +82,24 @@ _log = logging.getLogger(__name__)
 # was refused): nobody serves the shard, and a redirect would point back here.
 _SETTLING: tuple[ErrorCode, str | None] = (ErrorCode.SHARD_UNAVAILABLE, "not_ready")
 _REPORT_RETRY_S = 1.0  # while a refusal report stands or failed: look again this often
+
+
+async def follow_route(driver: ReplicaDriver, route: Route, me: str) -> None:
+    """Bring a shard's replica in line with its route: a fenced leader's lease has
+    lapsed (it stops serving), an unfenced route renews it, and an active route
+    naming this broker leader at a newer generation promotes it. Shared by the
+    stream shards here and the cache shards (replication/cache.py)."""
+    fenced = route.state is AssignmentState.UNAVAILABLE and route.reason == "fenced"
+    if fenced and route.leader == me and not driver.replica.lease_lapsed:
+        await driver.lease_expired()
+    elif not fenced and driver.replica.lease_lapsed:
+        await driver.lease_renewed()
+    if (
+        route.leader == me
+        and route.state is AssignmentState.ACTIVE
+        and route.generation > driver.replica.generation
+    ):
+        await driver.promote(route.generation)
 
 
 class ReplicationManager:
@@ -257,17 +275,7 @@ class ReplicationManager:
                 continue
             wanted.add(shard)
             driver = self.driver(shard) or self._open(shard, spec, route.replicas)
-            fenced = route.state is AssignmentState.UNAVAILABLE and route.reason == "fenced"
-            if fenced and route.leader == me and not driver.replica.lease_lapsed:
-                await driver.lease_expired()
-            elif not fenced and driver.replica.lease_lapsed:
-                await driver.lease_renewed()
-            if (
-                route.leader == me
-                and route.state is AssignmentState.ACTIVE
-                and route.generation > driver.replica.generation
-            ):
-                await driver.promote(route.generation)
+            await follow_route(driver, route, me)
         await self._report_refusals()
         streams = {shard for shard in self.service.drivers if shard.kind is ShardKind.STREAM}
         for shard in streams - wanted:  # cache shards' drivers are replication/cache.py's
