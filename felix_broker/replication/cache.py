@@ -14,14 +14,18 @@ cache adds is what an entry means and how it is applied:
   wins, the other is answered `applied: false`), TTL deadlines are the leader's,
   and counter sums are exact.
 - **The cache shard is derived state.** Its log lives under the replica's folder
-  (``state/``, fsync mode none) and is rebuilt from the committed replication log
-  every time the replica opens (the folder is emptied first), so a version (the
-  offset of the put in that log) is the same number on every replica, and a
-  crash never leaves it ahead of or behind the replication log. The cache
-  service serves that shard (`CacheService.adopt`). The replication log of a
-  cache shard is therefore never compacted (`compact_every` past any count): a
-  snapshot to rebuild from is not implemented, so the log and a restart's
-  replay grow with the shard's history.
+  (``state/``, fsync mode none) and is rebuilt every time the replica opens (the
+  folder is emptied first) from the newest snapshot (snapshot.py) and the committed
+  replication log above it, so a version (the offset of the put in that log) is the
+  same number on every replica, and a crash never leaves it ahead of or behind the
+  replication log. The cache service serves that shard (`CacheService.adopt`).
+- **Compaction**: every replica takes a snapshot of its shard once `snapshot_every`
+  entries were applied since the last one (at an offset it holds durably: its
+  fsynced length), written crash-safely before its replication log may drop the
+  entries below it (`SnapshotDisk`: the core's `CompactLog` floor capped at the
+  newest snapshot, rewritten once `compact_every` entries can go). So the log holds
+  at most about `snapshot_every + compact_every` entries below what every replica
+  holds, and a restart replays only the entries above the snapshot.
 - **Acknowledgement** (`CacheReplication.write`): once a majority holds the op
   durably and this replica applied it; the answer (the version written, the
   value deleted, the counter's new sum, a condition's result) is the one its
@@ -50,7 +54,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import shutil
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -65,21 +68,26 @@ from felix_broker.config import FsyncMode
 from felix_broker.fleet.peer import PeerDialer
 from felix_broker.fleet.routing import RoutingSnapshot, ShardId, ShardKind
 from felix_broker.fleet.view import FleetView
+from felix_broker.storage import LogConfig
 from felix_wire.errors import ErrorCode, RetryClass
-from felix_wire.fleet import CacheOpKind, ReplicatedCacheOp
+from felix_wire.fleet import CacheOpKind, CacheSnapshot, ReplicatedCacheOp
 
 from .core import Config, Effect, Entry
-from .disk import ReplicaDisk
+from .disk import ReplicaDiskError
 from .driver import ReplicaDriver, ReplicationRefusedError
 from .manager import follow_route
 from .reads import ReadRounds
 from .service import Blocked, ReplicationService, peer_sender
+from .snapshot import SnapshotDisk, capture, encode_snapshot, load_newest, restore, write_snapshot
 
 __all__ = [
+    "COMPACT_EVERY",
+    "SNAPSHOT_EVERY",
     "CacheApplier",
     "CacheOutcome",
     "CacheReplication",
     "CacheShards",
+    "Snapshots",
     "decode_op",
     "encode_op",
 ]
@@ -88,8 +96,10 @@ _log = logging.getLogger(__name__)
 
 _SETTLING: tuple[ErrorCode, str | None] = (ErrorCode.SHARD_UNAVAILABLE, "not_ready")
 _SETTLING_ERROR = (ErrorCode.SHARD_UNAVAILABLE, RetryClass.RETRY, "not_ready")
-# A cache shard's replication log is its only history: never compacted (see the module docs).
-_NEVER_COMPACT = 1 << 62
+SNAPSHOT_EVERY = 1024
+"""Entries applied between two snapshots of a replica's cache shard (the default)."""
+COMPACT_EVERY = 1024
+"""Entries the replication log file drops at once, at least (the default)."""
 # Outcomes of applied ops kept for the writers waiting on them (leader only). A writer
 # takes its outcome as soon as its ack resolves; the bound only stops a leak.
 _OUTCOMES_MAX = 65536
@@ -134,16 +144,33 @@ class CacheShards:
         self.release = release
 
 
+@dataclass(slots=True)
+class Snapshots:
+    """Where and how often a replica snapshots its cache shard (see the module docs)."""
+
+    folder: Path
+    disk: SnapshotDisk
+    every: int = SNAPSHOT_EVERY
+    durable: Callable[[], int] = lambda: 0  # the replica's fsynced length (set at open)
+
+
 class CacheApplier:
     """Applies committed ops to one replica's cache shard (the driver's `Applier`).
 
-    The shard starts empty at every open and receives every committed op from the
-    replication log's first record, so nothing of it is held before: see the
-    module docs. Each applied op's outcome is kept (leader only, bounded) under
-    the number `apply` returns for it, which the driver hands back to the writer
+    The shard starts at every open as the snapshot `start` left it (empty without
+    one) and receives every committed op from the snapshot's offset: see the module
+    docs. Each applied op's outcome is kept (leader only, bounded) under the number
+    `apply` returns for it, which the driver hands back to the writer
     (`Written.stream_offset`)."""
 
-    def __init__(self, shard: CacheShard, leading: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        shard: CacheShard,
+        leading: Callable[[], bool],
+        *,
+        snapshots: Snapshots | None = None,
+        start: CacheSnapshot | None = None,
+    ) -> None:
         if shard.log is None:
             raise ValueError("a replicated cache shard needs its log (durable storage)")
         shard.replicated = True
@@ -151,12 +178,27 @@ class CacheApplier:
         self._leading = leading
         self._applied = 0
         self._outcomes: OrderedDict[int, CacheOutcome] = OrderedDict()
+        self._snapshots = snapshots
+        # The replication log offset of the next entry to apply, and the generation
+        # of the one before it.
+        self.position = start.offset if start is not None else 0
+        self._generation = start.generation if start is not None else 0
+        self.snapshot_at = self.position  # the newest snapshot's offset (0: none)
+        if snapshots is not None:
+            snapshots.disk.floor = self.snapshot_at
 
     def applied_entries(self, entries: Sequence[Entry], records_below: int) -> int:
-        return 0  # rebuilt from the first record: nothing is applied at open
+        """The entries from the disk's base the start snapshot already holds."""
+        base = self._snapshots.disk.base if self._snapshots is not None else 0
+        if self.position < base:
+            raise ReplicaDiskError(
+                f"{self.shard.name}: the replication log is compacted to {base}, "
+                f"past its snapshot at {self.position}"
+            )
+        return self.position - base
 
     def records_of(self, entry: Entry) -> int:
-        return 0  # never compacted, so never weighed
+        return 0  # a cache shard's log offsets are its own: nothing to weigh
 
     def take(self, number: int | None) -> CacheOutcome | None:
         return None if number is None else self._outcomes.pop(number, None)
@@ -175,7 +217,25 @@ class CacheApplier:
                 self._outcomes[self._applied] = outcome
                 while len(self._outcomes) > _OUTCOMES_MAX:
                     self._outcomes.popitem(last=False)
+        if entries:
+            self.position += len(entries)
+            self._generation = entries[-1].generation
+            await self._maybe_snapshot()
         return numbers
+
+    async def _maybe_snapshot(self) -> None:
+        """Snapshot the shard once `every` entries were applied since the last one, at
+        an offset this replica holds durably (else a later apply tries again)."""
+        policy = self._snapshots
+        if policy is None or self.position - self.snapshot_at < policy.every:
+            return
+        if self.position > policy.durable():
+            return
+        at = self.position
+        data = encode_snapshot(capture(self.shard, at, self._generation))
+        await asyncio.to_thread(write_snapshot, policy.folder, at, data)
+        self.snapshot_at = at
+        policy.disk.floor = at  # the replication log may drop what is below
 
     def _apply(self, op: ReplicatedCacheOp) -> CacheOutcome:
         """One op on the shard: deterministic given the shard and the op (every
@@ -237,7 +297,11 @@ class CacheReplication:
         *,
         blocked: Blocked | None = None,
         on_event: Callable[[ShardId, Effect], None] | None = None,
+        snapshot_every: int | None = None,
+        compact_every: int | None = None,
     ) -> None:
+        self._snapshot_every = snapshot_every or SNAPSHOT_EVERY
+        self._compact_every = compact_every or COMPACT_EVERY
         self._view = view
         self._catalog = catalog
         self._caches = caches
@@ -361,9 +425,16 @@ class CacheReplication:
         folder = folder / str(shard.shard)
         state = folder / "state"
         limits = self._caches.limits
+        start = await asyncio.to_thread(load_newest, folder)
 
         def rebuild() -> CacheShard:
-            shutil.rmtree(state, ignore_errors=True)  # derived: rebuilt from the log
+            # Derived: rebuilt from the snapshot and the replication log above it.
+            config = LogConfig(
+                segment_bytes=limits.segment_bytes,
+                fsync_mode=FsyncMode.NONE,
+                fsync_interval=limits.fsync_interval,
+            )
+            restore(state, start, config)
             return CacheShard.open(
                 f"{spec.tenant_id}/{spec.namespace}/{spec.name}/{shard.shard}",
                 state,
@@ -384,18 +455,21 @@ class CacheReplication:
         def leading() -> bool:
             return bool(holder) and holder[0].replica.accepts_writes
 
-        applier = CacheApplier(cache_shard, leading)
+        disk = SnapshotDisk(folder, compact_every=self._compact_every)
+        snapshots = Snapshots(folder, disk, self._snapshot_every)
+        applier = CacheApplier(cache_shard, leading, snapshots=snapshots, start=start)
         driver = ReplicaDriver.open(
             shard,
             self.node_id,
             replicas,
-            ReplicaDisk(folder, compact_every=_NEVER_COMPACT),
+            disk,
             peer_sender(self._dialer, address_of, self._blocked),
             config=self._config,
             applier=applier,
             on_event=self._on_event,
         )
         holder.append(driver)
+        snapshots.durable = lambda: driver.replica.synced_length
         held = _Replica(spec, shard.shard, driver, applier)
         self._replicas[shard] = held
         self._service.add(driver)

@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 0ac8d43ac1680ea2fc5e911ffd3457e8745d8f368ad51c119f47ade23b6503ef
+# spec sha256: 7eebf811dccd9e5d3bf666b8b354a6d5514e781e7fb29f08a08ec44a9850a6cb
 """The fleet catalogue: etcd record shapes and broker-to-broker messages.
 
 Broker-to-broker QUIC (TLS 1.3, mutual TLS): each broker's peer certificate is signed by the fleet CA and names its node id as a DNS SAN; both sides check it, and the listener checks it against hello.
@@ -95,6 +95,9 @@ __all__ = [
     "ReplicatedCommit",
     "MoveFile",
     "ReplicatedCacheOp",
+    "CacheSnapshotEntry",
+    "CacheSnapshotCounter",
+    "CacheSnapshot",
     "ReplicatedGroupChange",
     "ReplicatedGroupChanges",
     "CacheOp",
@@ -666,6 +669,59 @@ class ReplicatedCacheOp(msgspec.Struct, omit_defaults=True, kw_only=True):
                 "now_ms",
                 "ttl_ms",
                 "version",
+            ),
+            (),
+        )
+
+
+class CacheSnapshotEntry(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One live entry of a cache shard in a CacheSnapshot."""
+
+    key: str
+    value: bytes
+    version: U64
+    """the offset of the put that wrote it in the replica's cache shard log"""
+    expires_at_ms: U64 = 0
+    """the leader's wall clock deadline; 0: never"""
+
+    def __post_init__(self) -> None:
+        _check_u64(
+            self,
+            (
+                "version",
+                "expires_at_ms",
+            ),
+            (),
+        )
+
+
+class CacheSnapshotCounter(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One counter of a cache shard in a CacheSnapshot."""
+
+    key: str
+    total: I64
+
+
+class CacheSnapshot(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """A Quorum cache shard's state once every entry of its replication log below `offset` is applied (and nothing above): what a replica rebuilds from instead of the records below `offset`, which its replication log may then drop. Deterministic given the log, so the same at one offset on every replica."""
+
+    offset: U64
+    """replication log offset: the entries below it are applied"""
+    generation: U64
+    """the generation of the replication log's record at offset - 1 (0 at 0)"""
+    tail: U64
+    """the cache shard log's next offset (the version the next put gets)"""
+    entries: list[CacheSnapshotEntry]
+    """in recency order, the next to evict first"""
+    counters: list[CacheSnapshotCounter]
+
+    def __post_init__(self) -> None:
+        _check_u64(
+            self,
+            (
+                "offset",
+                "generation",
+                "tail",
             ),
             (),
         )

@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 0ac8d43ac1680ea2fc5e911ffd3457e8745d8f368ad51c119f47ade23b6503ef
+# spec sha256: 7eebf811dccd9e5d3bf666b8b354a6d5514e781e7fb29f08a08ec44a9850a6cb
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
@@ -179,6 +179,28 @@ FLEET_SHAPE_STRATEGIES["ReplicatedCacheOp"] = st.builds(
     ttl_ms=(st.none() | _U64),
     version=(st.none() | _U64),
     delta=(st.none() | _I64),
+)
+FLEET_SHAPE_STRATEGIES["CacheSnapshotEntry"] = st.builds(
+    _f.CacheSnapshotEntry,
+    key=_TEXT,
+    value=_BLOB,
+    version=_U64,
+    expires_at_ms=_U64,
+)
+FLEET_SHAPE_STRATEGIES["CacheSnapshotCounter"] = st.builds(
+    _f.CacheSnapshotCounter,
+    key=_TEXT,
+    total=_I64,
+)
+FLEET_SHAPE_STRATEGIES["CacheSnapshot"] = st.builds(
+    _f.CacheSnapshot,
+    offset=_U64,
+    generation=_U64,
+    tail=_U64,
+    entries=st.lists(st.deferred(lambda: FLEET_SHAPE_STRATEGIES["CacheSnapshotEntry"]), max_size=3),
+    counters=st.lists(
+        st.deferred(lambda: FLEET_SHAPE_STRATEGIES["CacheSnapshotCounter"]), max_size=3
+    ),
 )
 FLEET_SHAPE_STRATEGIES["ReplicatedGroupChange"] = st.builds(
     _f.ReplicatedGroupChange,
