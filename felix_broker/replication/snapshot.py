@@ -51,6 +51,7 @@ __all__ = [
     "decode_snapshot",
     "encode_snapshot",
     "load_newest",
+    "reset_log",
     "restore",
     "write_snapshot",
 ]
@@ -139,6 +140,23 @@ def write_snapshot(folder: Path, offset: int, data: bytes) -> Path:
     except OSError as exc:
         raise ReplicaDiskError(f"{path}: snapshot not written: {exc}") from None
     return path
+
+
+def reset_log(folder: Path, offset: int, generation: int) -> None:
+    """Replace a replica's replication log by an empty one starting at `offset` (the
+    record before it of `generation`), crash-safely: the new file is created under a
+    temporary name, fsynced, renamed and the folder fsynced; `ReplicaDisk.recover`
+    then takes it (the highest base) and removes the others. Blocking file I/O."""
+    name = f"entries-{offset}-{generation}-0.log"
+    temp = folder / (name + ".tmp")
+    try:
+        with open(temp, "wb") as out:
+            out.flush()
+            os.fsync(out.fileno())
+        os.replace(temp, folder / name)
+        _fsync_folder(folder)
+    except OSError as exc:
+        raise ReplicaDiskError(f"{folder}: replication log not reset: {exc}") from None
 
 
 def load_newest(folder: Path) -> CacheSnapshot | None:

@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 7eebf811dccd9e5d3bf666b8b354a6d5514e781e7fb29f08a08ec44a9850a6cb
+# spec sha256: 1c65cfbea1239a327d543187d2af7290fb68c03d78991ea6d0c4d04db936c981
 """The fleet catalogue: etcd record shapes and broker-to-broker messages.
 
 Broker-to-broker QUIC (TLS 1.3, mutual TLS): each broker's peer certificate is signed by the fleet CA and names its node id as a DNS SAN; both sides check it, and the listener checks it against hello.
@@ -126,6 +126,8 @@ __all__ = [
     "MoveFinal",
     "ReplicaReadRound",
     "ReplicaReadAnswer",
+    "ReplicaSnapshotRequest",
+    "ReplicaSnapshot",
     "PeerMessage",
     "PEER_MESSAGE_CLASSES",
     "DIALER_TO_LISTENER",
@@ -1302,6 +1304,43 @@ class ReplicaReadAnswer(
         _check_u64(self, ("generation",), ())
 
 
+class ReplicaSnapshotRequest(
+    msgspec.Struct,
+    tag_field="type",
+    tag="replica_snapshot_request",
+    omit_defaults=True,
+    kw_only=True,
+):
+    """A follower of a Quorum cache shard shipped records past its log's end while the leader says every replica holds the records below `compacted` (its log lost them: a replaced disk) asks the leader for its snapshot to rebuild from (felix_broker/replication/cache.py). Read-only on the leader.
+
+    Direction: dialer_to_listener.
+    Answered by: replica_snapshot.
+    """
+
+    shard: ReplicaShard
+    sender: str
+    """the asking replica's node id (checked against its peer certificate)"""
+
+
+class ReplicaSnapshot(
+    msgspec.Struct, tag_field="type", tag="replica_snapshot", omit_defaults=True, kw_only=True
+):
+    """The leader's cache shard as applied now (its state at `snapshot.offset`, a committed offset at or above its compacted point). held false: this broker is not the shard's open leader here, or its keys and values pass 32 MiB (refused: too_large; a peer frame carries at most max_frame_bytes of JSON).
+
+    Direction: listener_to_dialer.
+    """
+
+    held: bool
+    generation: U64 = 0
+    """the leader's generation"""
+    snapshot: CacheSnapshot | None = None
+    refused: str | None = None
+    """not_leader or too_large (an open set of words)"""
+
+    def __post_init__(self) -> None:
+        _check_u64(self, ("generation",), ())
+
+
 PeerMessage = Union[
     Hello,
     HelloOk,
@@ -1327,6 +1366,8 @@ PeerMessage = Union[
     MoveFinal,
     ReplicaReadRound,
     ReplicaReadAnswer,
+    ReplicaSnapshotRequest,
+    ReplicaSnapshot,
 ]
 """Any known peer message."""
 
@@ -1356,6 +1397,8 @@ PEER_MESSAGE_CLASSES: Mapping[str, type[PeerMessage]] = MappingProxyType(
         "move_final": MoveFinal,
         "replica_read_round": ReplicaReadRound,
         "replica_read_answer": ReplicaReadAnswer,
+        "replica_snapshot_request": ReplicaSnapshotRequest,
+        "replica_snapshot": ReplicaSnapshot,
     }
 )
 DIALER_TO_LISTENER = frozenset(
@@ -1374,6 +1417,7 @@ DIALER_TO_LISTENER = frozenset(
         "move_caught_up",
         "move_final",
         "replica_read_round",
+        "replica_snapshot_request",
     }
 )
 LISTENER_TO_DIALER = frozenset(
@@ -1388,6 +1432,7 @@ LISTENER_TO_DIALER = frozenset(
         "move_done_ok",
         "replica_received",
         "replica_read_answer",
+        "replica_snapshot",
     }
 )
 RECORD_CLASSES: Mapping[str, type[msgspec.Struct]] = MappingProxyType(

@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 7eebf811dccd9e5d3bf666b8b354a6d5514e781e7fb29f08a08ec44a9850a6cb
+# spec sha256: 1c65cfbea1239a327d543187d2af7290fb68c03d78991ea6d0c4d04db936c981
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
@@ -413,6 +413,18 @@ PEER_MESSAGE_STRATEGIES: Mapping[str, st.SearchStrategy[Any]] = MappingProxyType
             held=st.booleans(),
             generation=_U64,
             confirmed=st.booleans(),
+        ),
+        "replica_snapshot_request": st.builds(
+            _f.ReplicaSnapshotRequest,
+            shard=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["ReplicaShard"]),
+            sender=_TEXT,
+        ),
+        "replica_snapshot": st.builds(
+            _f.ReplicaSnapshot,
+            held=st.booleans(),
+            generation=_U64,
+            snapshot=(st.none() | st.deferred(lambda: FLEET_SHAPE_STRATEGIES["CacheSnapshot"])),
+            refused=(st.none() | _TEXT),
         ),
     }
 )
