@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 1c65cfbea1239a327d543187d2af7290fb68c03d78991ea6d0c4d04db936c981
+# spec sha256: fd31a33e74fe940f3bdb925d7d7a76881ee994fad61163da22e6e074af01c9a2
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
