@@ -368,6 +368,7 @@ class CacheReplication:
         self._tasks: list[asyncio.Task[None]] = []
         self._lock = asyncio.Lock()  # opening, dropping and reinstalling replicas
         self._catching_up: dict[ShardId, float] = {}  # shard -> when the last ask left
+        self._catch_ups: set[asyncio.Task[None]] = set()
         service.handlers[ReplicaSnapshotRequest] = self.serve_snapshot
         self.snapshots_shipped = 0
         self.snapshots_installed = 0
@@ -384,9 +385,10 @@ class CacheReplication:
         self._wake.set()
 
     async def close(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._catch_ups]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks = []
         for shard in list(self._replicas):
             await self._drop(shard)
@@ -574,8 +576,8 @@ class CacheReplication:
             return  # one ask at a time (-1: running), one a second
         self._catching_up[shard] = -1.0
         task = loop.create_task(self._catch_up(shard, ship.leader), name=f"catch-up {shard}")
-        self._tasks.append(task)
-        task.add_done_callback(lambda done: self._tasks.remove(done))
+        self._catch_ups.add(task)
+        task.add_done_callback(self._catch_ups.discard)
 
     async def _catch_up(self, shard: ShardId, leader: str) -> None:
         try:
