@@ -534,6 +534,7 @@ class Broker:
             report=self._report_refusal,  # etcd joins later: checked at each report
         )
         self.engine.replication_hook = self.replication.publish
+        self.replication.conditions_enabled = self._conditions_enabled
         self.engine.read_gate = self.replication.read_refusal
         if self.groups is not None:  # Quorum streams' group changes ride their log
             from felix_broker.replication.groups import GroupReplication, GroupStreamApplier
@@ -553,6 +554,15 @@ class Broker:
             fleet.tls, table.handle, fleet.limits, faults=self._link_faults
         )
         await self.peer_listener.start(fleet.peer_host, fleet.peer_port)
+
+    def _conditions_enabled(self) -> bool:
+        """Whether guarded and idempotent writes to Quorum streams are let in
+        (fleet/features.py, replicated_conditions)."""
+        from felix_broker.fleet.features import REPLICATED_CONDITIONS
+
+        return self.fleet_features is not None and self.fleet_features.is_enabled(
+            REPLICATED_CONDITIONS
+        )
 
     def _cache_replication(self, config: BrokerConfig) -> CacheReplication:
         """Quorum caches (RF > 1) replicated like Quorum streams, on the same peer handlers."""

@@ -6,8 +6,16 @@ finalizes one once every live broker implements it (``P/features/{name}``,
 one-way), and the routing view carries the finalized set. A broker acts only on
 its **enabled** set: what it implements that the fleet finalized.
 
-Three features are acted on (``lease_free_reads`` by the Quorum caches' read rounds,
-felix_broker/replication/reads.py; the two below here):
+Four features are acted on (``lease_free_reads`` by the Quorum caches' read rounds,
+felix_broker/replication/reads.py; ``replicated_conditions`` by the Quorum streams'
+replication, felix_broker/replication/manager.py; the two below here):
+
+- ``replicated_conditions``: a fleet member refuses a guarded or idempotent write
+  to a Quorum stream (``publish_if``, ``commit``, ``publish_idempotent``: every
+  replica judges their condition itself when it applies the entry) with
+  ``invalid_request`` (nothing written; decision ``quorum-conditions-feature``)
+  until it is enabled, so a fleet with a broker that predates that judging (and
+  would append such a batch unconditionally as a follower) never lets one in.
 
 - ``atomic_commit``: a fleet member refuses ``commit`` (``invalid_request``,
   nothing written) until it is enabled. ``FEATURE_ATOMIC_COMMIT`` stays
@@ -41,6 +49,7 @@ __all__ = [
     "ATOMIC_COMMIT",
     "LEASE_FREE_READS",
     "PUBLISHER_PRINCIPAL",
+    "REPLICATED_CONDITIONS",
     "FeatureMissingError",
     "FleetFeatures",
     "implemented_features",
@@ -53,6 +62,9 @@ PUBLISHER_PRINCIPAL = "publisher_principal"
 # Majority-confirmed reads of Quorum caches with FELIX_QUORUM_READS=majority
 # (felix_broker/replication/reads.py): without it finalized, every read uses the lease.
 LEASE_FREE_READS = "lease_free_reads"
+# Guarded and idempotent writes to Quorum streams, judged by every replica at the
+# entry's place in the log (decisions quorum-guarded-writes, quorum-idempotent-producers).
+REPLICATED_CONDITIONS = "replicated_conditions"
 
 
 class FeatureMissingError(RuntimeError):
@@ -71,7 +83,7 @@ def implemented_features(*, atomic_commit: bool, override: str = "") -> list[str
     list (FELIX_TEST_FLEET_FEATURES) when one is set."""
     if override.strip():
         return sorted({word.strip() for word in override.split(",") if word.strip()})
-    features = [LEASE_FREE_READS, PUBLISHER_PRINCIPAL]
+    features = [LEASE_FREE_READS, PUBLISHER_PRINCIPAL, REPLICATED_CONDITIONS]
     if atomic_commit:
         features.append(ATOMIC_COMMIT)
     return sorted(features)

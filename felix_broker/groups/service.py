@@ -256,6 +256,10 @@ class _ShardGroups:
     committers: list[asyncio.Future[int]] = field(default_factory=list)
     # Acks taken without a task, answered once this pass's commit is written.
     settled: list[_Owed] = field(default_factory=list)
+    # A Quorum shard's committed state: what its group log holds (the changes its
+    # replication applied), never the leader's in-memory settles ahead of the mark
+    # (`durable` may hold those). Compaction copies this one. None: not replicated.
+    committed: dict[str, GroupDurable] | None = None
 
     @property
     def tail(self) -> int:
@@ -462,6 +466,11 @@ class GroupService:
             log.close()
             raise
         groups = _ShardGroups(stream, log, durable, last_stamp_us=last_stamp)
+        if self.replication is not None and spec.replicated:
+            groups.committed = {
+                name: GroupDurable(d.cursor, set(d.dead), set(d.redriven), set(d.acked))
+                for name, d in durable.items()
+            }
         stream.listeners.append(groups.signal.fire)
         self._shards[key] = groups
         return groups
@@ -611,17 +620,23 @@ class GroupService:
         groups = self._shard_groups(spec, index)
         last = self._append(groups, changes)
         assert last is not None
+        if groups.committed is not None:
+            for change in changes:
+                apply_change(groups.committed, change)
         return groups.log, last
 
     def _wants_compaction(self, groups: _ShardGroups) -> bool:
-        if groups.compacting or self._replicated(groups):
-            return False  # a Quorum shard's group log: see replication/groups.py
+        if groups.compacting:
+            return False
         size = groups.log.size_bytes
-        live = sum(1 + len(d.dead) + len(d.redriven) for d in groups.durable.values())
+        state = groups.durable if groups.committed is None else groups.committed
+        live = sum(1 + len(d.dead) + len(d.redriven) for d in state.values())
         return size > self.limits.compact_min_bytes and size > 4 * 64 * live
 
     async def compact(self, groups: _ShardGroups) -> int:
-        """Copy the live state to the tail, then delete the segments wholly before it."""
+        """Copy the live state to the tail, then delete the segments wholly before it.
+        A Quorum shard's copy is its committed state (`committed`), taken with no await
+        between it and its append, so it is the state at that place in the group log."""
         groups.compacting = True
         try:
             log = groups.log
@@ -631,7 +646,8 @@ class GroupService:
             # removes exactly the segments wholly before the copy.
             stamp = max(wall_us(), groups.last_stamp_us + 1)
             groups.last_stamp_us = stamp
-            changes = snapshot_changes(groups.durable.items())
+            state = groups.durable if groups.committed is None else groups.committed
+            changes = snapshot_changes(state.items())
             if changes:
                 log.append([encode_change(c) for c in changes], timestamp_us=stamp)
             else:

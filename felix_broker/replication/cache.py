@@ -14,14 +14,28 @@ cache adds is what an entry means and how it is applied:
   wins, the other is answered `applied: false`), TTL deadlines are the leader's,
   and counter sums are exact.
 - **The cache shard is derived state.** Its log lives under the replica's folder
-  (``state/``, fsync mode none) and is rebuilt from the committed replication log
-  every time the replica opens (the folder is emptied first), so a version (the
-  offset of the put in that log) is the same number on every replica, and a
-  crash never leaves it ahead of or behind the replication log. The cache
-  service serves that shard (`CacheService.adopt`). The replication log of a
-  cache shard is therefore never compacted (`compact_every` past any count): a
-  snapshot to rebuild from is not implemented, so the log and a restart's
-  replay grow with the shard's history.
+  (``state/``, fsync mode none) and is rebuilt every time the replica opens (the
+  folder is emptied first) from the newest snapshot (snapshot.py) and the committed
+  replication log above it, so a version (the offset of the put in that log) is the
+  same number on every replica, and a crash never leaves it ahead of or behind the
+  replication log. The cache service serves that shard (`CacheService.adopt`).
+- **Compaction**: every replica takes a snapshot of its shard once `snapshot_every`
+  entries were applied since the last one (at an offset it holds durably: its
+  fsynced length), written crash-safely before its replication log may drop the
+  entries below it (`SnapshotDisk`: the core's `CompactLog` floor capped at the
+  newest snapshot, rewritten once `compact_every` entries can go). So the log holds
+  at most about `snapshot_every + compact_every` entries below what every replica
+  holds, and a restart replays only the entries above the snapshot.
+- **A follower behind the compacted point** (its log lost what every replica is
+  said to hold: a replaced disk) cannot be shipped those records: when a ship
+  starts past its log's end and the leader's `compacted` is past it too
+  (`_CacheDriver.receive`), it asks the leader for its snapshot
+  (`replica_snapshot_request`, at most one at a time per shard, one a second),
+  installs it crash-safely (snapshot file, then an empty replication log starting
+  at the snapshot's offset: `reset_log`) and reopens its replica there; the leader's
+  ships resume from its compacted point, which the snapshot covers. Bound: a
+  snapshot whose keys and values pass `SNAPSHOT_SHIP_MAX_BYTES` is not shipped
+  (`too_large`, logged): such a follower stays behind.
 - **Acknowledgement** (`CacheReplication.write`): once a majority holds the op
   durably and this replica applied it; the answer (the version written, the
   value deleted, the counter's new sum, a condition's result) is the one its
@@ -50,7 +64,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import shutil
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
@@ -62,24 +75,45 @@ import msgspec
 from felix_broker.cache.shard import CacheLimits, CacheShard, EntryTooLargeError, now_ms
 from felix_broker.catalog import CacheSpec, Catalog
 from felix_broker.config import FsyncMode
-from felix_broker.fleet.peer import PeerDialer
+from felix_broker.fleet.peer import PeerDialer, PeerOrigin, PeerProtocolError, PeerUnavailableError
 from felix_broker.fleet.routing import RoutingSnapshot, ShardId, ShardKind
 from felix_broker.fleet.view import FleetView
+from felix_broker.storage import LogConfig
 from felix_wire.errors import ErrorCode, RetryClass
-from felix_wire.fleet import CacheOpKind, ReplicatedCacheOp
+from felix_wire.fleet import (
+    CacheOpKind,
+    CacheSnapshot,
+    PeerMessage,
+    ReplicaSnapshot,
+    ReplicaSnapshotRequest,
+    ReplicatedCacheOp,
+)
 
-from .core import Config, Effect, Entry
-from .disk import ReplicaDisk
+from .core import Config, Effect, Entry, Message, Phase, Ship
+from .disk import ReplicaDiskError
 from .driver import ReplicaDriver, ReplicationRefusedError
 from .manager import follow_route
 from .reads import ReadRounds
 from .service import Blocked, ReplicationService, peer_sender
+from .snapshot import (
+    SnapshotDisk,
+    capture,
+    encode_snapshot,
+    load_newest,
+    reset_log,
+    restore,
+    write_snapshot,
+)
+from .wire import wire_shard
 
 __all__ = [
+    "COMPACT_EVERY",
+    "SNAPSHOT_EVERY",
     "CacheApplier",
     "CacheOutcome",
     "CacheReplication",
     "CacheShards",
+    "Snapshots",
     "decode_op",
     "encode_op",
 ]
@@ -88,8 +122,13 @@ _log = logging.getLogger(__name__)
 
 _SETTLING: tuple[ErrorCode, str | None] = (ErrorCode.SHARD_UNAVAILABLE, "not_ready")
 _SETTLING_ERROR = (ErrorCode.SHARD_UNAVAILABLE, RetryClass.RETRY, "not_ready")
-# A cache shard's replication log is its only history: never compacted (see the module docs).
-_NEVER_COMPACT = 1 << 62
+SNAPSHOT_EVERY = 1024
+"""Entries applied between two snapshots of a replica's cache shard (the default)."""
+COMPACT_EVERY = 1024
+"""Entries the replication log file drops at once, at least (the default)."""
+SNAPSHOT_SHIP_MAX_BYTES = 32 * 1024 * 1024
+"""Keys and values a shipped snapshot may carry (a peer frame is at most 64 MiB of JSON)."""
+_CATCH_UP_INTERVAL_S = 1.0  # between two snapshot requests of one shard
 # Outcomes of applied ops kept for the writers waiting on them (leader only). A writer
 # takes its outcome as soon as its ack resolves; the bound only stops a leak.
 _OUTCOMES_MAX = 65536
@@ -134,16 +173,33 @@ class CacheShards:
         self.release = release
 
 
+@dataclass(slots=True)
+class Snapshots:
+    """Where and how often a replica snapshots its cache shard (see the module docs)."""
+
+    folder: Path
+    disk: SnapshotDisk
+    every: int = SNAPSHOT_EVERY
+    durable: Callable[[], int] = lambda: 0  # the replica's fsynced length (set at open)
+
+
 class CacheApplier:
     """Applies committed ops to one replica's cache shard (the driver's `Applier`).
 
-    The shard starts empty at every open and receives every committed op from the
-    replication log's first record, so nothing of it is held before: see the
-    module docs. Each applied op's outcome is kept (leader only, bounded) under
-    the number `apply` returns for it, which the driver hands back to the writer
+    The shard starts at every open as the snapshot `start` left it (empty without
+    one) and receives every committed op from the snapshot's offset: see the module
+    docs. Each applied op's outcome is kept (leader only, bounded) under the number
+    `apply` returns for it, which the driver hands back to the writer
     (`Written.stream_offset`)."""
 
-    def __init__(self, shard: CacheShard, leading: Callable[[], bool]) -> None:
+    def __init__(
+        self,
+        shard: CacheShard,
+        leading: Callable[[], bool],
+        *,
+        snapshots: Snapshots | None = None,
+        start: CacheSnapshot | None = None,
+    ) -> None:
         if shard.log is None:
             raise ValueError("a replicated cache shard needs its log (durable storage)")
         shard.replicated = True
@@ -151,12 +207,31 @@ class CacheApplier:
         self._leading = leading
         self._applied = 0
         self._outcomes: OrderedDict[int, CacheOutcome] = OrderedDict()
+        self._snapshots = snapshots
+        # The replication log offset of the next entry to apply, and the generation
+        # of the one before it.
+        self.position = start.offset if start is not None else 0
+        self._generation = start.generation if start is not None else 0
+        self.snapshot_at = self.position  # the newest snapshot's offset (0: none)
+        if snapshots is not None:
+            snapshots.disk.floor = self.snapshot_at
 
     def applied_entries(self, entries: Sequence[Entry], records_below: int) -> int:
-        return 0  # rebuilt from the first record: nothing is applied at open
+        """The entries from the disk's base the start snapshot already holds."""
+        base = self._snapshots.disk.base if self._snapshots is not None else 0
+        if self.position < base:
+            raise ReplicaDiskError(
+                f"{self.shard.name}: the replication log is compacted to {base}, "
+                f"past its snapshot at {self.position}"
+            )
+        return self.position - base
 
     def records_of(self, entry: Entry) -> int:
-        return 0  # never compacted, so never weighed
+        return 0  # a cache shard's log offsets are its own: nothing to weigh
+
+    def snapshot(self) -> CacheSnapshot:
+        """The shard as applied now, at `position` (for a follower behind)."""
+        return capture(self.shard, self.position, self._generation)
 
     def take(self, number: int | None) -> CacheOutcome | None:
         return None if number is None else self._outcomes.pop(number, None)
@@ -175,7 +250,25 @@ class CacheApplier:
                 self._outcomes[self._applied] = outcome
                 while len(self._outcomes) > _OUTCOMES_MAX:
                     self._outcomes.popitem(last=False)
+        if entries:
+            self.position += len(entries)
+            self._generation = entries[-1].generation
+            await self._maybe_snapshot()
         return numbers
+
+    async def _maybe_snapshot(self) -> None:
+        """Snapshot the shard once `every` entries were applied since the last one, at
+        an offset this replica holds durably (else a later apply tries again)."""
+        policy = self._snapshots
+        if policy is None or self.position - self.snapshot_at < policy.every:
+            return
+        if self.position > policy.durable():
+            return
+        at = self.position
+        data = encode_snapshot(capture(self.shard, at, self._generation))
+        await asyncio.to_thread(write_snapshot, policy.folder, at, data)
+        self.snapshot_at = at
+        policy.disk.floor = at  # the replication log may drop what is below
 
     def _apply(self, op: ReplicatedCacheOp) -> CacheOutcome:
         """One op on the shard: deterministic given the shard and the op (every
@@ -212,12 +305,30 @@ class CacheApplier:
             return CacheOutcome(applied=False, error=(ErrorCode.INVALID_REQUEST, str(exc)))
 
 
+class _CacheDriver(ReplicaDriver):
+    """A cache replica's driver: notices a ship it cannot take because its log ends
+    below what the leader says every replica holds (see the module docs)."""
+
+    behind: Callable[[Ship], None] | None = None
+
+    async def receive(self, message: Message) -> None:
+        if (
+            isinstance(message, Ship)
+            and self.behind is not None
+            and message.offset > self.replica.length
+            and message.compacted > self.replica.length
+        ):
+            self.behind(message)
+        await super().receive(message)
+
+
 @dataclass(slots=True)
 class _Replica:
     spec: CacheSpec
     index: int
     driver: ReplicaDriver
     applier: CacheApplier
+    folder: Path
 
 
 class CacheReplication:
@@ -237,7 +348,11 @@ class CacheReplication:
         *,
         blocked: Blocked | None = None,
         on_event: Callable[[ShardId, Effect], None] | None = None,
+        snapshot_every: int | None = None,
+        compact_every: int | None = None,
     ) -> None:
+        self._snapshot_every = snapshot_every or SNAPSHOT_EVERY
+        self._compact_every = compact_every or COMPACT_EVERY
         self._view = view
         self._catalog = catalog
         self._caches = caches
@@ -251,6 +366,12 @@ class CacheReplication:
         self.reads: ReadRounds | None = None  # majority read rounds (set by the broker)
         self._wake = asyncio.Event()
         self._tasks: list[asyncio.Task[None]] = []
+        self._lock = asyncio.Lock()  # opening, dropping and reinstalling replicas
+        self._catching_up: dict[ShardId, float] = {}  # shard -> when the last ask left
+        self._catch_ups: set[asyncio.Task[None]] = set()
+        service.handlers[ReplicaSnapshotRequest] = self.serve_snapshot
+        self.snapshots_shipped = 0
+        self.snapshots_installed = 0
 
     @property
     def node_id(self) -> str:
@@ -264,9 +385,10 @@ class CacheReplication:
         self._wake.set()
 
     async def close(self) -> None:
-        for task in self._tasks:
+        tasks = [*self._tasks, *self._catch_ups]
+        for task in tasks:
             task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await asyncio.gather(*tasks, return_exceptions=True)
         self._tasks = []
         for shard in list(self._replicas):
             await self._drop(shard)
@@ -336,7 +458,8 @@ class CacheReplication:
             await self._wake.wait()
             self._wake.clear()
             try:
-                await self._reconcile(self._view.snapshot)
+                async with self._lock:
+                    await self._reconcile(self._view.snapshot)
             except Exception:
                 _log.exception("cache replication: reconciling with the routing view failed")
 
@@ -361,9 +484,16 @@ class CacheReplication:
         folder = folder / str(shard.shard)
         state = folder / "state"
         limits = self._caches.limits
+        start = await asyncio.to_thread(load_newest, folder)
 
         def rebuild() -> CacheShard:
-            shutil.rmtree(state, ignore_errors=True)  # derived: rebuilt from the log
+            # Derived: rebuilt from the snapshot and the replication log above it.
+            config = LogConfig(
+                segment_bytes=limits.segment_bytes,
+                fsync_mode=FsyncMode.NONE,
+                fsync_interval=limits.fsync_interval,
+            )
+            restore(state, start, config)
             return CacheShard.open(
                 f"{spec.tenant_id}/{spec.namespace}/{spec.name}/{shard.shard}",
                 state,
@@ -379,29 +509,121 @@ class CacheReplication:
             member = self._view.snapshot.members.get(node) or members.get(node)
             return member.peer_addr if member is not None else None
 
-        holder: list[ReplicaDriver] = []
+        holder: list[_CacheDriver] = []
 
         def leading() -> bool:
             return bool(holder) and holder[0].replica.accepts_writes
 
-        applier = CacheApplier(cache_shard, leading)
-        driver = ReplicaDriver.open(
+        disk = SnapshotDisk(folder, compact_every=self._compact_every)
+        snapshots = Snapshots(folder, disk, self._snapshot_every)
+        applier = CacheApplier(cache_shard, leading, snapshots=snapshots, start=start)
+        driver = _CacheDriver.open(
             shard,
             self.node_id,
             replicas,
-            ReplicaDisk(folder, compact_every=_NEVER_COMPACT),
+            disk,
             peer_sender(self._dialer, address_of, self._blocked),
             config=self._config,
             applier=applier,
             on_event=self._on_event,
         )
+        assert isinstance(driver, _CacheDriver)
         holder.append(driver)
-        held = _Replica(spec, shard.shard, driver, applier)
+        snapshots.durable = lambda: driver.replica.synced_length
+        driver.behind = lambda ship: self._behind(shard, ship)
+        held = _Replica(spec, shard.shard, driver, applier, folder)
         self._replicas[shard] = held
         self._service.add(driver)
         driver.start()
         await self._caches.adopt(spec, shard.shard, cache_shard)
         return held
+
+    # -- a follower behind the compacted point
+
+    async def serve_snapshot(self, message: PeerMessage, origin: PeerOrigin) -> PeerMessage:
+        """The peer handler of `replica_snapshot_request`: this leader's shard as
+        applied now, for a follower whose log lost what every replica is said to hold."""
+        assert isinstance(message, ReplicaSnapshotRequest)
+        if message.sender != origin.node_id or (
+            self._blocked is not None and self._blocked(origin.node_id)
+        ):
+            return ReplicaSnapshot(held=False)
+        s = message.shard
+        shard = ShardId(ShardKind(s.kind.value), s.tenant, s.namespace, s.name, s.shard)
+        held = self._replicas.get(shard)
+        if held is None or held.driver.replica.phase is not Phase.LEADER:
+            return ReplicaSnapshot(held=False, refused="not_leader")
+        generation = held.driver.replica.generation
+        snapshot = held.applier.snapshot()
+        size = sum(len(e.key) + len(e.value) for e in snapshot.entries)
+        size += sum(len(c.key) + 8 for c in snapshot.counters)
+        if size > SNAPSHOT_SHIP_MAX_BYTES:
+            _log.warning(
+                "%s: snapshot of %d bytes not shipped to %s (the bound is %d)",
+                shard,
+                size,
+                origin.node_id,
+                SNAPSHOT_SHIP_MAX_BYTES,
+            )
+            return ReplicaSnapshot(held=False, generation=generation, refused="too_large")
+        self.snapshots_shipped += 1
+        return ReplicaSnapshot(held=True, generation=generation, snapshot=snapshot)
+
+    def _behind(self, shard: ShardId, ship: Ship) -> None:
+        loop = asyncio.get_running_loop()
+        last = self._catching_up.get(shard)
+        if last is not None and (last < 0 or loop.time() - last < _CATCH_UP_INTERVAL_S):
+            return  # one ask at a time (-1: running), one a second
+        self._catching_up[shard] = -1.0
+        task = loop.create_task(self._catch_up(shard, ship.leader), name=f"catch-up {shard}")
+        self._catch_ups.add(task)
+        task.add_done_callback(self._catch_ups.discard)
+
+    async def _catch_up(self, shard: ShardId, leader: str) -> None:
+        try:
+            answer = await self._ask_snapshot(shard, leader)
+            if answer is not None:
+                async with self._lock:
+                    await self._install(shard, answer)
+        except Exception:
+            _log.exception("cache replication: %s: catching up from a snapshot failed", shard)
+        finally:
+            self._catching_up[shard] = asyncio.get_running_loop().time()
+
+    async def _ask_snapshot(self, shard: ShardId, leader: str) -> CacheSnapshot | None:
+        member = self._view.snapshot.members.get(leader)
+        if member is None or (self._blocked is not None and self._blocked(leader)):
+            return None
+        ask = ReplicaSnapshotRequest(shard=wire_shard(shard), sender=self.node_id)
+        try:
+            answer = await self._dialer.request(leader, member.peer_addr, ask)
+        except (PeerUnavailableError, PeerProtocolError) as exc:
+            _log.debug("%s: no snapshot from %s: %s", shard, leader, exc)
+            return None
+        if type(answer) is not ReplicaSnapshot or not answer.held or answer.snapshot is None:
+            _log.info("%s: %s shipped no snapshot (%s)", shard, leader, answer)
+            return None
+        return answer.snapshot
+
+    async def _install(self, shard: ShardId, snapshot: CacheSnapshot) -> None:
+        """Rebuild this replica from the leader's snapshot (see the module docs)."""
+        held = self._replicas.get(shard)
+        if held is None or snapshot.offset <= held.driver.replica.length:
+            return  # gone, or it caught up meanwhile
+        replicas = held.driver.replica.replicas
+        folder = held.folder
+        await self._drop(shard)
+        data = encode_snapshot(snapshot)
+
+        def write() -> None:
+            write_snapshot(folder, snapshot.offset, data)  # first: the log then starts there
+            reset_log(folder, snapshot.offset, snapshot.generation)
+
+        await asyncio.to_thread(write)
+        self.snapshots_installed += 1
+        _log.info("%s: rebuilt from the leader's snapshot at %d", shard, snapshot.offset)
+        await self._open(shard, held.spec, replicas)
+        self._wake.set()  # follow the route again (lease, promotion)
 
     async def _drop(self, shard: ShardId) -> None:
         held = self._replicas.pop(shard, None)

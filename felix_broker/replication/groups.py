@@ -40,9 +40,14 @@ The two entry payloads are told apart by their first byte: a msgpack map of one
 field (0x81) is a `ReplicatedGroupChanges`; a `ReplicatedBatch` has two required
 fields, so its map never starts with 0x81.
 
-Not here (reported as unfinished): the group log of a Quorum shard is not
-compacted (the group service's compaction copies its in-memory state, which on a
-leader may be ahead of the mark), so it grows with the shard's settles.
+- **Compaction** of a Quorum shard's group log copies only committed state: the
+  group service keeps, beside its in-memory states (which on a leader run ahead of
+  the mark), the state its group log holds (`_ShardGroups.committed`, updated by
+  `append_replicated` alone), and its compaction writes that one to the log's tail
+  (no await between taking it and appending it, so it is the state at that place in
+  the log), then deletes the segments wholly before it. A restart's suffix
+  re-application (above) lands after the copy, which holds that suffix's effect
+  already: applying it again gives the same state.
 """
 
 from __future__ import annotations

@@ -81,6 +81,19 @@ _log = logging.getLogger(__name__)
 # A replica the routing view names leader that is not open (fencing, or its promotion
 # was refused): nobody serves the shard, and a redirect would point back here.
 _SETTLING: tuple[ErrorCode, str | None] = (ErrorCode.SHARD_UNAVAILABLE, "not_ready")
+
+
+def _conditions_off() -> ReplicationRefusedError:
+    """A guarded or idempotent write to a Quorum stream before the fleet finalized
+    replicated_conditions (fleet/features.py; decision quorum-conditions-feature)."""
+    return ReplicationRefusedError(
+        ErrorCode.INVALID_REQUEST,
+        RetryClass.FATAL,
+        message="guarded and idempotent writes to Quorum streams are not enabled in this "
+        "fleet: the control plane has not finalized replicated_conditions",
+    )
+
+
 _REPORT_RETRY_S = 1.0  # while a refusal report stands or failed: look again this often
 
 
@@ -132,6 +145,9 @@ class ReplicationManager:
         # The applier of a shard around its StreamApplier (replication/groups.py: group
         # changes riding the stream's log); None: the StreamApplier alone.
         self.wrap_applier: Callable[[StreamApplier], Applier] | None = None
+        # Whether the fleet enabled replicated_conditions (set by the broker); until
+        # then guarded and idempotent writes are refused (`publish`).
+        self.conditions_enabled: Callable[[], bool] = lambda: False
 
     @property
     def node_id(self) -> str:
@@ -197,6 +213,9 @@ class ReplicationManager:
             producer = guard
         elif guard is not None:
             raise TypeError(f"no replicated form for guard {type(guard).__name__}")
+        if guard is not None and not self.conditions_enabled():
+            done.set_exception(_conditions_off())
+            return done
         expected = guarded.expected_offset if guarded is not None else None
         batch = ReplicatedBatch(
             timestamp_us=now_micros(),

@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 108f91f623ea8b24121c45bd8308a4a527d352efdf6cedcb539abb43ec9db8a9
+# spec sha256: 296e91258900fe0dbc8013c9a49fbb5f103883e1bd22d9e905a4fabe765284f6
 """Read-only index of the catalogue: every name the generated layer knows.
 
 Tests count these against tests/vectors/protocol-tables.yaml; tools (the conformance
@@ -30,7 +30,7 @@ __all__ = [
     "COUNTS",
 ]
 
-SPEC_SHA256 = "108f91f623ea8b24121c45bd8308a4a527d352efdf6cedcb539abb43ec9db8a9"
+SPEC_SHA256 = "296e91258900fe0dbc8013c9a49fbb5f103883e1bd22d9e905a4fabe765284f6"
 
 
 class Decision(NamedTuple):
@@ -172,6 +172,16 @@ DECISIONS: Mapping[str, Decision] = MappingProxyType(
             "at the batch's place in the replicated log, like a guarded write: the leader admits the batch without consulting its producer table, as a ReplicatedBatch carrying producer_id, sequence and digest; every replica judges it against its own producer table (a function of its stream log's producer marks) when it applies the committed entry, appends it with its producer mark only for the next expected sequence (or sequence 0 of an unknown producer), and otherwise writes no record; the leader answers once a majority holds the entry and it is applied here: publish_ok with the offset, or a duplicate's original offset, or publish_refused with the table's reason (sequence_gap {expected}, unknown_producer, sequence_expired, sequence_reused to a client that offered FEATURE_SEQUENCE_REUSED, else the original's publish_ok); no majority in time is quorum_timeout (outcome unknown, resend the same batch)",
             "the producer table is then replicated without a message of its own: it is derived from the committed log, which every replica and every later leader holds, so a promoted leader answers a resend of a batch its predecessor acknowledged as a duplicate (exactly once across failover); a table consulted at the leader before the append would include an uncommitted suffix a new leader drops, and two in-flight resends of one sequence would both pass it",
         ),
+        "quorum-conditions-feature": Decision(
+            "what a fleet member answers a guarded or idempotent write (publish_if, commit, publish_idempotent) to a Quorum stream before the fleet finalized replicated_conditions (issue 19: a follower that predates the replicated judging would append such a batch unconditionally)",
+            "error (publish_error for publish_idempotent) with code invalid_request, retry class fatal (the catalogue's default), nothing written, the message naming the feature; plain publishes, and every write to a Leader stream, are served as before; once finalized (one-way) they are admitted as decisions quorum-guarded-writes and quorum-idempotent-producers say",
+            "it is the refusal the fleet already gives a commit before atomic_commit (the same kind of switch, the same answer); shard_unavailable (retry) would make clients spin on a shard that serves plain publishes, until an operator acts; publish_refused's reasons are verdicts of the producer table or the offset guard, which a client acts on as facts about its sequence or its offset, and here no condition was judged; not_leader would send it to a leader that refuses it alike",
+        ),
+        "quorum-cache-snapshots": Decision(
+            "how a Quorum cache shard's replication log is compacted and a follower behind the compacted point catches up (issue 19)",
+            "every replica snapshots its own cache shard (CacheSnapshot in spec/fleet.yaml: entries in recency order with versions and TTL deadlines, counters, the cache log's tail) once 1024 entries were applied since the last, at an offset it holds durably; its replication log drops entries only below its newest snapshot; a follower whose log ends below the leader's compacted point asks the leader (replica_snapshot_request) for its shard as applied now and rebuilds from it",
+            "applying is deterministic, so a snapshot at an offset is the same on every replica and need not be agreed on; a local snapshot costs no peer traffic; the rebuilt cache log ends at the snapshot's tail, so versions stay the offsets they were on every replica",
+        ),
     }
 )
 
@@ -195,6 +205,6 @@ COUNTS: Mapping[str, int] = MappingProxyType(
         "error_codes": 17,
         "retry_classes": 5,
         "shapes": 25,
-        "decisions": 27,
+        "decisions": 29,
     }
 )

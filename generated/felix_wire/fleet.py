@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 0ac8d43ac1680ea2fc5e911ffd3457e8745d8f368ad51c119f47ade23b6503ef
+# spec sha256: fd31a33e74fe940f3bdb925d7d7a76881ee994fad61163da22e6e074af01c9a2
 """The fleet catalogue: etcd record shapes and broker-to-broker messages.
 
 Broker-to-broker QUIC (TLS 1.3, mutual TLS): each broker's peer certificate is signed by the fleet CA and names its node id as a DNS SAN; both sides check it, and the listener checks it against hello.
@@ -95,6 +95,9 @@ __all__ = [
     "ReplicatedCommit",
     "MoveFile",
     "ReplicatedCacheOp",
+    "CacheSnapshotEntry",
+    "CacheSnapshotCounter",
+    "CacheSnapshot",
     "ReplicatedGroupChange",
     "ReplicatedGroupChanges",
     "CacheOp",
@@ -123,6 +126,8 @@ __all__ = [
     "MoveFinal",
     "ReplicaReadRound",
     "ReplicaReadAnswer",
+    "ReplicaSnapshotRequest",
+    "ReplicaSnapshot",
     "PeerMessage",
     "PEER_MESSAGE_CLASSES",
     "DIALER_TO_LISTENER",
@@ -666,6 +671,59 @@ class ReplicatedCacheOp(msgspec.Struct, omit_defaults=True, kw_only=True):
                 "now_ms",
                 "ttl_ms",
                 "version",
+            ),
+            (),
+        )
+
+
+class CacheSnapshotEntry(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One live entry of a cache shard in a CacheSnapshot."""
+
+    key: str
+    value: bytes
+    version: U64
+    """the offset of the put that wrote it in the replica's cache shard log"""
+    expires_at_ms: U64 = 0
+    """the leader's wall clock deadline; 0: never"""
+
+    def __post_init__(self) -> None:
+        _check_u64(
+            self,
+            (
+                "version",
+                "expires_at_ms",
+            ),
+            (),
+        )
+
+
+class CacheSnapshotCounter(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """One counter of a cache shard in a CacheSnapshot."""
+
+    key: str
+    total: I64
+
+
+class CacheSnapshot(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """A Quorum cache shard's state once every entry of its replication log below `offset` is applied (and nothing above): what a replica rebuilds from instead of the records below `offset`, which its replication log may then drop. Deterministic given the log, so the same at one offset on every replica."""
+
+    offset: U64
+    """replication log offset: the entries below it are applied"""
+    generation: U64
+    """the generation of the replication log's record at offset - 1 (0 at 0)"""
+    tail: U64
+    """the cache shard log's next offset (the version the next put gets)"""
+    entries: list[CacheSnapshotEntry]
+    """in recency order, the next to evict first"""
+    counters: list[CacheSnapshotCounter]
+
+    def __post_init__(self) -> None:
+        _check_u64(
+            self,
+            (
+                "offset",
+                "generation",
+                "tail",
             ),
             (),
         )
@@ -1246,6 +1304,43 @@ class ReplicaReadAnswer(
         _check_u64(self, ("generation",), ())
 
 
+class ReplicaSnapshotRequest(
+    msgspec.Struct,
+    tag_field="type",
+    tag="replica_snapshot_request",
+    omit_defaults=True,
+    kw_only=True,
+):
+    """A follower of a Quorum cache shard shipped records past its log's end while the leader says every replica holds the records below `compacted` (its log lost them: a replaced disk) asks the leader for its snapshot to rebuild from (felix_broker/replication/cache.py). Read-only on the leader.
+
+    Direction: dialer_to_listener.
+    Answered by: replica_snapshot.
+    """
+
+    shard: ReplicaShard
+    sender: str
+    """the asking replica's node id (checked against its peer certificate)"""
+
+
+class ReplicaSnapshot(
+    msgspec.Struct, tag_field="type", tag="replica_snapshot", omit_defaults=True, kw_only=True
+):
+    """The leader's cache shard as applied now (its state at `snapshot.offset`, a committed offset at or above its compacted point). held false: this broker is not the shard's open leader here, or its keys and values pass 32 MiB (refused: too_large; a peer frame carries at most max_frame_bytes of JSON).
+
+    Direction: listener_to_dialer.
+    """
+
+    held: bool
+    generation: U64 = 0
+    """the leader's generation"""
+    snapshot: CacheSnapshot | None = None
+    refused: str | None = None
+    """not_leader or too_large (an open set of words)"""
+
+    def __post_init__(self) -> None:
+        _check_u64(self, ("generation",), ())
+
+
 PeerMessage = Union[
     Hello,
     HelloOk,
@@ -1271,6 +1366,8 @@ PeerMessage = Union[
     MoveFinal,
     ReplicaReadRound,
     ReplicaReadAnswer,
+    ReplicaSnapshotRequest,
+    ReplicaSnapshot,
 ]
 """Any known peer message."""
 
@@ -1300,6 +1397,8 @@ PEER_MESSAGE_CLASSES: Mapping[str, type[PeerMessage]] = MappingProxyType(
         "move_final": MoveFinal,
         "replica_read_round": ReplicaReadRound,
         "replica_read_answer": ReplicaReadAnswer,
+        "replica_snapshot_request": ReplicaSnapshotRequest,
+        "replica_snapshot": ReplicaSnapshot,
     }
 )
 DIALER_TO_LISTENER = frozenset(
@@ -1318,6 +1417,7 @@ DIALER_TO_LISTENER = frozenset(
         "move_caught_up",
         "move_final",
         "replica_read_round",
+        "replica_snapshot_request",
     }
 )
 LISTENER_TO_DIALER = frozenset(
@@ -1332,6 +1432,7 @@ LISTENER_TO_DIALER = frozenset(
         "move_done_ok",
         "replica_received",
         "replica_read_answer",
+        "replica_snapshot",
     }
 )
 RECORD_CLASSES: Mapping[str, type[msgspec.Struct]] = MappingProxyType(

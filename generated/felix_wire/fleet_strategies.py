@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 0ac8d43ac1680ea2fc5e911ffd3457e8745d8f368ad51c119f47ade23b6503ef
+# spec sha256: fd31a33e74fe940f3bdb925d7d7a76881ee994fad61163da22e6e074af01c9a2
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
@@ -179,6 +179,28 @@ FLEET_SHAPE_STRATEGIES["ReplicatedCacheOp"] = st.builds(
     ttl_ms=(st.none() | _U64),
     version=(st.none() | _U64),
     delta=(st.none() | _I64),
+)
+FLEET_SHAPE_STRATEGIES["CacheSnapshotEntry"] = st.builds(
+    _f.CacheSnapshotEntry,
+    key=_TEXT,
+    value=_BLOB,
+    version=_U64,
+    expires_at_ms=_U64,
+)
+FLEET_SHAPE_STRATEGIES["CacheSnapshotCounter"] = st.builds(
+    _f.CacheSnapshotCounter,
+    key=_TEXT,
+    total=_I64,
+)
+FLEET_SHAPE_STRATEGIES["CacheSnapshot"] = st.builds(
+    _f.CacheSnapshot,
+    offset=_U64,
+    generation=_U64,
+    tail=_U64,
+    entries=st.lists(st.deferred(lambda: FLEET_SHAPE_STRATEGIES["CacheSnapshotEntry"]), max_size=3),
+    counters=st.lists(
+        st.deferred(lambda: FLEET_SHAPE_STRATEGIES["CacheSnapshotCounter"]), max_size=3
+    ),
 )
 FLEET_SHAPE_STRATEGIES["ReplicatedGroupChange"] = st.builds(
     _f.ReplicatedGroupChange,
@@ -391,6 +413,18 @@ PEER_MESSAGE_STRATEGIES: Mapping[str, st.SearchStrategy[Any]] = MappingProxyType
             held=st.booleans(),
             generation=_U64,
             confirmed=st.booleans(),
+        ),
+        "replica_snapshot_request": st.builds(
+            _f.ReplicaSnapshotRequest,
+            shard=st.deferred(lambda: FLEET_SHAPE_STRATEGIES["ReplicaShard"]),
+            sender=_TEXT,
+        ),
+        "replica_snapshot": st.builds(
+            _f.ReplicaSnapshot,
+            held=st.booleans(),
+            generation=_U64,
+            snapshot=(st.none() | st.deferred(lambda: FLEET_SHAPE_STRATEGIES["CacheSnapshot"])),
+            refused=(st.none() | _TEXT),
         ),
     }
 )

@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 108f91f623ea8b24121c45bd8308a4a527d352efdf6cedcb539abb43ec9db8a9
+# spec sha256: 296e91258900fe0dbc8013c9a49fbb5f103883e1bd22d9e905a4fabe765284f6
 """The one name rule for tenant, namespace, stream, cache, group names.
 
 A tenant, namespace, stream, cache or group name: 1 to 128 characters of ASCII letters, digits, `_`, `-` and `.`, and never `.` or `..` (which would walk the folder tree as a path segment).

@@ -24,7 +24,7 @@ from felix_broker.app import Broker
 from felix_broker.cache.service import CacheLimits
 from felix_broker.catalog import StaticCatalog
 from felix_broker.config import load_config
-from felix_broker.fleet.features import ATOMIC_COMMIT, PUBLISHER_PRINCIPAL
+from felix_broker.fleet.features import ATOMIC_COMMIT, PUBLISHER_PRINCIPAL, REPLICATED_CONDITIONS
 from felix_broker.fleet.node import FleetNode
 from felix_broker.fleet.peer import PeerTls
 from felix_broker.fleet.routing import (
@@ -80,7 +80,9 @@ class Fleet:
     catalog: StaticCatalog
     routes: dict[ShardId, Route] = field(default_factory=dict)
     down: set[str] = field(default_factory=set)
-    finalized: frozenset[str] = frozenset({ATOMIC_COMMIT, PUBLISHER_PRINCIPAL})
+    finalized: frozenset[str] = frozenset(
+        {ATOMIC_COMMIT, PUBLISHER_PRINCIPAL, REPLICATED_CONDITIONS}
+    )
 
     def entry(self, node_id: str) -> Entry:
         return Entry(self.brokers[node_id], self.issuer)

@@ -8,13 +8,20 @@ storage). Nothing sets a route by hand.
   and exact counter totals;
 - a leader cut off from both its replicas (the test-mode fault file's
   ``peer_blocked``) answers ``quorum_timeout`` (outcome unknown), and the write it
-  could not replicate is not served as acknowledged.
+  could not replicate is not served as acknowledged;
+- every replica compacts its replication log below a snapshot, and a follower whose
+  log lost the compacted records (its replica folder wiped, as a replaced disk)
+  catches up from the leader's snapshot: the same entries, versions and counters;
+  a restart of it then rebuilds them from its own snapshot and log.
 """
 
 from __future__ import annotations
 
 import asyncio
 import dataclasses
+import itertools
+import re
+import shutil
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -30,6 +37,7 @@ from felix_broker.fleet.node import FleetNode
 from felix_broker.fleet.peer import PeerTls
 from felix_broker.fleet.routing import AssignmentState, RoutingSnapshot, ShardId, ShardKind
 from felix_broker.fleet.view import FleetView
+from felix_broker.replication import cache as cache_replication
 from felix_common.catalog import Consistency
 from felix_common.etcd_process import EtcdProcess
 from felix_common.tokens import DevIssuer, TokenVerifier
@@ -141,6 +149,10 @@ async def ask(stream: WireStream, message: Any) -> Any:
         return await stream.recv()
 
 
+async def _stop(fleet: Fleet, node: str) -> None:
+    await fleet.brokers[node].stop()
+
+
 class Fleet:
     def __init__(self, tmp: Path, endpoint: str) -> None:
         self.tmp = tmp
@@ -169,7 +181,7 @@ async def running(tmp: Path, endpoint: str) -> AsyncIterator[tuple[Fleet, str, i
             fleet.brokers[node] = await start_broker(
                 tmp, node, endpoint, fleet.fleet_ca, fleet.issuer
             )
-            stack.push_async_callback(fleet.brokers[node].stop)
+            stack.push_async_callback(_stop, fleet, node)  # the broker then running
 
         route = await replica_set_placed(
             fleet.route, lambda leader: serving(fleet.brokers[leader]), NODES
@@ -264,3 +276,91 @@ async def test_a_leader_cut_off_from_its_replicas_answers_quorum_timeout(
             entries, counters = state(fleet.brokers[node])
             assert entries["k"][0] == b"acked" and counters.get("c") in (None, 3)
         client.close()
+
+
+def replica_folder(tmp: Path, node: str) -> Path:
+    return tmp / node / "replication" / "@cache" / TENANT / NS / CACHE / "0"
+
+
+def log_base(tmp: Path, node: str) -> int:
+    """The offset the replica's replication log file starts at (0: never compacted)."""
+    bases = [
+        int(found.group(1))
+        for path in replica_folder(tmp, node).glob("entries-*.log")
+        if (found := re.fullmatch(r"entries-(\d+)-\d+-\d+\.log", path.name)) is not None
+    ]
+    return max(bases, default=0)
+
+
+def state_or_none(broker: Broker) -> Any:
+    try:
+        return state(broker) if serving_or_following(broker) else None
+    except Exception:  # not adopted yet
+        return None
+
+
+def serving_or_following(broker: Broker) -> bool:
+    replication = broker.cache_replication
+    return replication is not None and replication.driver(SHARD) is not None
+
+
+async def test_a_follower_whose_log_lost_the_compacted_records_catches_up_from_a_snapshot(
+    etcd_server: EtcdProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(cache_replication, "SNAPSHOT_EVERY", 16)
+    monkeypatch.setattr(cache_replication, "COMPACT_EVERY", 8)
+    async with running(tmp_path, etcd_server.endpoint) as (fleet, leader, _generation):
+        followers = [n for n in NODES if n != leader]
+        rid = itertools.count(1)
+        total = 0
+
+        async def writes(count: int) -> None:
+            nonlocal total
+            client, s = await fleet.session(leader)
+            for i in range(count):
+                n = next(rid)
+                if i % 3 == 0:
+                    total += n
+                    assert await ask(s, add("hits", n, n)) == CounterValue(
+                        value=total, request_id=n
+                    )
+                else:
+                    assert await ask(s, put(f"k{n % 11}", b"v%d" % n, n)) == CacheOk(request_id=n)
+            client.close()
+
+        await writes(90)
+        await eventually(
+            lambda: all(log_base(tmp_path, n) > 0 for n in NODES),
+            within=20,
+            what="every replica's replication log compacted below its snapshot",
+        )
+        lost = followers[0]
+        await fleet.brokers[lost].stop()
+        shutil.rmtree(replica_folder(tmp_path, lost))  # a replaced disk
+        fleet.brokers[lost] = await start_broker(
+            tmp_path, lost, etcd_server.endpoint, fleet.fleet_ca, fleet.issuer
+        )
+        await writes(10)  # the leader ships past the lost follower's empty log
+        want = state(fleet.brokers[leader])
+        assert want[1] == {"hits": total}
+        await eventually(
+            lambda: state_or_none(fleet.brokers[lost]) == want,
+            within=40,
+            what="the wiped follower's cache state equals the leader's",
+        )
+        replication = fleet.brokers[lost].cache_replication
+        assert replication is not None and replication.snapshots_installed >= 1
+        assert log_base(tmp_path, lost) > 0  # its log starts at the snapshot it was given
+
+        # A restart of the rebuilt follower: its own snapshot and log give the same state.
+        await fleet.brokers[lost].stop()
+        fleet.brokers[lost] = await start_broker(
+            tmp_path, lost, etcd_server.endpoint, fleet.fleet_ca, fleet.issuer
+        )
+        await writes(3)  # a follower learns the mark from the leader's next ship
+        want = state(fleet.brokers[leader])
+        await eventually(
+            lambda: state_or_none(fleet.brokers[lost]) == want,
+            within=30,
+            what="the restarted follower rebuilt the same state",
+        )

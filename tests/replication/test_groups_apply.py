@@ -134,3 +134,59 @@ async def test_a_generation_start_drops_the_in_memory_groups(replica: Replica) -
     assert KEY in replica.groups._shards
     await replica.applier.apply([Entry(2, b"", start=True)])
     assert KEY not in replica.groups._shards  # rebuilt from the group log on next use
+
+
+async def test_a_quorum_shards_group_log_compacts_to_its_committed_state_only(
+    tmp_path: Path,
+) -> None:
+    """Compaction of a Quorum shard's group log copies what its replication applied,
+    never the leader's in-memory settles ahead of the mark; a restart replays it."""
+    from felix_broker.fleet.routing import RoutingSnapshot
+    from felix_broker.groups.service import GroupServiceLimits
+    from felix_broker.replication.groups import GroupReplication
+
+    config = load_config(environ={}, overrides={"data_dir": str(tmp_path)}, cwd=tmp_path)
+    assert config.durable_storage_dir is not None
+    catalog = StaticCatalog(streams=[SPEC], caches=[])
+    store = LogStore(config.durable_storage_dir, config=LogConfig())
+    await store.recover_all()
+    store.start()
+    engine = Engine(catalog, config, BrokerMetrics(), store)
+    limits = GroupServiceLimits(segment_bytes=512, compact_min_bytes=1024)
+
+    def service() -> GroupService:
+        groups = GroupService(config=config, catalog=catalog, engine=engine, limits=limits)
+        groups.replication = GroupReplication(lambda _shard: None, lambda: RoutingSnapshot("n"))
+        return groups
+
+    groups = service()
+    await groups.start()
+    replica = Replica(
+        engine, groups, GroupStreamApplier(StreamApplier(engine.shard(SPEC, 0)), groups)
+    )
+    try:
+        await replica.applier.apply([batch(b"r%d" % i) for i in range(10)])
+        for i in range(150):
+            changes = [GroupChange(Kind.CURSOR, "g", i % 8), GroupChange(Kind.ACKED, "g", 9)]
+            await replica.applier.apply([group(*changes)])
+        await replica.applier.apply([group(GroupChange(Kind.DEAD, "g", 8))])
+        committed = replica.durable()
+        assert committed["g"].cursor == 149 % 8 and committed["g"].dead == {8}
+        shard = groups._shard_groups(SPEC, 0)
+        # The leader's state runs ahead of its mark: settles not yet committed.
+        shard.durable["g"] = GroupDurable(cursor=10)
+        shard.durable["h"] = GroupDurable(cursor=3)
+        assert groups._wants_compaction(shard)
+        before = shard.log.start_offset
+        assert await groups.compact(shard) > 0
+        assert shard.log.start_offset > before
+        assert replica.durable() == committed  # the copy is the committed state
+        await groups.close()
+        # A restart rebuilds the committed state from the compacted log.
+        groups = service()
+        await groups.start()
+        assert groups._shard_groups(SPEC, 0).durable == committed
+    finally:
+        await groups.close()
+        engine.close()
+        await store.aclose()

@@ -302,3 +302,56 @@ async def _caught_up(fleet: Fleet, follower: str) -> None:
     assert replication is not None
     driver = replication.driver(SHARD)
     assert driver is not None and driver.refusal() is not None  # still a follower
+
+
+async def test_every_replicas_group_log_compacts_and_a_successor_serves_the_committed_group(
+    etcd_server: EtcdProcess, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Small group logs: every replica compacts its group log of the Quorum shard (to
+    the committed state), and the successor after the leader's loss serves the group
+    from its compacted log: the same cursor, acks and dead letters."""
+    from felix_broker.groups import service as group_service
+
+    small = group_service.GroupServiceLimits(
+        upkeep_interval=0.1, segment_bytes=256, compact_min_bytes=512
+    )
+    monkeypatch.setattr(group_service, "GroupServiceLimits", lambda: small)
+    async with running(tmp_path, etcd_server.endpoint) as (fleet, leader, generation):
+        followers = [n for n in NODES if n != leader]
+        await publish_all(fleet.brokers[leader], fleet.issuer, [b"r%d" % i for i in range(60)])
+        client, s = await fleet.session(leader)
+        assert offsets(await ask(s, poll(1))) == list(range(60))
+        assert await ask(s, dead_letter(30, 2)) == CacheOk(request_id=2)
+        for rid, offset in enumerate([o for o in range(55) if o != 30], start=10):
+            assert await ask(s, ack(offset, rid)) == CacheOk(request_id=rid)
+        client.close()
+
+        def compacted(node: str) -> bool:
+            groups = fleet.brokers[node].groups
+            assert groups is not None
+            return groups._shard_groups(SPEC, 0).log.start_offset > 0
+
+        await eventually(
+            lambda: (
+                all(compacted(n) for n in NODES)
+                and all(durable_state(fleet.brokers[n]) == (55, {30}) for n in NODES)
+            ),
+            within=20,
+            what="every replica's group log compacted, at cursor 55 with dead letter 30",
+        )
+        await fleet.brokers[leader].stop()
+
+        def successor() -> str | None:
+            route = fleet.route(followers[0])
+            if route is None or route.generation <= generation or route.leader == leader:
+                return None
+            return route.leader if route.state is AssignmentState.ACTIVE else None
+
+        await eventually(lambda: successor() is not None, within=30, what="a successor placed")
+        new = successor()
+        assert new in followers
+        await eventually(lambda: serving(fleet.brokers[new]), within=15, what="successor open")
+        client, s = await fleet.session(new)
+        assert offsets(await ask(s, poll(100))) == [55, 56, 57, 58, 59]
+        assert await ask(s, dead_letters(101)) == GroupDeadLetterList(offsets=[30], request_id=101)
+        client.close()

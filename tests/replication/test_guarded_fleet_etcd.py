@@ -12,7 +12,10 @@ storage). Nothing sets a route by hand. Every replica's stream log is checked.
   it, serves its state, and judges the next condition against the same log;
 - a leader cut off from both its replicas (the fault file's ``peer_blocked``)
   answers a guarded write with ``quorum_timeout`` (outcome unknown), and no
-  follower's replication log holds it.
+  follower's replication log holds it;
+- until the fleet finalized ``replicated_conditions``, publish_if, commit and
+  publish_idempotent to the Quorum stream are refused ``invalid_request`` (nothing
+  written, plain publishes served), and served once it is.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ import pytest
 
 from felix_broker.app import Broker
 from felix_broker.chaos.faults import Faults, write_fault
-from felix_broker.fleet.features import ATOMIC_COMMIT
+from felix_broker.fleet.features import ATOMIC_COMMIT, REPLICATED_CONDITIONS
 from felix_broker.fleet.routing import AssignmentState
 from felix_broker.storage.format import CommitMark, StoredChange
 from felix_common.etcd_process import EtcdProcess
@@ -36,6 +39,7 @@ from felix_wire.messages import (
     CommitOk,
     Error,
     OffsetMismatch,
+    PublishError,
     PublishIf,
     PublishOk,
     PublishRefusal,
@@ -100,9 +104,16 @@ def state(broker: Broker, key: str) -> tuple[bytes | None, int | None]:
 
 
 @asynccontextmanager
-async def running(tmp: Path, endpoint: str) -> AsyncIterator[tuple[Fleet, str, int]]:
-    """The control plane (atomic_commit finalized) and three brokers; yields the
-    fleet, the stream shard's leader (open) and its generation."""
+async def running(
+    tmp: Path,
+    endpoint: str,
+    *,
+    finalize: tuple[str, ...] = (ATOMIC_COMMIT, REPLICATED_CONDITIONS),
+    admin: list[tuple[str, str]] | None = None,
+) -> AsyncIterator[tuple[Fleet, str, int]]:
+    """The control plane (the `finalize` features finalized) and three brokers; yields
+    the fleet, the stream shard's leader (open) and its generation. `admin` receives
+    the control plane's admin URL and bootstrap secret."""
     fleet = Fleet(tmp)
     body = {"name": STREAM, "durability": "durable", "consistency": "Quorum"}
     body["replication_factor"] = 3
@@ -118,18 +129,26 @@ async def running(tmp: Path, endpoint: str) -> AsyncIterator[tuple[Fleet, str, i
             fleet.route, lambda leader: serving(fleet.brokers[leader]), NODES
         )
         assert sorted(route.replicas) == sorted(NODES)
-        url = f"{admin_url}/v1/fleet/features/{ATOMIC_COMMIT}/finalize"
-        status, answer = await call("POST", url, token=secret)
-        assert status == 200 and answer["enabled"] is True, answer
-
-        def enabled() -> bool:
-            return all(
-                b.fleet_features is not None and ATOMIC_COMMIT in b.fleet_features.enabled
-                for b in fleet.brokers.values()
-            )
-
-        await eventually(enabled, within=15, what="atomic_commit enabled on every broker")
+        for feature in finalize:
+            await finalize_feature(fleet, admin_url, secret, feature)
+        if admin is not None:
+            admin.append((admin_url, secret))
         yield fleet, route.leader, route.generation
+
+
+async def finalize_feature(fleet: Fleet, admin_url: str, secret: str, feature: str) -> None:
+    """Finalize `feature` through the admin API and wait until every broker acts on it."""
+    url = f"{admin_url}/v1/fleet/features/{feature}/finalize"
+    status, answer = await call("POST", url, token=secret)
+    assert status == 200 and answer["enabled"] is True, answer
+
+    def enabled() -> bool:
+        return all(
+            b.fleet_features is not None and feature in b.fleet_features.enabled
+            for b in fleet.brokers.values()
+        )
+
+    await eventually(enabled, within=15, what=f"{feature} enabled on every broker")
 
 
 async def same_everywhere(fleet: Fleet, want: list[bytes]) -> None:
@@ -303,3 +322,42 @@ async def test_a_restarted_follower_reopens_past_refused_guarded_batches(
             assert commits(again) == [(2, CommitMark(ENTITY, ()))]
         finally:
             await again.stop()
+
+
+async def test_guarded_and_idempotent_writes_wait_for_replicated_conditions(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    from .test_idempotent_fleet_etcd import batch, producer, session
+
+    admin: list[tuple[str, str]] = []
+    async with running(tmp_path, etcd_server.endpoint, finalize=(ATOMIC_COMMIT,), admin=admin) as (
+        fleet,
+        leader,
+        _generation,
+    ):
+        admin_url, secret = admin[0]
+        await publish_all(fleet.brokers[leader], fleet.issuer, [b"r0"])
+        client, s = await session(fleet, leader)
+        pid = await producer(s, 1)
+        refusals = [
+            await ask(s, publish_if([b"if"], 1, 2)),
+            await ask(s, commit(b"c", [StateChangePut(key="k", value=b"v")], 3)),
+            await ask(s, batch(pid, 0, [b"idem"], 4)),
+        ]
+        for answer in refusals:
+            # publish_if and commit: error; publish_idempotent: publish_error
+            assert isinstance(answer, Error | PublishError), answer
+            assert (answer.code, answer.retry) == ("invalid_request", "fatal"), answer
+            assert REPLICATED_CONDITIONS in answer.message
+        client.close()
+        await publish_all(fleet.brokers[leader], fleet.issuer, [b"r1"], 1)  # plain: served
+        await same_everywhere(fleet, [b"r0", b"r1"])
+
+        await finalize_feature(fleet, admin_url, secret, REPLICATED_CONDITIONS)
+        client, s = await session(fleet, leader)
+        assert await ask(s, publish_if([b"if"], 2, 5)) == PublishOk(request_id=5, offset=2)
+        pid = await producer(s, 6)
+        answer = await ask(s, batch(pid, 0, [b"idem"], 7))
+        assert answer == PublishOk(request_id=7, offset=3), answer
+        client.close()
+        await same_everywhere(fleet, [b"r0", b"r1", b"if", b"idem"])
