@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import tests.fleet.test_moves as moves
+import tests.fleet.moves_support as moves
 from felix_common.etcd_process import EtcdProcess
 from felix_wire.messages import (
     GroupAck,

@@ -42,8 +42,8 @@ from felix_wire.messages import (
 
 from ..support.wire import NS, TENANT, WireClient
 from .harness import NODES
+from .moves_support import SHARD, STREAM, MovingFleet, moving_fleet, publish, read_all
 from .support import eventually
-from .test_moves import SHARD, STREAM, MovingFleet, moving_fleet, publish, read_all
 
 pytestmark = pytest.mark.timeout(240)
 

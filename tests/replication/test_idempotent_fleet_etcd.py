@@ -45,9 +45,20 @@ from tests.support.etcd import etcd_server
 from ..fleet.harness import NODES, Entry
 from ..fleet.support import eventually
 from ..support.wire import OFFICIAL_FEATURES, WireClient, WireStream
-from .test_fleet_etcd import SHARD, SPEC, publish_all, serving
-from .test_groups_fleet_etcd import Fleet, ask, faults_file, start_broker
-from .test_guarded_fleet_etcd import BASE, payloads, running, same_everywhere
+from .support import (
+    BASE,
+    SHARD,
+    SPEC,
+    Fleet,
+    ask,
+    faults_file,
+    payloads,
+    publish_all,
+    running_with_atomic_commit,
+    same_everywhere,
+    serving,
+    start_broker_with_faults,
+)
 
 __all__ = ["etcd_server"]
 
@@ -93,7 +104,11 @@ async def producer(s: WireStream, rid: int) -> int:
 async def test_idempotent_batches_on_a_quorum_stream_are_deduplicated_on_every_replica(
     etcd_server: EtcdProcess, tmp_path: Path
 ) -> None:
-    async with running(tmp_path, etcd_server.endpoint) as (fleet, leader, _generation):
+    async with running_with_atomic_commit(tmp_path, etcd_server.endpoint) as (
+        fleet,
+        leader,
+        _generation,
+    ):
         await publish_all(fleet.brokers[leader], fleet.issuer, [b"r0"])
         client, s = await session(fleet, leader)
         pid = await producer(s, 1)
@@ -147,7 +162,11 @@ async def test_idempotent_batches_on_a_quorum_stream_are_deduplicated_on_every_r
 async def test_a_batch_acked_by_the_old_leader_lands_once_after_failover(
     etcd_server: EtcdProcess, tmp_path: Path
 ) -> None:
-    async with running(tmp_path, etcd_server.endpoint) as (fleet, leader, generation):
+    async with running_with_atomic_commit(tmp_path, etcd_server.endpoint) as (
+        fleet,
+        leader,
+        generation,
+    ):
         followers = [n for n in NODES if n != leader]
         client, s = await session(fleet, leader)
         pid = await producer(s, 1)
@@ -186,7 +205,11 @@ async def test_a_batch_acked_by_the_old_leader_lands_once_after_failover(
 async def test_a_partitioned_leader_answers_quorum_timeout_for_idempotent_batches(
     etcd_server: EtcdProcess, tmp_path: Path
 ) -> None:
-    async with running(tmp_path, etcd_server.endpoint) as (fleet, leader, _generation):
+    async with running_with_atomic_commit(tmp_path, etcd_server.endpoint) as (
+        fleet,
+        leader,
+        _generation,
+    ):
         followers = [n for n in NODES if n != leader]
         client, s = await session(fleet, leader)
         pid = await producer(s, 1)
@@ -206,7 +229,11 @@ async def test_a_partitioned_leader_answers_quorum_timeout_for_idempotent_batche
 async def test_a_restarted_follower_reopens_past_refused_idempotent_batches(
     etcd_server: EtcdProcess, tmp_path: Path
 ) -> None:
-    async with running(tmp_path, etcd_server.endpoint) as (fleet, leader, _generation):
+    async with running_with_atomic_commit(tmp_path, etcd_server.endpoint) as (
+        fleet,
+        leader,
+        _generation,
+    ):
         follower = next(n for n in NODES if n != leader)
         client, s = await session(fleet, leader)
         pid = await producer(s, 1)
@@ -221,7 +248,7 @@ async def test_a_restarted_follower_reopens_past_refused_idempotent_batches(
         assert await ask(s, batch(pid, 1, [b"p1", b"p2"], 6)) == PublishOk(request_id=6, offset=1)
         assert await ask(s, batch(pid, 2, [b"p3"], 7)) == PublishOk(request_id=7, offset=3)
         client.close()
-        again = await start_broker(
+        again = await start_broker_with_faults(
             tmp_path, follower, etcd_server.endpoint, fleet.fleet_ca, fleet.issuer
         )
         fleet.brokers[follower] = again
