@@ -190,11 +190,11 @@ def test_the_fixtures_catalog_section_keeps_a_quorum_caches_replication() -> Non
     Quorum cache must stay Quorum with its replication factor (it used to be
     written as a Leader cache of one replica)."""
     from felix_broker.catalog import CacheSpec, StaticCatalog, load_catalog
-    from felix_broker.fixture.run import _catalog_section
+    from felix_broker.fixture.run import catalog_section
     from felix_common.catalog import Consistency
 
     spec = CacheSpec(
         "t1", "default", "qc", shards=2, replication_factor=3, consistency=Consistency.QUORUM
     )
-    loaded = load_catalog(_catalog_section(StaticCatalog(streams=[], caches=[spec])))
+    loaded = load_catalog(catalog_section(StaticCatalog(streams=[], caches=[spec])))
     assert loaded.cache("t1", "default", "qc") == spec
