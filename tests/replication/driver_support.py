@@ -4,7 +4,7 @@ tests (and of the reads and inspect tests built on it)."""
 
 from __future__ import annotations
 
-import asyncio
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -21,6 +21,8 @@ from felix_broker.storage import FsyncMode, LogConfig, LogStore
 from felix_broker.streams.engine import Engine
 from felix_common.fleet import ShardId, ShardKind
 from felix_transport import CertKeyPair
+
+from ..support import waits
 
 SHARD = ShardId(ShardKind.STREAM, "t1", "ns", "orders", 0)
 NODES = ("b1", "b2", "b3")
@@ -135,10 +137,9 @@ class Fleet:
             await self.stop(node)
 
 
-async def until(check: object, seconds: float = 5.0) -> None:
-    async with asyncio.timeout(seconds):
-        while not check():  # type: ignore[operator]
-            await asyncio.sleep(0.02)
+async def until(check: Callable[[], object], seconds: float = 5.0) -> None:
+    """The driver tests' wait: tests/support/waits.py's, bounded at 5 s unless told."""
+    await waits.until(check, seconds)
 
 
 async def opened(fleet: Fleet, node: str, generation: int) -> ReplicaDriver:

@@ -5,9 +5,6 @@ stream those tests share."""
 
 from __future__ import annotations
 
-import asyncio
-from collections.abc import Callable
-
 from felix_broker.app import Broker
 from felix_broker.catalog import StaticCatalog, StreamSpec
 from felix_broker.fleet.routing import AssignmentState, Route, ShardId, ShardKind
@@ -16,13 +13,8 @@ from felix_common.catalog import Consistency
 from felix_wire.messages import AckMode, Publish
 
 from ..fleet.harness import NODES, Fleet
+from ..support.waits import until
 from ..support.wire import NS, TENANT
-
-
-async def until(check: Callable[[], bool], seconds: float = 10.0) -> None:
-    async with asyncio.timeout(seconds):
-        while not check():
-            await asyncio.sleep(0.02)
 
 
 class InProcessShard:

@@ -32,8 +32,9 @@ from felix_wire.messages import (
 )
 
 from ..fleet.harness import NODES, Fleet, running_fleet
+from ..support.waits import until
 from ..support.wire import NS, TENANT, WireClient, WireStream
-from .in_process import InProcessShard, until
+from .in_process import InProcessShard
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -12,8 +12,9 @@ import pytest
 from felix_wire.messages import Error, PublishError, PublishOk, StreamRead
 
 from ..fleet.harness import Fleet, running_fleet
+from ..support.waits import until
 from ..support.wire import NS, TENANT, WireClient
-from .in_process import CATALOG, QUORUM, SHARD, driver, lead, opened, publish, until
+from .in_process import CATALOG, QUORUM, SHARD, driver, lead, opened, publish
 
 pytestmark = pytest.mark.timeout(90)
 
