@@ -49,8 +49,10 @@ async def control_plane(tmp: Path, endpoint: str) -> AsyncIterator[None]:
 
 
 async def start_broker(
-    tmp: Path, node_id: str, endpoint: str, fleet_ca: Any, issuer: DevIssuer
+    tmp: Path, node_id: str, endpoint: str, fleet_ca: Any, issuer: DevIssuer, **extra: Any
 ) -> Broker:
+    """A broker joining through etcd with the Quorum stream in its catalog; `extra`
+    settings are added to its configuration."""
     settings: dict[str, Any] = {
         "quic_bind": "127.0.0.1:0",
         "metrics_bind": "127.0.0.1:0",
@@ -60,6 +62,7 @@ async def start_broker(
         "node_id": node_id,
         "etcd_endpoints": endpoint,
         "node_lease_ttl_ms": 3000,
+        **extra,
     }
     config = dataclasses.replace(
         load_config(environ={}, overrides=settings),
@@ -113,28 +116,17 @@ QUORUM_TIMEOUT_MS = 1000
 async def start_broker_with_faults(
     tmp: Path, node_id: str, endpoint: str, fleet_ca: Any, issuer: DevIssuer
 ) -> Broker:
-    settings: dict[str, Any] = {
-        "quic_bind": "127.0.0.1:0",
-        "metrics_bind": "127.0.0.1:0",
-        "peer_bind": "127.0.0.1:0",
-        "data_dir": str(tmp / node_id),
-        "quic_impl": default_impl(),
-        "node_id": node_id,
-        "etcd_endpoints": endpoint,
-        "node_lease_ttl_ms": 3000,
-        "publish_quorum_timeout_ms": QUORUM_TIMEOUT_MS,
-        "test_faults_file": str(faults_file(tmp, node_id)),
-    }
-    config = dataclasses.replace(
-        load_config(environ={}, overrides=settings),
-        catalog=StaticCatalog(streams=[SPEC], caches=[]),
+    """`start_broker` with the test-mode fault file (`faults_file`) and a quorum
+    timeout of QUORUM_TIMEOUT_MS."""
+    return await start_broker(
+        tmp,
+        node_id,
+        endpoint,
+        fleet_ca,
+        issuer,
+        publish_quorum_timeout_ms=QUORUM_TIMEOUT_MS,
+        test_faults_file=str(faults_file(tmp, node_id)),
     )
-    fleet = FleetNode(
-        tls=PeerTls.issue(fleet_ca, node_id), view=FleetView(RoutingSnapshot(node_id=node_id))
-    )
-    broker = Broker(config, verifier=TokenVerifier(issuer.jwks()), fleet=fleet)
-    await broker.start()
-    return broker
 
 
 def faults_file(tmp: Path, node_id: str) -> Path:
