@@ -49,13 +49,13 @@ from felix_broker.catalog import StaticCatalog, StreamSpec  # noqa: E402
 from felix_broker.fixture.run import (  # noqa: E402
     FIXTURE_NAMESPACE,
     FIXTURE_TENANT,
-    _BrokerProcess,
-    _FixtureControlPlane,
-    _member_env,
-    _Parts,
-    _start_etcd,
-    _write_tls,
+    BrokerProcess,
+    FixtureControlPlane,
+    FixtureParts,
     full_rights,
+    member_env,
+    start_etcd,
+    write_tls,
 )
 from felix_common.etcd import EtcdClient, parse_endpoints  # noqa: E402
 from felix_common.fleet import (  # noqa: E402
@@ -218,7 +218,7 @@ def key_for(shard: int, shards: int) -> bytes:
 class Servers:
     def __init__(self) -> None:
         self.tmp = Path(tempfile.mkdtemp(prefix="felix-bench-cluster-"))
-        self.parts = _Parts()
+        self.parts = FixtureParts()
         self.ca_file = self.tmp / "ca.pem"
         self.token = ""
         self.fleet: dict[str, str] = {}  # node id -> client addr
@@ -234,10 +234,10 @@ class Servers:
             ],
             caches=[],
         )
-        ca, tls = _write_tls(self.ca_file, self.tmp / "tls")
+        ca, tls = write_tls(self.ca_file, self.tmp / "tls")
         tls_env = {key: str(value) for key, value in tls.items()}
-        self.etcd = await _start_etcd(self.tmp / "etcd", self.parts)
-        plane = await _FixtureControlPlane.start(self.tmp, self.parts, catalog, etcd=self.etcd)
+        self.etcd = await start_etcd(self.tmp / "etcd", self.parts)
+        plane = await FixtureControlPlane.start(self.tmp, self.parts, catalog, etcd=self.etcd)
         env = {
             **BROKER_ENV,
             "FELIX_CONTROLPLANE_URL": plane.url,
@@ -245,17 +245,17 @@ class Servers:
         }
         members = await asyncio.gather(
             *(
-                _BrokerProcess.start(
+                BrokerProcess.start(
                     self.tmp / node,
                     catalog,
-                    {**env, **_member_env(node, self.etcd, ca, self.tmp / f"{node}.peer")},
+                    {**env, **member_env(node, self.etcd, ca, self.tmp / f"{node}.peer")},
                     tls_env,
                     self.parts,
                 )
                 for node in ("node-1", "node-2", "node-3")
             )
         )
-        single = await _BrokerProcess.start(self.tmp / "single", catalog, env, tls_env, self.parts)
+        single = await BrokerProcess.start(self.tmp / "single", catalog, env, tls_env, self.parts)
         self.single = single.addr
         self.token = await plane.mint(TENANT, "bench", full_rights(TENANT), 3600)
         await self._wait_placed({m.addr for m in members})

@@ -31,15 +31,13 @@ from felix_broker.catalog import CacheSpec, Routing, StaticCatalog, StreamSpec
 from felix_broker.chaos.faults import FsyncFault, write_fault
 from felix_broker.fixture.interposer import LinkInterposer
 from felix_broker.fixture.probe import ProbeError, fleet_ready
-from felix_broker.fixture.run import (
-    _FLEET_FEATURES,
-    _catalog_section,
-    _FixtureControlPlane,
-    _member_env,
-    _Parts,
-    _write_tls,
-    full_rights,
-)
+from felix_broker.fixture.run import FLEET_FEATURES as _FLEET_FEATURES
+from felix_broker.fixture.run import FixtureControlPlane as _FixtureControlPlane
+from felix_broker.fixture.run import FixtureParts as _Parts
+from felix_broker.fixture.run import catalog_section as _catalog_section
+from felix_broker.fixture.run import full_rights
+from felix_broker.fixture.run import member_env as _member_env
+from felix_broker.fixture.run import write_tls as _write_tls
 from felix_client import Client, ClientConfig, connect
 from felix_client.errors import BrokerError, ClientError
 from felix_common.catalog import Consistency

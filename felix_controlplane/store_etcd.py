@@ -105,7 +105,11 @@ class EtcdStore:
         self._root = f"{prefix}/cp/"
         self._max_changes = max_changes
         self._timeout = timeout_s
+        # `_closed` is set, and requests are scheduled, under `_gate`: no request reaches
+        # the loop once close() has begun, and close() fails whatever is still `_pending`.
+        self._gate = threading.Lock()
         self._closed = False
+        self._pending: set[concurrent.futures.Future[Any]] = set()
         self._loop = asyncio.new_event_loop()
         self._thread = threading.Thread(
             target=self._loop.run_forever, name="felix-etcd-store", daemon=True
@@ -120,10 +124,19 @@ class EtcdStore:
         return EtcdClient(endpoints, timeout_s=timeout_s)
 
     def _run(self, coro: Coroutine[Any, Any, _T]) -> _T:
-        if self._closed and not self._loop.is_running():
-            coro.close()
-            raise StoreUnavailableError("the store is closed")
-        future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+        with self._gate:
+            if self._closed:
+                coro.close()
+                raise StoreUnavailableError("the store is closed")
+            future = asyncio.run_coroutine_threadsafe(coro, self._loop)
+            self._pending.add(future)
+        try:
+            return self._wait(future)
+        finally:
+            with self._gate:
+                self._pending.discard(future)
+
+    def _wait(self, future: concurrent.futures.Future[_T]) -> _T:
         try:
             return future.result(self._timeout * _ATTEMPTS)
         except concurrent.futures.CancelledError as exc:
@@ -148,8 +161,9 @@ class EtcdStore:
         whichever instance wrote it: a long poll at one instance wakes for a write made
         through another."""
         self._listeners.append(listener)
-        if self._watch is None:
-            self._watch = asyncio.run_coroutine_threadsafe(self._watch_seq(), self._loop)
+        with self._gate:
+            if self._watch is None and not self._closed:
+                self._watch = asyncio.run_coroutine_threadsafe(self._watch_seq(), self._loop)
 
     async def _watch_seq(self) -> None:
         revision = 0
@@ -497,13 +511,20 @@ class EtcdStore:
         return self._run(read())
 
     def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
+        with self._gate:
+            if self._closed:
+                return
+            self._closed = True  # from here on `_run` fails at once
         if self._watch is not None:
             self._watch.cancel()
         with contextlib.suppress(StoreUnavailableError, TimeoutError):
-            self._run(self._cancel_the_rest())
-            self._run(self._client.close())
+            self._wait(asyncio.run_coroutine_threadsafe(self._cancel_the_rest(), self._loop))
+            self._wait(asyncio.run_coroutine_threadsafe(self._client.close(), self._loop))
         self._loop.call_soon_threadsafe(self._loop.stop)
         self._thread.join(self._timeout)
+        # A request scheduled before the flag whose task never ran (the loop stopped
+        # first) would otherwise wait out its bound: end it now.
+        with self._gate:
+            pending, self._pending = self._pending, set()
+        for future in pending:
+            future.cancel()

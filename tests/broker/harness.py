@@ -13,8 +13,13 @@ from felix_broker.app import Broker
 from felix_broker.catalog import CacheSpec, Routing, StaticCatalog, StreamSpec
 from felix_broker.config import load_config
 from felix_transport import default_impl
+from felix_wire.messages import (
+    EventStreamHello,
+    Subscribe,
+    Subscribed,
+)
 
-from ..support.wire import NS, TENANT
+from ..support.wire import NS, TENANT, WireClient
 
 
 def catalog() -> StaticCatalog:
@@ -63,3 +68,16 @@ async def running_broker(
 
 
 __all__ = ["catalog", "running_broker"]
+
+
+async def subscribe(
+    client: WireClient, stream: str = "orders", **kw: object
+) -> tuple[Subscribed, object]:
+    control, _ = await client.authed(**kw.pop("auth", {}))  # type: ignore[arg-type]
+    await control.send(Subscribe(tenant_id=TENANT, namespace=NS, stream=stream, **kw))
+    answer = await control.recv()
+    assert isinstance(answer, Subscribed), answer
+    events = await client.event_stream()
+    hello = await events.recv()
+    assert hello == EventStreamHello(subscription_id=answer.subscription_id)
+    return answer, events

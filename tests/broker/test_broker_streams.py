@@ -23,7 +23,6 @@ from felix_wire.messages import (
     AckMode,
     Error,
     EventBatch,
-    EventStreamHello,
     Publish,
     PublishBatch,
     PublishError,
@@ -37,7 +36,7 @@ from felix_wire.routing import shard_for_key
 
 from ..fleet.harness import THROUGH_LEADER, TOPOLOGIES, leader_of, unhinted
 from ..support.wire import NS, TENANT, Feature, Flag, WireClient, token
-from .harness import running_broker
+from .harness import running_broker, subscribe
 
 pytestmark = pytest.mark.timeout(40)
 
@@ -50,19 +49,6 @@ def batch(stream: str = "orders", *payloads: bytes, **kw: object) -> PublishBatc
         payloads=list(payloads),
         **kw,
     )
-
-
-async def subscribe(
-    client: WireClient, stream: str = "orders", **kw: object
-) -> tuple[Subscribed, object]:
-    control, _ = await client.authed(**kw.pop("auth", {}))  # type: ignore[arg-type]
-    await control.send(Subscribe(tenant_id=TENANT, namespace=NS, stream=stream, **kw))
-    answer = await control.recv()
-    assert isinstance(answer, Subscribed), answer
-    events = await client.event_stream()
-    hello = await events.recv()
-    assert hello == EventStreamHello(subscription_id=answer.subscription_id)
-    return answer, events
 
 
 @pytest.mark.parametrize("topology", TOPOLOGIES)

@@ -27,6 +27,7 @@ from felix_wire.frame import MAGIC
 from felix_wire.gating import client_auth
 from felix_wire.messages import CLIENT_TO_BROKER, AuthOk, CacheGet, CachePut, CacheValue, PublishOk
 
+from ..support.process import fd_count, rss_bytes
 from ..support.wire import NS, OFFICIAL_FEATURES, OFFICIAL_FLAGS, TENANT, WireClient, token
 from .harness import running_broker
 
@@ -36,15 +37,6 @@ FUZZ_SECONDS = float(os.environ.get("FELIX_FUZZ_SECONDS", "8"))
 MAX_ROUNDS = 2000
 HOSTILE_NAMES = [".", "..", "../..", "a/b", "\x00", "x" * 300, "\u2025", "", "*", "t1/../t2"]
 NAMES = [TENANT, NS, "orders", "log", "c", "wide", "t2", *HOSTILE_NAMES]
-
-
-def rss_bytes() -> int:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
-
-
-def fd_count() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 def header(flags: int, length: int, *, magic: int = MAGIC, version: int = 1) -> bytes:

@@ -35,7 +35,7 @@ from felix_wire.messages import (
 
 from ..fleet.harness import THROUGH_LEADER, TOPOLOGIES
 from ..support.wire import NS, OFFICIAL_FEATURES, TENANT, Feature, WireClient, WireStream
-from .harness import running_broker
+from .harness import running_broker, subscribe
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -418,8 +418,6 @@ async def test_idempotent_frames_on_a_publish_only_stream_land_once_unanswered(
 async def test_subscribers_see_a_commits_event_at_its_offset(tmp_path: Path, topology: str) -> None:
     from felix_wire.binary import EventBatchSharedFrame
     from felix_wire.routing import shard_for_key
-
-    from .test_broker_streams import subscribe
 
     async with running_broker(tmp_path, topology=topology) as broker:
         client = await WireClient.connect(broker)

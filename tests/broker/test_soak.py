@@ -21,6 +21,7 @@ from felix_transport import ConnectionClosedError, StreamClosedError
 from felix_wire.binary import BinaryAckMode, PublishAckFrame, PublishBatchFrame
 from felix_wire.messages import CacheGet, CachePut, CacheValue, Subscribe, Subscribed
 
+from ..support.process import fd_count, rss_bytes
 from ..support.wire import NS, TENANT, WireClient
 from .harness import running_broker
 
@@ -34,12 +35,7 @@ Gone = (StreamClosedError, ConnectionClosedError, EOFError, TimeoutError)
 
 
 def rss_mib() -> float:
-    with open("/proc/self/statm") as statm:
-        return int(statm.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
-
-
-def fd_count() -> int:
-    return len(os.listdir("/proc/self/fd"))
+    return rss_bytes() / 2**20
 
 
 def gauge(broker: Any, name: str) -> float:

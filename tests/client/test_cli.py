@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -12,28 +11,9 @@ from typing import Any
 
 import pytest
 
+from .support import FELIX, env_for, felix
+
 pytestmark = pytest.mark.timeout(90)
-
-FELIX = [sys.executable, "-m", "felix_client.cli"]
-
-
-def env_for(doc: dict[str, Any], **extra: str) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(
-        FELIX_ADDR=",".join(doc["addrs"]),
-        FELIX_TENANT=doc["tenant_id"],
-        FELIX_TOKEN=doc["token"],
-        FELIX_CA_FILE=doc["ca_file"],
-        FELIX_NAMESPACE=doc["namespace"],
-    )
-    env.update(extra)
-    return env
-
-
-def felix(doc: dict[str, Any], *args: str, **extra: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*FELIX, *args], env=env_for(doc, **extra), capture_output=True, text=True, timeout=60
-    )
 
 
 def test_publish_and_subscribe(felix_fixture: dict[str, Any]) -> None:

@@ -14,7 +14,7 @@ import pytest
 
 from felix_transport import __version__
 
-from .test_cli import felix
+from .support import felix
 
 pytestmark = pytest.mark.timeout(120)
 

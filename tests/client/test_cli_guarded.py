@@ -10,8 +10,7 @@ from typing import Any
 
 import pytest
 
-from .test_cli import felix
-from .test_guarded import operator_token
+from .support import felix, operator_token
 
 pytestmark = pytest.mark.timeout(120)
 

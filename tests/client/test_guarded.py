@@ -4,37 +4,17 @@ results and typed refusals."""
 from __future__ import annotations
 
 import asyncio
-import json
 import os
-import urllib.request
 from typing import Any
 
 import pytest
 
 import felix_client
-from felix_broker.cli import full_rights
 
 from .conftest import connect_client
+from .support import operator_token
 
 pytestmark = pytest.mark.timeout(120)
-
-VIEW = "node.view:cluster:*"
-
-
-def _mint(doc: dict[str, Any], perms: list[str]) -> str:
-    body = json.dumps({"ttl_secs": 600, "perms": perms}).encode()
-    request = urllib.request.Request(
-        doc["control_url"] + "/tokens",
-        data=body,
-        method="POST",
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(request, timeout=10) as answer:
-        return str(json.loads(answer.read())["token"])
-
-
-async def operator_token(doc: dict[str, Any], extra: str = VIEW) -> str:
-    return await asyncio.to_thread(_mint, doc, [*full_rights(doc["tenant_id"]), extra])
 
 
 async def test_publish_if_appends_only_at_the_expected_tail(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 import urllib.error
@@ -16,9 +17,19 @@ from typing import Any
 import jwt
 from cryptography.hazmat.primitives.asymmetric import ec
 
+from felix_broker.app import Broker
+from felix_broker.catalog.live import CatalogChange, LiveCatalog, TenantJwksVerifier
+from felix_broker.config import load_config
 from felix_controlplane.api import ControlPlane, Settings
 from felix_controlplane.http import HttpServer, Request, Response
 from felix_controlplane.store import DEFAULT_MAX_CHANGES, SqliteStore, Store
+from felix_transport import default_impl
+from felix_wire.messages import (
+    AckMode,
+    Publish,
+)
+
+from ..support.wire import WireClient
 
 SYNC_TOKEN = "sync-secret-for-tests"
 BOOTSTRAP_SECRET = "bootstrap-secret-for-tests"
@@ -229,3 +240,141 @@ __all__ = [
     "fake_idp",
     "setup_tenant",
 ]
+
+
+@dataclass
+class Stack:
+    plane: Plane
+    idp: FakeIdp
+    broker: Broker
+    catalog: LiveCatalog
+    verifier: TenantJwksVerifier
+    admins: dict[str, str]
+    changes: list[CatalogChange] = field(default_factory=list)
+
+    async def synced(self) -> None:
+        """Wait until the broker's catalog has every change the control plane has."""
+        head = self.plane.store.changes_since(0, 1_000_000).seq
+        await self.catalog.wait_for_seq(head, timeout=5)
+
+    async def stream(self, tenant: str, name: str, ns: str = "ns") -> None:
+        status, body = await call(
+            "POST",
+            self.plane.t(tenant, f"/namespaces/{ns}/streams"),
+            token=self.admins[tenant],
+            body={"name": name},
+        )
+        assert status == 201, body
+
+    async def cache(self, tenant: str, name: str, ns: str = "ns") -> None:
+        status, body = await call(
+            "POST",
+            self.plane.t(tenant, f"/namespaces/{ns}/caches"),
+            token=self.admins[tenant],
+            body={"name": name},
+        )
+        assert status == 201, body
+
+    async def policy(self, tenant: str, name: str, perms: list[str], sub: str) -> None:
+        admin = self.admins[tenant]
+        if perms:
+            status, _ = await call(
+                "PUT",
+                self.plane.t(tenant, f"/policies/{name}"),
+                token=admin,
+                body={"permissions": perms},
+            )
+            assert status in (200, 201)
+            status, _ = await call(
+                "PUT",
+                self.plane.t(tenant, f"/assignments/{name}"),
+                token=admin,
+                body={"policy": name, "subjects": [self.idp.subject(sub)]},
+            )
+            assert status in (200, 201)
+        else:
+            status, _ = await call(
+                "DELETE", self.plane.t(tenant, f"/assignments/{name}"), token=admin
+            )
+            assert status == 204
+
+    async def exchange(self, tenant: str, sub: str) -> tuple[int, Any]:
+        return await call(
+            "POST", self.plane.t(tenant, "/token/exchange"), token=self.idp.token(sub)
+        )
+
+    async def token(self, tenant: str, sub: str) -> str:
+        status, body = await self.exchange(tenant, sub)
+        assert status == 200, body
+        return str(body["token"])
+
+    def mint(self, tenant: str, signer: str | None = None, **claims: Any) -> str:
+        """A token signed with ``signer``'s (default ``tenant``'s) real key, claims overridable."""
+        now = int(time.time())
+        body: dict[str, Any] = {
+            "iss": "felix-auth",
+            "aud": "felix-broker",
+            "sub": "tester",
+            "tid": tenant,
+            "perms": [f"stream.publish:stream:{tenant}/*", f"stream.subscribe:stream:{tenant}/*"],
+            "iat": now,
+            "nbf": now,
+            "exp": now + 300,
+        }
+        body.update(claims)
+        return self.plane.control.keys.sign(signer or tenant, body, now)
+
+    def offset(self, tenant: str, name: str, ns: str = "ns") -> int:
+        """How many records the broker holds for the stream (0: nothing written)."""
+        assert self.broker.engine is not None
+        spec = self.catalog.stream(tenant, ns, name)
+        assert spec is not None
+        return self.broker.engine.shard(spec, 0).next_offset
+
+
+@asynccontextmanager
+async def stack(tmp: Path, tenants: tuple[str, ...] = ("acme", "beta")) -> AsyncIterator[Stack]:
+    async with control_plane(tmp) as plane, fake_idp() as idp:
+        admins = {t: await setup_tenant(plane, idp, t) for t in tenants}
+        catalog = LiveCatalog(plane.url, sync_token=SYNC_TOKEN, poll_wait_seconds=5)
+        verifier = TenantJwksVerifier(
+            plane.url, min_refetch_seconds=0.2, known_tenant=catalog.tenant_exists
+        )
+        changes: list[CatalogChange] = []
+        catalog.add_listener(changes.append)
+        catalog.add_listener(verifier.on_catalog_change)
+        await catalog.start()
+        await verifier.start(catalog.tenant_ids())
+        settings = {
+            "quic_bind": "127.0.0.1:0",
+            "metrics_bind": "127.0.0.1:0",
+            "data_dir": str(tmp / "broker"),
+            "quic_impl": default_impl(),
+        }
+        config = dataclasses.replace(
+            load_config(environ={}, overrides=settings),
+            catalog=catalog,  # type: ignore[arg-type]
+        )
+        broker = Broker(config, verifier=verifier)  # type: ignore[arg-type]
+        await broker.start()
+        try:
+            yield Stack(plane, idp, broker, catalog, verifier, admins, changes)
+        finally:
+            await broker.stop()
+            await verifier.close()
+            await catalog.close()
+
+
+def publish(tenant: str, stream: str, payload: bytes, rid: int = 1, ns: str = "ns") -> Publish:
+    return Publish(
+        tenant_id=tenant,
+        namespace=ns,
+        stream=stream,
+        payload=payload,
+        request_id=rid,
+        ack=AckMode.PER_MESSAGE,
+    )
+
+
+async def auth(client: WireClient, tok: str, tenant: str) -> tuple[Any, Any]:
+    return await client.authed(tok=tok, tenant=tenant)

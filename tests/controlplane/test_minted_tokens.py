@@ -13,8 +13,7 @@ from felix_common.tokens import TokenVerifier
 from felix_wire.messages import AuthOk, PublishOk
 
 from ..support.wire import WireClient
-from .support import call, control_plane
-from .test_broker import auth, publish, stack
+from .support import auth, call, control_plane, publish, stack
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import concurrent.futures
 import threading
-from collections.abc import Iterator
+from collections.abc import Coroutine, Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -268,6 +270,59 @@ def test_a_request_to_a_closed_etcd_store_fails_at_once(tmp_path: Path) -> None:
         late.start()
         late.join(5)
         assert not late.is_alive(), "a request to a closed store is still waiting"
+        assert len(outcome) == 1 and isinstance(outcome[0], StoreUnavailableError), outcome
+    finally:
+        etcd.close()
+
+
+def test_a_request_racing_close_fails_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A request that arrives while close() stops the store's loop (its tasks already
+    cancelled, the loop not yet stopped) ends with StoreUnavailableError at once. It
+    used to be scheduled on the loop, never ran, and waited out its bound (50 attempts
+    of the timeout). The window is held open deterministically: the loop's own stop
+    call starts the request and lets the loop stop only once the request has been
+    scheduled or has already failed."""
+    etcd = start_etcd(tmp_path / "etcd")
+    try:
+        store = EtcdStore([("127.0.0.1", etcd.client_port)], timeout_s=1.0)
+        store.create_tenant("t1", 10)
+        reached = threading.Event()  # the late request is on the loop's queue, or failed
+        outcome: list[BaseException | None] = []
+        real_schedule = asyncio.run_coroutine_threadsafe
+
+        def schedule(
+            coro: Coroutine[Any, Any, object], loop: asyncio.AbstractEventLoop
+        ) -> concurrent.futures.Future[object]:
+            future = real_schedule(coro, loop)
+            if threading.current_thread() is late:
+                reached.set()
+            return future
+
+        def request() -> None:
+            try:
+                store.tenant_exists("t1")
+                outcome.append(None)
+            except BaseException as exc:
+                outcome.append(exc)
+            finally:
+                reached.set()
+
+        late = threading.Thread(target=request, daemon=True)
+        loop = store._loop  # the window is between two steps of this loop
+        real_stop = loop.stop
+
+        def stop() -> None:
+            late.start()
+            assert reached.wait(5), "the late request neither ran nor failed"
+            real_stop()
+
+        monkeypatch.setattr(asyncio, "run_coroutine_threadsafe", schedule)
+        monkeypatch.setattr(loop, "stop", stop)
+        store.close()
+        late.join(5)
+        assert not late.is_alive(), "a request that raced close() is still waiting"
         assert len(outcome) == 1 and isinstance(outcome[0], StoreUnavailableError), outcome
     finally:
         etcd.close()

@@ -4,6 +4,8 @@ a placer over a fixed catalog, a control plane on etcd, and bounded waits."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
+import itertools
 import json
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
@@ -12,13 +14,20 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from felix_broker.app import Broker
+from felix_broker.catalog import StaticCatalog, StreamSpec
+from felix_broker.config import load_config
 from felix_broker.fleet.etcd_node import EtcdNode
-from felix_broker.fleet.routing import AssignmentState, RoutingSnapshot, ShardId
+from felix_broker.fleet.node import FleetNode
+from felix_broker.fleet.peer import PeerTls
+from felix_broker.fleet.routing import AssignmentState, RoutingSnapshot, ShardId, ShardKind
 from felix_broker.fleet.view import FleetView
 from felix_common.etcd import EtcdClient
 from felix_common.fleet import Keyspace
+from felix_common.tokens import DevIssuer, TokenVerifier
 from felix_controlplane.cli import parse_args, run
 from felix_controlplane.placement import Placer, ShardSpec
+from felix_transport import default_impl
 from tests.controlplane.support import call
 
 from ..support.wire import NS, TENANT
@@ -145,3 +154,64 @@ async def etcd_control_plane(
     finally:
         stop.set()
         await plane
+
+
+@dataclass(frozen=True)
+class Accepted:
+    shard: ShardId
+    node_id: str
+    generation: int
+    at: float
+
+
+def check_no_two_leaders(log: list[Accepted]) -> None:
+    by_generation: dict[tuple[ShardId, int], set[str]] = {}
+    spans: dict[tuple[ShardId, str], list[float]] = {}
+    for entry in log:
+        by_generation.setdefault((entry.shard, entry.generation), set()).add(entry.node_id)
+        spans.setdefault((entry.shard, entry.node_id), []).append(entry.at)
+    for key, nodes in by_generation.items():
+        assert len(nodes) == 1, f"{key} served by {nodes}"
+    # Per shard, each broker's accepted writes at a generation form one period; the
+    # periods of two brokers never overlap in time.
+    periods: dict[ShardId, list[tuple[float, float, str, int]]] = {}
+    for (shard, generation), nodes in by_generation.items():
+        (node_id,) = nodes
+        times = [e.at for e in log if e.shard == shard and e.generation == generation]
+        periods.setdefault(shard, []).append((min(times), max(times), node_id, generation))
+    for shard, spans_of in periods.items():
+        spans_of.sort()
+        for (_, end, n1, g1), (start, _, n2, g2) in itertools.pairwise(spans_of):
+            assert g1 < g2, (shard, g1, g2)
+            if n1 != n2:
+                assert end < start, f"{shard}: {n1}@{g1} until {end}, {n2}@{g2} from {start}"
+
+
+STREAM = "events"
+SHARD = ShardId(ShardKind.STREAM, TENANT, NS, STREAM, 0)
+
+
+async def start_broker(
+    tmp: Path, node_id: str, endpoint: str, fleet_ca: Any, issuer: DevIssuer
+) -> Broker:
+    """A broker joining through etcd; its catalog names the control plane's stream."""
+    settings: dict[str, Any] = {
+        "quic_bind": "127.0.0.1:0",
+        "metrics_bind": "127.0.0.1:0",
+        "peer_bind": "127.0.0.1:0",
+        "data_dir": str(tmp / node_id),
+        "quic_impl": default_impl(),
+        "node_id": node_id,
+        "etcd_endpoints": endpoint,
+        "node_lease_ttl_ms": 3000,
+    }
+    config = dataclasses.replace(
+        load_config(environ={}, overrides=settings),
+        catalog=StaticCatalog(streams=[StreamSpec(TENANT, NS, STREAM, shards=1)], caches=[]),
+    )
+    fleet = FleetNode(
+        tls=PeerTls.issue(fleet_ca, node_id), view=FleetView(RoutingSnapshot(node_id=node_id))
+    )
+    broker = Broker(config, verifier=TokenVerifier(issuer.jwks()), fleet=fleet)
+    await broker.start()
+    return broker

@@ -4,7 +4,6 @@ in-process fleet members over real QUIC and real storage (tests/fleet/harness.py
 
 from __future__ import annotations
 
-import asyncio
 import json
 from collections.abc import Callable
 from pathlib import Path
@@ -17,6 +16,7 @@ from felix_broker.catalog import StaticCatalog, StreamSpec
 from felix_broker.fleet.routing import AssignmentState, Route, ShardId, ShardKind
 from felix_common.catalog import Consistency
 
+from ..support import waits
 from ..support.wire import NS, TENANT
 from .harness import NODES, Fleet, running_fleet
 
@@ -38,9 +38,8 @@ def lead(fleet: Fleet, generation: int) -> None:
 
 
 async def until(check: Callable[[], bool], seconds: float = 20.0) -> None:
-    async with asyncio.timeout(seconds):
-        while not check():
-            await asyncio.sleep(0.02)
+    """tests/support/waits.py's wait, bounded at 20 s unless told."""
+    await waits.until(check, seconds)
 
 
 async def backup_offsets(fleet: Fleet) -> dict[str, Any]:

@@ -47,8 +47,7 @@ from felix_wire.messages import AckMode, Publish, PublishOk
 from ..support.tcp_proxy import TcpProxy
 from ..support.wire import NS, TENANT, WireClient
 from .harness import NODES, Entry
-from .support import PREFIX, Applied, eventually, placer
-from .test_lease_expiry import Accepted, check_no_two_leaders
+from .support import PREFIX, Accepted, Applied, check_no_two_leaders, eventually, placer
 
 pytestmark = pytest.mark.timeout(150)
 

@@ -19,8 +19,7 @@ from felix_transport import generate_ca
 from tests.controlplane.support import call
 
 from ..support.wire import NS, TENANT
-from .support import etcd_control_plane, eventually
-from .test_fleet_end_to_end import SHARD, STREAM, start_broker
+from .support import SHARD, STREAM, etcd_control_plane, eventually, start_broker
 
 pytestmark = pytest.mark.timeout(120)
 

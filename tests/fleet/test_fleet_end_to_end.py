@@ -10,26 +10,18 @@ hand: what the brokers do follows from the placer's writes alone.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 from felix_broker.app import Broker
-from felix_broker.catalog import StaticCatalog, StreamSpec
-from felix_broker.config import load_config
-from felix_broker.fleet.node import FleetNode
-from felix_broker.fleet.peer import PeerTls
-from felix_broker.fleet.routing import RoutingSnapshot, ShardId, ShardKind
-from felix_broker.fleet.view import FleetView
 from felix_common.etcd import EtcdClient
 from felix_common.etcd_process import EtcdProcess
 from felix_common.fleet import Keyspace, decode_assignment
-from felix_common.tokens import DevIssuer, TokenVerifier
-from felix_transport import default_impl, generate_ca
+from felix_common.tokens import DevIssuer
+from felix_transport import generate_ca
 from felix_wire.messages import (
     AckMode,
     EventStreamHello,
@@ -42,13 +34,11 @@ from felix_wire.messages import (
 
 from ..support.wire import NS, TENANT, WireClient
 from .harness import NODES, Entry
-from .support import etcd_control_plane, eventually
+from .support import SHARD, STREAM, etcd_control_plane, eventually, start_broker
 
 pytestmark = pytest.mark.timeout(120)
 
 KEYS = Keyspace("/felix")
-STREAM = "events"
-SHARD = ShardId(ShardKind.STREAM, TENANT, NS, STREAM, 0)
 
 
 @asynccontextmanager
@@ -57,32 +47,6 @@ async def control_plane(tmp: Path, endpoint: str) -> AsyncIterator[None]:
     API (tenant, namespace and stream the brokers' catalog names too)."""
     async with etcd_control_plane(tmp, endpoint, {"name": STREAM, "shards": 1}):
         yield
-
-
-async def start_broker(
-    tmp: Path, node_id: str, endpoint: str, fleet_ca: Any, issuer: DevIssuer
-) -> Broker:
-    """A broker joining through etcd; its catalog names the control plane's stream."""
-    settings: dict[str, Any] = {
-        "quic_bind": "127.0.0.1:0",
-        "metrics_bind": "127.0.0.1:0",
-        "peer_bind": "127.0.0.1:0",
-        "data_dir": str(tmp / node_id),
-        "quic_impl": default_impl(),
-        "node_id": node_id,
-        "etcd_endpoints": endpoint,
-        "node_lease_ttl_ms": 3000,
-    }
-    config = dataclasses.replace(
-        load_config(environ={}, overrides=settings),
-        catalog=StaticCatalog(streams=[StreamSpec(TENANT, NS, STREAM, shards=1)], caches=[]),
-    )
-    fleet = FleetNode(
-        tls=PeerTls.issue(fleet_ca, node_id), view=FleetView(RoutingSnapshot(node_id=node_id))
-    )
-    broker = Broker(config, verifier=TokenVerifier(issuer.jwks()), fleet=fleet)
-    await broker.start()
-    return broker
 
 
 async def test_three_brokers_joined_through_etcd_follow_the_placer(

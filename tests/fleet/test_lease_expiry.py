@@ -5,32 +5,23 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import time
-from dataclasses import dataclass
 
 import pytest
 
 from felix_broker.fleet.etcd_node import EtcdNode
-from felix_broker.fleet.routing import AssignmentState, ShardId
+from felix_broker.fleet.routing import AssignmentState
 from felix_common.etcd_process import EtcdProcess
 from felix_controlplane.placement import shard_specs
-from tests.fleet.support import Applied, eventually, node, placer
 from tests.support.tcp_proxy import TcpProxy
+
+from .support import Accepted, Applied, check_no_two_leaders, eventually, node, placer
 
 pytestmark = pytest.mark.timeout(90)
 
 SPECS = shard_specs([("t", "ns", "mem", 4, False), ("t", "ns", "dur", 2, True)], [])
 MEMORY = [s.shard for s in SPECS if not s.durable]
 DURABLE = [s.shard for s in SPECS if s.durable]
-
-
-@dataclass(frozen=True)
-class Accepted:
-    shard: ShardId
-    node_id: str
-    generation: int
-    at: float
 
 
 async def writer(fleet: EtcdNode, log: list[Accepted]) -> None:
@@ -44,29 +35,6 @@ async def writer(fleet: EtcdNode, log: list[Accepted]) -> None:
                 assert route is not None
                 log.append(Accepted(spec.shard, fleet.node_id, route.generation, now))
         await asyncio.sleep(0.005)
-
-
-def check_no_two_leaders(log: list[Accepted]) -> None:
-    by_generation: dict[tuple[ShardId, int], set[str]] = {}
-    spans: dict[tuple[ShardId, str], list[float]] = {}
-    for entry in log:
-        by_generation.setdefault((entry.shard, entry.generation), set()).add(entry.node_id)
-        spans.setdefault((entry.shard, entry.node_id), []).append(entry.at)
-    for key, nodes in by_generation.items():
-        assert len(nodes) == 1, f"{key} served by {nodes}"
-    # Per shard, each broker's accepted writes at a generation form one period; the
-    # periods of two brokers never overlap in time.
-    periods: dict[ShardId, list[tuple[float, float, str, int]]] = {}
-    for (shard, generation), nodes in by_generation.items():
-        (node_id,) = nodes
-        times = [e.at for e in log if e.shard == shard and e.generation == generation]
-        periods.setdefault(shard, []).append((min(times), max(times), node_id, generation))
-    for shard, spans_of in periods.items():
-        spans_of.sort()
-        for (_, end, n1, g1), (start, _, n2, g2) in itertools.pairwise(spans_of):
-            assert g1 < g2, (shard, g1, g2)
-            if n1 != n2:
-                assert end < start, f"{shard}: {n1}@{g1} until {end}, {n2}@{g2} from {start}"
 
 
 async def test_an_expired_lease_stops_the_broker_and_its_shards_are_replaced(

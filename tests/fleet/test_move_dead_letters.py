@@ -1,6 +1,6 @@
 """A group's dead letters move with its shard (issue 18: "group cursors, dead letters,
 producer state and counters move with the shard"): real etcd, the placer and three
-brokers over real QUIC (tests/fleet/test_moves.py's fleet)."""
+brokers over real QUIC (tests/fleet/moves_support.py's fleet)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-import tests.fleet.test_moves as moves
+import tests.fleet.moves_support as moves
 from felix_common.etcd_process import EtcdProcess
 from felix_wire.messages import (
     GroupAck,

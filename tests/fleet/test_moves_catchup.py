@@ -42,8 +42,8 @@ from felix_wire.messages import (
 
 from ..support.wire import NS, TENANT, WireClient
 from .harness import NODES
+from .moves_support import SHARD, STREAM, MovingFleet, moving_fleet, publish, read_all
 from .support import eventually
-from .test_moves import SHARD, STREAM, MovingFleet, moving_fleet, publish, read_all
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -64,13 +64,35 @@ async def seed(fleet: MovingFleet, owner: str, mib: int) -> list[bytes]:
     return payloads
 
 
+async def owner_target_seeded(fleet: MovingFleet, mib: int) -> tuple[str, str, list[bytes]]:
+    """The shard's owner, the move's target (the first other node) and the `mib` MiB
+    of records seeded through the owner."""
+    owner = fleet.leader()
+    target = next(n for n in NODES if n != owner)
+    return owner, target, await seed(fleet, owner, mib)
+
+
+async def reader_from_start(fleet: MovingFleet, node: str) -> tuple[WireClient, Any]:
+    """A client subscribed to the shard at `node` from offset 0, and its event stream."""
+    client = await WireClient.connect(fleet.entry(node))
+    control = await client.session()
+    await control.send(
+        Subscribe(
+            tenant_id=TENANT, namespace=NS, stream=STREAM, shard=0,
+            start=StartOffset(offset=0),
+        )
+    )  # fmt: skip
+    subscribed = await control.recv()
+    assert isinstance(subscribed, Subscribed), subscribed
+    return client, await client.event_stream(subscribed.subscription_id)
+
+
 async def test_a_large_shard_moves_under_two_publishers_refusing_nothing_and_holding_only_the_last_delta(  # noqa: E501
     etcd_server: EtcdProcess, tmp_path: Path
 ) -> None:
     async with moving_fleet(tmp_path, etcd_server, shard_move_catchup_bytes=THRESHOLD) as fleet:
-        owner = fleet.leader()
-        target, forwarder = (n for n in NODES if n != owner)
-        seeded = await seed(fleet, owner, 16)
+        owner, target, seeded = await owner_target_seeded(fleet, 16)
+        forwarder = next(n for n in NODES if n not in (owner, target))
 
         acked: dict[str, list[bytes]] = {"p1": [], "p2": []}
         refused: list[Any] = []
@@ -142,9 +164,7 @@ async def test_with_no_catch_up_pass_the_whole_shard_goes_under_the_fence(
     etcd_server: EtcdProcess, tmp_path: Path
 ) -> None:
     async with moving_fleet(tmp_path, etcd_server, shard_move_catchup_passes=0) as fleet:
-        owner = fleet.leader()
-        target = next(n for n in NODES if n != owner)
-        seeded = await seed(fleet, owner, 2)
+        owner, target, seeded = await owner_target_seeded(fleet, 2)
         await fleet.placer.move(SHARD, target)
         await eventually(lambda: fleet.settled_on(target), within=60, what="the cut-over")
         moves = fleet.brokers[owner].moves
@@ -213,9 +233,7 @@ async def test_readers_ended_by_a_cancelled_move_are_pointed_back_to_the_old_own
     etcd_server: EtcdProcess, tmp_path: Path
 ) -> None:
     async with moving_fleet(tmp_path, etcd_server) as fleet:
-        owner = fleet.leader()
-        target = next(n for n in NODES if n != owner)
-        seeded = await seed(fleet, owner, 1)
+        owner, target, seeded = await owner_target_seeded(fleet, 1)
         target_moves = fleet.brokers[target].moves
         assert target_moves is not None
         # The successor installs nothing until the test lets it: the move stays fenced.
@@ -228,17 +246,7 @@ async def test_readers_ended_by_a_cancelled_move_are_pointed_back_to_the_old_own
 
         target_moves._install_final = held_install  # type: ignore[method-assign]
 
-        client = await WireClient.connect(fleet.entry(owner))
-        control = await client.session()
-        await control.send(
-            Subscribe(
-                tenant_id=TENANT, namespace=NS, stream=STREAM, shard=0,
-                start=StartOffset(offset=0),
-            )
-        )  # fmt: skip
-        subscribed = await control.recv()
-        assert isinstance(subscribed, Subscribed), subscribed
-        events = await client.event_stream(subscribed.subscription_id)
+        client, events = await reader_from_start(fleet, owner)
         await fleet.placer.move(SHARD, target)
         await eventually(
             lambda: (r := fleet.route(owner)) is not None and r.state is AssignmentState.MOVING,
@@ -294,9 +302,7 @@ async def test_a_move_cancelled_during_its_catch_up_holds_nothing_and_ends_no_re
     etcd_server: EtcdProcess, tmp_path: Path
 ) -> None:
     async with moving_fleet(tmp_path, etcd_server) as fleet:
-        owner = fleet.leader()
-        target = next(n for n in NODES if n != owner)
-        seeded = await seed(fleet, owner, 1)
+        owner, target, seeded = await owner_target_seeded(fleet, 1)
         target_moves = fleet.brokers[target].moves
         assert target_moves is not None
         # The successor does not report the catch-up until the test lets it: no fence.
@@ -310,17 +316,7 @@ async def test_a_move_cancelled_during_its_catch_up_holds_nothing_and_ends_no_re
             await report(*args)
 
         target_moves._report = held_report  # type: ignore[method-assign]
-        client = await WireClient.connect(fleet.entry(owner))
-        control = await client.session()
-        await control.send(
-            Subscribe(
-                tenant_id=TENANT, namespace=NS, stream=STREAM, shard=0,
-                start=StartOffset(offset=0),
-            )
-        )  # fmt: skip
-        subscribed = await control.recv()
-        assert isinstance(subscribed, Subscribed), subscribed
-        events = await client.event_stream(subscribed.subscription_id)
+        client, events = await reader_from_start(fleet, owner)
         await fleet.placer.move(SHARD, target)
         async with asyncio.timeout(30):
             await reported.wait()  # the catch-up passes were sent
@@ -368,9 +364,7 @@ async def test_a_staged_copy_that_lost_a_file_is_sent_again_whole_under_the_fenc
     etcd_server: EtcdProcess, tmp_path: Path
 ) -> None:
     async with moving_fleet(tmp_path, etcd_server) as fleet:
-        owner = fleet.leader()
-        target = next(n for n in NODES if n != owner)
-        seeded = await seed(fleet, owner, 2)
+        owner, target, seeded = await owner_target_seeded(fleet, 2)
         target_moves = fleet.brokers[target].moves
         assert target_moves is not None
         report = target_moves._report

@@ -21,7 +21,7 @@ from felix_common.etcd_process import EtcdProcess
 from felix_common.tokens import DevIssuer
 from felix_transport import generate_ca
 from tests.controlplane.support import call
-from tests.replication.test_fleet_etcd import (
+from tests.replication.support import (
     SHARD,
     control_plane,
     publish_all,

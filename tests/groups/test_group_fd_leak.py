@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import pytest
@@ -11,13 +10,10 @@ from felix_wire.errors import ErrorCode
 from felix_wire.messages import Error, GroupDescribe
 
 from ..broker.harness import running_broker
+from ..support.process import fd_count
 from ..support.wire import NS, TENANT, WireClient
 
 pytestmark = pytest.mark.timeout(90)
-
-
-def open_fds() -> int:
-    return len(os.listdir("/proc/self/fd"))
 
 
 async def test_200_failing_group_requests_leave_no_file_open(tmp_path: Path) -> None:
@@ -45,8 +41,8 @@ async def test_200_failing_group_requests_leave_no_file_open(tmp_path: Path) -> 
             assert answer.code == ErrorCode.STORAGE.wire
 
         await describe(0)
-        baseline = open_fds()
+        baseline = fd_count()
         for request_id in range(1, 201):
             await describe(request_id)
-        assert open_fds() <= baseline + 2
+        assert fd_count() <= baseline + 2
         client.close()

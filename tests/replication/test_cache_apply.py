@@ -16,19 +16,19 @@ from pathlib import Path
 from typing import Any
 
 from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 from prometheus_client import CollectorRegistry, Counter
 
 from felix_broker.cache.shard import CacheLimits, CacheShard
 from felix_broker.config import FsyncMode
-from felix_broker.replication.cache import CacheApplier, CacheOutcome, decode_op, encode_op
-from felix_broker.replication.core import Config, Entry
+from felix_broker.replication.cache import CacheApplier, decode_op, encode_op
+from felix_broker.replication.core import Config
 from felix_broker.replication.disk import ReplicaDisk
 from felix_broker.replication.driver import ReplicaDriver
 from felix_common.fleet import ShardId, ShardKind
 from felix_wire.fleet import CacheOpKind, ReplicatedCacheOp
 
-KEYS = ["a", "b", "c"]
+from .cache_ops import apply_all, ops
+
 _ids = itertools.count()
 
 
@@ -48,57 +48,6 @@ def snapshot(s: CacheShard) -> tuple[dict[str, tuple[bytes, int, int]], dict[str
         {k: (e.value, e.version, e.expires_at_ms) for k, e in s.entries.items()},
         {k: c.total for k, c in s.counters.items()},
     )
-
-
-ops = st.lists(
-    st.one_of(
-        st.builds(
-            ReplicatedCacheOp,
-            op=st.just(CacheOpKind.PUT),
-            key=st.sampled_from(KEYS),
-            now_ms=st.integers(1000, 2000),
-            value=st.binary(max_size=300),
-            ttl_ms=st.one_of(st.none(), st.integers(1, 500)),
-        ),
-        st.builds(
-            ReplicatedCacheOp,
-            op=st.sampled_from([CacheOpKind.DELETE]),
-            key=st.sampled_from(KEYS),
-            now_ms=st.integers(1000, 2000),
-        ),
-        st.builds(
-            ReplicatedCacheOp,
-            op=st.sampled_from([CacheOpKind.PUT_IF]),
-            key=st.sampled_from(KEYS),
-            now_ms=st.integers(1000, 2000),
-            value=st.binary(max_size=8),
-            version=st.one_of(st.none(), st.integers(0, 30)),
-        ),
-        st.builds(
-            ReplicatedCacheOp,
-            op=st.sampled_from([CacheOpKind.DELETE_IF, CacheOpKind.EXPIRE]),
-            key=st.sampled_from(KEYS),
-            now_ms=st.integers(1000, 2000),
-            version=st.integers(0, 30),
-        ),
-        st.builds(
-            ReplicatedCacheOp,
-            op=st.just(CacheOpKind.COUNTER_ADD),
-            key=st.sampled_from(KEYS),
-            now_ms=st.integers(1000, 2000),
-            delta=st.integers(-(2**62), 2**62),
-        ),
-    ),
-    max_size=40,
-)
-
-
-async def apply_all(
-    applier: CacheApplier, batch: list[ReplicatedCacheOp]
-) -> list[CacheOutcome | None]:
-    entries = [Entry(1, encode_op(op)) for op in batch]
-    numbers = await applier.apply(entries)
-    return [applier.take(n) for n in numbers]
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -190,11 +139,11 @@ def test_the_fixtures_catalog_section_keeps_a_quorum_caches_replication() -> Non
     Quorum cache must stay Quorum with its replication factor (it used to be
     written as a Leader cache of one replica)."""
     from felix_broker.catalog import CacheSpec, StaticCatalog, load_catalog
-    from felix_broker.fixture.run import _catalog_section
+    from felix_broker.fixture.run import catalog_section
     from felix_common.catalog import Consistency
 
     spec = CacheSpec(
         "t1", "default", "qc", shards=2, replication_factor=3, consistency=Consistency.QUORUM
     )
-    loaded = load_catalog(_catalog_section(StaticCatalog(streams=[], caches=[spec])))
+    loaded = load_catalog(catalog_section(StaticCatalog(streams=[], caches=[spec])))
     assert loaded.cache("t1", "default", "qc") == spec

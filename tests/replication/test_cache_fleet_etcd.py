@@ -30,43 +30,52 @@ from typing import Any
 import pytest
 
 from felix_broker.app import Broker
-from felix_broker.catalog import CacheSpec, StaticCatalog, StreamSpec
+from felix_broker.catalog import StaticCatalog
 from felix_broker.chaos.faults import Faults, write_fault
 from felix_broker.config import load_config
 from felix_broker.fleet.node import FleetNode
 from felix_broker.fleet.peer import PeerTls
-from felix_broker.fleet.routing import AssignmentState, RoutingSnapshot, ShardId, ShardKind
+from felix_broker.fleet.routing import AssignmentState, RoutingSnapshot
 from felix_broker.fleet.view import FleetView
 from felix_broker.replication import cache as cache_replication
-from felix_common.catalog import Consistency
 from felix_common.etcd_process import EtcdProcess
 from felix_common.tokens import DevIssuer, TokenVerifier
-from felix_transport import default_impl, generate_ca
+from felix_transport import default_impl
 from felix_wire.messages import (
-    CacheGet,
     CacheOk,
-    CachePut,
     CacheValue,
-    CounterAdd,
-    CounterGet,
     CounterValue,
     Error,
 )
 from tests.support.etcd import etcd_server
 
-from ..fleet.harness import NODES, Entry
+from ..fleet.harness import NODES
 from ..fleet.support import etcd_control_plane, eventually, replica_set_placed
-from ..support.wire import NS, TENANT, WireClient, WireStream
+from ..support.wire import NS, TENANT
+from .cache_support import (
+    CACHE,
+    PLAIN,
+    QUORUM_TIMEOUT_MS,
+    SHARD,
+    SPEC,
+    Fleet,
+    add,
+    ask,
+    counter,
+    get,
+    put,
+    serving,
+)
+from .support import faults_file
 
 __all__ = ["etcd_server"]
 
 pytestmark = pytest.mark.timeout(180)
 
-CACHE = "qcache"
-SHARD = ShardId(ShardKind.CACHE, TENANT, NS, CACHE, 0)
-SPEC = CacheSpec(TENANT, NS, CACHE, replication_factor=3, consistency=Consistency.QUORUM)
-PLAIN = StreamSpec(TENANT, NS, "plain")
-QUORUM_TIMEOUT_MS = 1000
+
+async def _stop(fleet: Fleet, node: str) -> None:
+    """Stop the broker `node` runs now (a test may have replaced the one first started)."""
+    await fleet.brokers[node].stop()
 
 
 @asynccontextmanager
@@ -104,16 +113,6 @@ async def start_broker(
     return broker
 
 
-def faults_file(tmp: Path, node_id: str) -> Path:
-    return tmp / f"{node_id}-faults.json"
-
-
-def serving(broker: Broker) -> bool:
-    replication = broker.cache_replication
-    held = replication.driver(SHARD) if replication is not None else None
-    return held is not None and held.refusal() is None
-
-
 def state(broker: Broker) -> tuple[dict[str, tuple[bytes, int]], dict[str, int]]:
     assert broker.cache is not None
     shard = broker.cache.shard(SPEC, 0)
@@ -121,53 +120,6 @@ def state(broker: Broker) -> tuple[dict[str, tuple[bytes, int]], dict[str, int]]
         {k: (e.value, e.version) for k, e in shard.entries.items()},
         {k: c.total for k, c in shard.counters.items()},
     )
-
-
-def put(key: str, value: bytes, rid: int) -> CachePut:
-    return CachePut(
-        tenant_id=TENANT, namespace=NS, cache=CACHE, key=key, value=value, request_id=rid
-    )
-
-
-def get(key: str, rid: int) -> CacheGet:
-    return CacheGet(tenant_id=TENANT, namespace=NS, cache=CACHE, key=key, request_id=rid)
-
-
-def add(key: str, delta: int, rid: int) -> CounterAdd:
-    return CounterAdd(
-        tenant_id=TENANT, namespace=NS, cache=CACHE, key=key, delta=delta, request_id=rid
-    )
-
-
-def counter(key: str, rid: int) -> CounterGet:
-    return CounterGet(tenant_id=TENANT, namespace=NS, cache=CACHE, key=key, request_id=rid)
-
-
-async def ask(stream: WireStream, message: Any) -> Any:
-    await stream.send(message)
-    async with asyncio.timeout(20):
-        return await stream.recv()
-
-
-async def _stop(fleet: Fleet, node: str) -> None:
-    await fleet.brokers[node].stop()
-
-
-class Fleet:
-    def __init__(self, tmp: Path, endpoint: str) -> None:
-        self.tmp = tmp
-        self.endpoint = endpoint
-        self.fleet_ca = generate_ca("test fleet")
-        self.issuer = DevIssuer.load_or_create(tmp / "issuer")
-        self.brokers: dict[str, Broker] = {}
-
-    def route(self, node: str) -> Any:
-        fleet = self.brokers[node].fleet
-        return fleet.view.snapshot.routes.get(SHARD) if fleet is not None else None
-
-    async def session(self, node: str) -> tuple[WireClient, WireStream]:
-        client = await WireClient.connect(Entry(self.brokers[node], self.issuer))
-        return client, await client.session()
 
 
 @asynccontextmanager

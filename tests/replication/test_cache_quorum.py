@@ -7,7 +7,6 @@ shard, so followers' entries, versions and counters equal the leader's."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,6 @@ import pytest
 from felix_broker.cache.shard import CacheLimits
 from felix_broker.catalog import CacheSpec, StaticCatalog
 from felix_broker.fleet.routing import AssignmentState, Route, ShardId, ShardKind
-from felix_broker.replication.driver import ReplicaDriver
 from felix_common.catalog import Consistency
 from felix_wire.errors import ErrorCode
 from felix_wire.messages import (
@@ -34,7 +32,9 @@ from felix_wire.messages import (
 )
 
 from ..fleet.harness import NODES, Fleet, running_fleet
+from ..support.waits import until
 from ..support.wire import NS, TENANT, WireClient, WireStream
+from .in_process import InProcessShard
 
 pytestmark = pytest.mark.timeout(90)
 
@@ -42,32 +42,11 @@ CACHE = "qc"
 QUORUM = CacheSpec(TENANT, NS, CACHE, replication_factor=3, consistency=Consistency.QUORUM)
 CATALOG = StaticCatalog(streams=[], caches=[QUORUM])
 SHARD = ShardId(ShardKind.CACHE, TENANT, NS, CACHE, 0)
-
-
-def lead(fleet: Fleet, leader: str, generation: int) -> None:
-    fleet.routes[SHARD] = Route(generation, AssignmentState.ACTIVE, leader=leader, replicas=NODES)
-    fleet.publish()
-
-
-def driver(fleet: Fleet, node: str) -> ReplicaDriver | None:
-    replication = fleet.brokers[node].cache_replication
-    return replication.driver(SHARD) if replication is not None else None
-
-
-async def until(check: Callable[[], bool], seconds: float = 10.0) -> None:
-    async with asyncio.timeout(seconds):
-        while not check():
-            await asyncio.sleep(0.02)
-
-
-def serving(fleet: Fleet, node: str) -> bool:
-    held = driver(fleet, node)
-    return held is not None and held.refusal() is None
-
-
-async def opened(fleet: Fleet, leader: str, generation: int) -> None:
-    lead(fleet, leader, generation)
-    await until(lambda: serving(fleet, leader))
+HARNESS = InProcessShard(SHARD, cache=True)
+lead = HARNESS.lead
+driver = HARNESS.driver
+serving = HARNESS.serving
+opened = HARNESS.opened
 
 
 def state(fleet: Fleet, node: str) -> tuple[dict[str, tuple[bytes, int]], dict[str, int]]:

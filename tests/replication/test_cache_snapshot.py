@@ -40,7 +40,7 @@ from felix_broker.storage import LogConfig
 from felix_common.fleet import ShardId, ShardKind
 from felix_wire.fleet import CacheOpKind, CacheSnapshot, ReplicatedCacheOp
 
-from .test_cache_apply import apply_all, ops
+from .cache_ops import apply_all, ops
 
 _ids = itertools.count()
 LIMITS = CacheLimits(max_shard_bytes=900)  # eviction is part of what must agree

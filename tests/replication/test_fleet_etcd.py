@@ -11,113 +11,26 @@ three brokers that joined through etcd. Nothing sets a route by hand.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
+from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
 import pytest
 
 from felix_broker.app import Broker
-from felix_broker.catalog import StaticCatalog, StreamSpec
-from felix_broker.config import load_config
-from felix_broker.fleet.node import FleetNode
-from felix_broker.fleet.peer import PeerTls
-from felix_broker.fleet.routing import AssignmentState, RoutingSnapshot, ShardId, ShardKind
-from felix_broker.fleet.view import FleetView
-from felix_common.catalog import Consistency
+from felix_broker.fleet.routing import AssignmentState
 from felix_common.etcd_process import EtcdProcess
-from felix_common.tokens import DevIssuer, TokenVerifier
-from felix_transport import default_impl, generate_ca
-from felix_wire.messages import AckMode, Publish, PublishOk
+from felix_common.tokens import DevIssuer
+from felix_transport import generate_ca
 from tests.support.etcd import etcd_server
 
-from ..fleet.harness import NODES, Entry
-from ..fleet.support import etcd_control_plane, eventually
-from ..support.wire import NS, TENANT, WireClient
+from ..fleet.harness import NODES
+from ..fleet.support import eventually
+from .support import SHARD, control_plane, publish_all, records, serving, start_broker
 
 __all__ = ["etcd_server"]
 
 pytestmark = pytest.mark.timeout(150)
-
-STREAM = "quorum"
-SHARD = ShardId(ShardKind.STREAM, TENANT, NS, STREAM, 0)
-SPEC = StreamSpec(
-    TENANT, NS, STREAM, durable=True, replication_factor=3, consistency=Consistency.QUORUM
-)
-
-
-@asynccontextmanager
-async def control_plane(tmp: Path, endpoint: str) -> AsyncIterator[None]:
-    """The control plane on etcd with the Quorum stream (RF 3) created through its API."""
-    body = {
-        "name": STREAM,
-        "durability": "durable",
-        "consistency": "Quorum",
-        "replication_factor": 3,
-    }
-    async with etcd_control_plane(tmp, endpoint, body):
-        yield
-
-
-async def start_broker(
-    tmp: Path, node_id: str, endpoint: str, fleet_ca: Any, issuer: DevIssuer
-) -> Broker:
-    settings: dict[str, Any] = {
-        "quic_bind": "127.0.0.1:0",
-        "metrics_bind": "127.0.0.1:0",
-        "peer_bind": "127.0.0.1:0",
-        "data_dir": str(tmp / node_id),
-        "quic_impl": default_impl(),
-        "node_id": node_id,
-        "etcd_endpoints": endpoint,
-        "node_lease_ttl_ms": 3000,
-    }
-    config = dataclasses.replace(
-        load_config(environ={}, overrides=settings),
-        catalog=StaticCatalog(streams=[SPEC], caches=[]),
-    )
-    fleet = FleetNode(
-        tls=PeerTls.issue(fleet_ca, node_id), view=FleetView(RoutingSnapshot(node_id=node_id))
-    )
-    broker = Broker(config, verifier=TokenVerifier(issuer.jwks()), fleet=fleet)
-    await broker.start()
-    return broker
-
-
-def records(broker: Broker) -> list[tuple[int, int, bytes]]:
-    assert broker.engine is not None
-    log = broker.engine.shard(SPEC, 0).log
-    assert log is not None
-    found = log.read(0, max_records=1000, max_bytes=1 << 24)
-    return [(r.offset, r.timestamp_us, r.payload) for r in found]
-
-
-def serving(broker: Broker) -> bool:
-    held = broker.replication.driver(SHARD) if broker.replication is not None else None
-    return held is not None and held.refusal() is None
-
-
-async def publish_all(
-    broker: Broker, issuer: DevIssuer, payloads: list[bytes], first: int = 0
-) -> None:
-    """Acked publishes; each ack is after the quorum mark, with its stream offset."""
-    client = await WireClient.connect(Entry(broker, issuer))
-    try:
-        for i, payload in enumerate(payloads, start=1):
-            message = Publish(
-                tenant_id=TENANT,
-                namespace=NS,
-                stream=STREAM,
-                payload=payload,
-                request_id=i,
-                ack=AckMode.PER_MESSAGE,
-            )
-            answer = await client.request(message)
-            assert answer == PublishOk(request_id=i, offset=first + i - 1)
-    finally:
-        client.close()
 
 
 async def test_a_quorum_stream_survives_its_leaders_loss_with_every_acked_record(

@@ -5,58 +5,18 @@ test (tests/fleet/harness.py: no etcd, the assignment watcher is what feeds real
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
-from felix_broker.catalog import StaticCatalog, StreamSpec
-from felix_broker.fleet.routing import AssignmentState, Route, ShardId, ShardKind
-from felix_broker.replication.driver import ReplicaDriver
-from felix_common.catalog import Consistency
-from felix_wire.messages import AckMode, Error, Publish, PublishError, PublishOk, StreamRead
+from felix_wire.messages import Error, PublishError, PublishOk, StreamRead
 
-from ..fleet.harness import NODES, Fleet, running_fleet
+from ..fleet.harness import Fleet, running_fleet
+from ..support.waits import until
 from ..support.wire import NS, TENANT, WireClient
+from .in_process import CATALOG, QUORUM, SHARD, driver, lead, opened, publish
 
 pytestmark = pytest.mark.timeout(90)
-
-QUORUM = StreamSpec(
-    TENANT, NS, "q", durable=True, replication_factor=3, consistency=Consistency.QUORUM
-)
-CATALOG = StaticCatalog(streams=[QUORUM], caches=[])
-SHARD = ShardId(ShardKind.STREAM, TENANT, NS, "q", 0)
-
-
-def lead(fleet: Fleet, leader: str, generation: int) -> None:
-    fleet.routes[SHARD] = Route(generation, AssignmentState.ACTIVE, leader=leader, replicas=NODES)
-    fleet.publish()
-
-
-def driver(fleet: Fleet, node: str) -> ReplicaDriver:
-    replication = fleet.brokers[node].replication
-    assert replication is not None
-    found = replication.driver(SHARD)
-    assert found is not None
-    return found
-
-
-async def until(check: Callable[[], bool], seconds: float = 10.0) -> None:
-    async with asyncio.timeout(seconds):
-        while not check():
-            await asyncio.sleep(0.02)
-
-
-def serving(fleet: Fleet, node: str) -> bool:
-    replication = fleet.brokers[node].replication
-    held = replication.driver(SHARD) if replication is not None else None
-    return held is not None and held.refusal() is None
-
-
-async def opened(fleet: Fleet, leader: str, generation: int) -> ReplicaDriver:
-    lead(fleet, leader, generation)
-    await until(lambda: serving(fleet, leader))
-    return driver(fleet, leader)
 
 
 def stream_records(fleet: Fleet, node: str) -> list[tuple[int, int, bytes]]:
@@ -68,17 +28,6 @@ def stream_records(fleet: Fleet, node: str) -> list[tuple[int, int, bytes]]:
         (r.offset, r.timestamp_us, r.payload)
         for r in log.read(0, max_records=1000, max_bytes=1 << 24)
     ]
-
-
-def publish(payload: bytes, request_id: int) -> Publish:
-    return Publish(
-        tenant_id=TENANT,
-        namespace=NS,
-        stream="q",
-        payload=payload,
-        request_id=request_id,
-        ack=AckMode.PER_MESSAGE,
-    )
 
 
 async def test_a_quorum_publish_is_acked_once_a_follower_holds_it_and_logs_match(

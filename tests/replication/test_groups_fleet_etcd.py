@@ -14,7 +14,6 @@ TLS between peers, real storage). Nothing sets a route by hand.
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
@@ -23,17 +22,10 @@ from typing import Any
 import pytest
 
 from felix_broker.app import Broker
-from felix_broker.catalog import StaticCatalog
 from felix_broker.chaos.faults import Faults, write_fault
-from felix_broker.config import load_config
-from felix_broker.fleet.node import FleetNode
-from felix_broker.fleet.peer import PeerTls
-from felix_broker.fleet.routing import AssignmentState, RoutingSnapshot
-from felix_broker.fleet.view import FleetView
+from felix_broker.fleet.routing import AssignmentState
 from felix_broker.groups.records import GroupDurable, apply_change, decode_change
 from felix_common.etcd_process import EtcdProcess
-from felix_common.tokens import DevIssuer, TokenVerifier
-from felix_transport import default_impl, generate_ca
 from felix_wire.messages import (
     CacheOk,
     Error,
@@ -46,48 +38,27 @@ from felix_wire.messages import (
 )
 from tests.support.etcd import etcd_server
 
-from ..fleet.harness import NODES, Entry
+from ..fleet.harness import NODES
 from ..fleet.support import eventually, replica_set_placed
-from ..support.wire import NS, TENANT, WireClient, WireStream
-from .test_fleet_etcd import SHARD, SPEC, STREAM, control_plane, publish_all, serving
+from ..support.wire import NS, TENANT
+from .support import (
+    SHARD,
+    SPEC,
+    STREAM,
+    Fleet,
+    ask,
+    control_plane,
+    faults_file,
+    publish_all,
+    serving,
+    start_broker_with_faults,
+)
 
 __all__ = ["etcd_server"]
 
 pytestmark = pytest.mark.timeout(180)
 
 GROUP = "workers"
-QUORUM_TIMEOUT_MS = 1000
-
-
-async def start_broker(
-    tmp: Path, node_id: str, endpoint: str, fleet_ca: Any, issuer: DevIssuer
-) -> Broker:
-    settings: dict[str, Any] = {
-        "quic_bind": "127.0.0.1:0",
-        "metrics_bind": "127.0.0.1:0",
-        "peer_bind": "127.0.0.1:0",
-        "data_dir": str(tmp / node_id),
-        "quic_impl": default_impl(),
-        "node_id": node_id,
-        "etcd_endpoints": endpoint,
-        "node_lease_ttl_ms": 3000,
-        "publish_quorum_timeout_ms": QUORUM_TIMEOUT_MS,
-        "test_faults_file": str(faults_file(tmp, node_id)),
-    }
-    config = dataclasses.replace(
-        load_config(environ={}, overrides=settings),
-        catalog=StaticCatalog(streams=[SPEC], caches=[]),
-    )
-    fleet = FleetNode(
-        tls=PeerTls.issue(fleet_ca, node_id), view=FleetView(RoutingSnapshot(node_id=node_id))
-    )
-    broker = Broker(config, verifier=TokenVerifier(issuer.jwks()), fleet=fleet)
-    await broker.start()
-    return broker
-
-
-def faults_file(tmp: Path, node_id: str) -> Path:
-    return tmp / f"{node_id}-faults.json"
 
 
 def poll(rid: int, max_records: int = 100, wait_ms: int = 0) -> GroupPoll:
@@ -133,26 +104,6 @@ def dead_letters(rid: int) -> GroupDeadLetters:
     )
 
 
-async def ask(stream: WireStream, message: Any) -> Any:
-    await stream.send(message)
-    return await stream.recv(timeout=20)
-
-
-class Fleet:
-    def __init__(self, tmp: Path) -> None:
-        self.fleet_ca = generate_ca("test fleet")
-        self.issuer = DevIssuer.load_or_create(tmp / "issuer")
-        self.brokers: dict[str, Broker] = {}
-
-    def route(self, node: str) -> Any:
-        fleet = self.brokers[node].fleet
-        return fleet.view.snapshot.routes.get(SHARD) if fleet is not None else None
-
-    async def session(self, node: str) -> tuple[WireClient, WireStream]:
-        client = await WireClient.connect(Entry(self.brokers[node], self.issuer))
-        return client, await client.session()
-
-
 @asynccontextmanager
 async def running(tmp: Path, endpoint: str) -> AsyncIterator[tuple[Fleet, str, int]]:
     """The control plane and three brokers; yields the fleet, the stream shard's
@@ -161,7 +112,7 @@ async def running(tmp: Path, endpoint: str) -> AsyncIterator[tuple[Fleet, str, i
     async with AsyncExitStack() as stack:
         await stack.enter_async_context(control_plane(tmp, endpoint))
         for node in NODES:
-            fleet.brokers[node] = await start_broker(
+            fleet.brokers[node] = await start_broker_with_faults(
                 tmp, node, endpoint, fleet.fleet_ca, fleet.issuer
             )
             stack.push_async_callback(fleet.brokers[node].stop)
@@ -282,7 +233,7 @@ async def test_a_restarted_follower_keeps_the_group_and_applies_what_it_missed(
         assert await ask(s, ack(1, 4)) == CacheOk(request_id=4)
         assert await ask(s, dead_letter(4, 5)) == CacheOk(request_id=5)
         client.close()
-        again = await start_broker(
+        again = await start_broker_with_faults(
             tmp_path, follower, etcd_server.endpoint, fleet.fleet_ca, fleet.issuer
         )
         fleet.brokers[follower] = again

@@ -21,8 +21,6 @@ storage). Nothing sets a route by hand. Every replica's stream log is checked.
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator
-from contextlib import AsyncExitStack, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
@@ -49,20 +47,32 @@ from felix_wire.messages import (
     StateGet,
     StateValue,
 )
-from tests.controlplane.support import call
 from tests.support.etcd import etcd_server
 
 from ..fleet.harness import NODES
-from ..fleet.support import etcd_control_plane, eventually, replica_set_placed
-from ..support.wire import NS, TENANT
-from .test_fleet_etcd import SHARD, SPEC, STREAM, publish_all, records, serving
-from .test_groups_fleet_etcd import Fleet, ask, faults_file, start_broker
+from ..fleet.support import eventually
+from .support import (
+    BASE,
+    SHARD,
+    SPEC,
+    ask,
+    batch,
+    faults_file,
+    finalize_feature,
+    payloads,
+    producer,
+    publish_all,
+    running_quorum_fleet,
+    same_everywhere,
+    serving,
+    session,
+    start_broker_with_faults,
+)
 
 __all__ = ["etcd_server"]
 
 pytestmark = pytest.mark.timeout(180)
 
-BASE: dict[str, Any] = {"tenant_id": TENANT, "namespace": NS, "stream": STREAM}
 ENTITY = b"account-1"
 
 
@@ -85,10 +95,6 @@ def mismatch(rid: int, tail: int) -> Any:
     return PublishRefusal(offset_mismatch=OffsetMismatch(tail=tail))
 
 
-def payloads(broker: Broker) -> list[bytes]:
-    return [payload for _offset, _time, payload in records(broker)]
-
-
 def commits(broker: Broker) -> list[tuple[int, CommitMark]]:
     """The commit marks this replica's stream log stores, by offset."""
     assert broker.engine is not None
@@ -103,66 +109,14 @@ def state(broker: Broker, key: str) -> tuple[bytes | None, int | None]:
     return read.value, read.version
 
 
-@asynccontextmanager
-async def running(
-    tmp: Path,
-    endpoint: str,
-    *,
-    finalize: tuple[str, ...] = (ATOMIC_COMMIT, REPLICATED_CONDITIONS),
-    admin: list[tuple[str, str]] | None = None,
-) -> AsyncIterator[tuple[Fleet, str, int]]:
-    """The control plane (the `finalize` features finalized) and three brokers; yields
-    the fleet, the stream shard's leader (open) and its generation. `admin` receives
-    the control plane's admin URL and bootstrap secret."""
-    fleet = Fleet(tmp)
-    body = {"name": STREAM, "durability": "durable", "consistency": "Quorum"}
-    body["replication_factor"] = 3
-    async with AsyncExitStack() as stack:
-        admin_url, secret = await stack.enter_async_context(etcd_control_plane(tmp, endpoint, body))
-        for node in NODES:
-            fleet.brokers[node] = await start_broker(
-                tmp, node, endpoint, fleet.fleet_ca, fleet.issuer
-            )
-            stack.push_async_callback(fleet.brokers[node].stop)
-
-        route = await replica_set_placed(
-            fleet.route, lambda leader: serving(fleet.brokers[leader]), NODES
-        )
-        assert sorted(route.replicas) == sorted(NODES)
-        for feature in finalize:
-            await finalize_feature(fleet, admin_url, secret, feature)
-        if admin is not None:
-            admin.append((admin_url, secret))
-        yield fleet, route.leader, route.generation
-
-
-async def finalize_feature(fleet: Fleet, admin_url: str, secret: str, feature: str) -> None:
-    """Finalize `feature` through the admin API and wait until every broker acts on it."""
-    url = f"{admin_url}/v1/fleet/features/{feature}/finalize"
-    status, answer = await call("POST", url, token=secret)
-    assert status == 200 and answer["enabled"] is True, answer
-
-    def enabled() -> bool:
-        return all(
-            b.fleet_features is not None and feature in b.fleet_features.enabled
-            for b in fleet.brokers.values()
-        )
-
-    await eventually(enabled, within=15, what=f"{feature} enabled on every broker")
-
-
-async def same_everywhere(fleet: Fleet, want: list[bytes]) -> None:
-    await eventually(
-        lambda: all(payloads(b) == want for b in fleet.brokers.values()),
-        within=15,
-        what=f"every replica's stream log is {want}",
-    )
-
-
 async def test_publish_if_and_commit_on_a_quorum_stream_are_judged_against_the_replicated_log(
     etcd_server: EtcdProcess, tmp_path: Path
 ) -> None:
-    async with running(tmp_path, etcd_server.endpoint) as (fleet, leader, _generation):
+    async with running_quorum_fleet(tmp_path, etcd_server.endpoint) as (
+        fleet,
+        leader,
+        _generation,
+    ):
         await publish_all(fleet.brokers[leader], fleet.issuer, [b"r0", b"r1"])
         client, s = await fleet.session(leader)
         assert await ask(s, publish_if([b"if-a", b"if-b"], 2, 1)) == PublishOk(
@@ -211,7 +165,11 @@ async def test_publish_if_and_commit_on_a_quorum_stream_are_judged_against_the_r
 async def test_a_guarded_write_survives_the_leaders_loss(
     etcd_server: EtcdProcess, tmp_path: Path
 ) -> None:
-    async with running(tmp_path, etcd_server.endpoint) as (fleet, leader, generation):
+    async with running_quorum_fleet(tmp_path, etcd_server.endpoint) as (
+        fleet,
+        leader,
+        generation,
+    ):
         followers = [n for n in NODES if n != leader]
         await publish_all(fleet.brokers[leader], fleet.issuer, [b"r0"])
         client, s = await fleet.session(leader)
@@ -258,7 +216,11 @@ async def test_a_guarded_write_survives_the_leaders_loss(
 async def test_a_partitioned_leader_answers_quorum_timeout_for_guarded_writes(
     etcd_server: EtcdProcess, tmp_path: Path
 ) -> None:
-    async with running(tmp_path, etcd_server.endpoint) as (fleet, leader, _generation):
+    async with running_quorum_fleet(tmp_path, etcd_server.endpoint) as (
+        fleet,
+        leader,
+        _generation,
+    ):
         followers = [n for n in NODES if n != leader]
         await publish_all(fleet.brokers[leader], fleet.issuer, [b"r0"])
         await same_everywhere(fleet, [b"r0"])
@@ -289,7 +251,11 @@ async def test_a_restarted_follower_reopens_past_refused_guarded_batches(
 ) -> None:
     """A refused guarded batch is a no-op entry of the replication log: a follower that
     applied one reopens (its restart walk counts it as no records) and catches up."""
-    async with running(tmp_path, etcd_server.endpoint) as (fleet, leader, _generation):
+    async with running_quorum_fleet(tmp_path, etcd_server.endpoint) as (
+        fleet,
+        leader,
+        _generation,
+    ):
         follower = next(n for n in NODES if n != leader)
         await publish_all(fleet.brokers[leader], fleet.issuer, [b"r0"])
         client, s = await fleet.session(leader)
@@ -305,7 +271,7 @@ async def test_a_restarted_follower_reopens_past_refused_guarded_batches(
             request_id=4, offset=2
         )
         client.close()
-        again = await start_broker(
+        again = await start_broker_with_faults(
             tmp_path, follower, etcd_server.endpoint, fleet.fleet_ca, fleet.issuer
         )
         fleet.brokers[follower] = again
@@ -327,10 +293,10 @@ async def test_a_restarted_follower_reopens_past_refused_guarded_batches(
 async def test_guarded_and_idempotent_writes_wait_for_replicated_conditions(
     etcd_server: EtcdProcess, tmp_path: Path
 ) -> None:
-    from .test_idempotent_fleet_etcd import batch, producer, session
-
     admin: list[tuple[str, str]] = []
-    async with running(tmp_path, etcd_server.endpoint, finalize=(ATOMIC_COMMIT,), admin=admin) as (
+    async with running_quorum_fleet(
+        tmp_path, etcd_server.endpoint, finalize=(ATOMIC_COMMIT,), admin=admin
+    ) as (
         fleet,
         leader,
         _generation,

@@ -21,7 +21,7 @@ from felix_broker.streams.producers import (
 )
 from felix_wire.fleet import ReplicatedBatch
 
-from .test_guarded_apply import SPEC, Replica, replicas
+from .apply_support import SPEC, Replica, replicas
 
 __all__ = ["replicas"]
 

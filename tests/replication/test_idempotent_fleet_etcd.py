@@ -29,12 +29,8 @@ from felix_broker.fleet.routing import AssignmentState
 from felix_broker.streams.producers import payload_digest
 from felix_common.etcd_process import EtcdProcess
 from felix_wire.binary import BinaryAckMode, PublishBatchFrame
-from felix_wire.features import Feature
 from felix_wire.messages import (
-    ProducerInit,
-    ProducerInitOk,
     PublishError,
-    PublishIdempotent,
     PublishOk,
     PublishRefusal,
     PublishRefused,
@@ -42,28 +38,29 @@ from felix_wire.messages import (
 )
 from tests.support.etcd import etcd_server
 
-from ..fleet.harness import NODES, Entry
+from ..fleet.harness import NODES
 from ..fleet.support import eventually
-from ..support.wire import OFFICIAL_FEATURES, WireClient, WireStream
-from .test_fleet_etcd import SHARD, SPEC, publish_all, serving
-from .test_groups_fleet_etcd import Fleet, ask, faults_file, start_broker
-from .test_guarded_fleet_etcd import BASE, payloads, running, same_everywhere
+from .support import (
+    BASE,
+    IDEMPOTENT_FEATURES,
+    SHARD,
+    SPEC,
+    ask,
+    batch,
+    faults_file,
+    payloads,
+    producer,
+    publish_all,
+    running_quorum_fleet,
+    same_everywhere,
+    serving,
+    session,
+    start_broker_with_faults,
+)
 
 __all__ = ["etcd_server"]
 
 pytestmark = pytest.mark.timeout(180)
-
-FEATURES = (
-    OFFICIAL_FEATURES
-    | int(Feature.FEATURE_IDEMPOTENT_PRODUCER)
-    | int(Feature.FEATURE_SEQUENCE_REUSED)
-)
-
-
-def batch(producer: int, sequence: int, records: list[bytes], rid: int) -> PublishIdempotent:
-    return PublishIdempotent(
-        **BASE, payloads=records, producer_id=producer, sequence=sequence, request_id=rid
-    )
 
 
 def marks(broker: Broker) -> list[tuple[int, int, int, int]]:
@@ -78,22 +75,14 @@ def marks(broker: Broker) -> list[tuple[int, int, int, int]]:
     ]
 
 
-async def session(fleet: Fleet, node: str) -> tuple[WireClient, WireStream]:
-    """A client of `node` on a stream that offered the idempotent producer features."""
-    client = await WireClient.connect(Entry(fleet.brokers[node], fleet.issuer))
-    return client, await client.session(features=FEATURES)
-
-
-async def producer(s: WireStream, rid: int) -> int:
-    answer = await ask(s, ProducerInit(request_id=rid))
-    assert isinstance(answer, ProducerInitOk), answer
-    return answer.producer_id
-
-
 async def test_idempotent_batches_on_a_quorum_stream_are_deduplicated_on_every_replica(
     etcd_server: EtcdProcess, tmp_path: Path
 ) -> None:
-    async with running(tmp_path, etcd_server.endpoint) as (fleet, leader, _generation):
+    async with running_quorum_fleet(tmp_path, etcd_server.endpoint) as (
+        fleet,
+        leader,
+        _generation,
+    ):
         await publish_all(fleet.brokers[leader], fleet.issuer, [b"r0"])
         client, s = await session(fleet, leader)
         pid = await producer(s, 1)
@@ -109,7 +98,7 @@ async def test_idempotent_batches_on_a_quorum_stream_are_deduplicated_on_every_r
         unknown = await ask(s, batch(pid + 1, 3, [b"who"], 7))
         assert isinstance(unknown, PublishRefused) and unknown.reason == "unknown_producer"
         # Two resends racing the original on two streams: still written once.
-        other = await client.session(features=FEATURES)
+        other = await client.session(features=IDEMPOTENT_FEATURES)
         await s.send(batch(pid, 2, [b"c"], 8))
         await other.send(batch(pid, 2, [b"c"], 8))
         answers = [await s.recv(timeout=20), await other.recv(timeout=20)]
@@ -147,7 +136,11 @@ async def test_idempotent_batches_on_a_quorum_stream_are_deduplicated_on_every_r
 async def test_a_batch_acked_by_the_old_leader_lands_once_after_failover(
     etcd_server: EtcdProcess, tmp_path: Path
 ) -> None:
-    async with running(tmp_path, etcd_server.endpoint) as (fleet, leader, generation):
+    async with running_quorum_fleet(tmp_path, etcd_server.endpoint) as (
+        fleet,
+        leader,
+        generation,
+    ):
         followers = [n for n in NODES if n != leader]
         client, s = await session(fleet, leader)
         pid = await producer(s, 1)
@@ -186,7 +179,11 @@ async def test_a_batch_acked_by_the_old_leader_lands_once_after_failover(
 async def test_a_partitioned_leader_answers_quorum_timeout_for_idempotent_batches(
     etcd_server: EtcdProcess, tmp_path: Path
 ) -> None:
-    async with running(tmp_path, etcd_server.endpoint) as (fleet, leader, _generation):
+    async with running_quorum_fleet(tmp_path, etcd_server.endpoint) as (
+        fleet,
+        leader,
+        _generation,
+    ):
         followers = [n for n in NODES if n != leader]
         client, s = await session(fleet, leader)
         pid = await producer(s, 1)
@@ -206,7 +203,11 @@ async def test_a_partitioned_leader_answers_quorum_timeout_for_idempotent_batche
 async def test_a_restarted_follower_reopens_past_refused_idempotent_batches(
     etcd_server: EtcdProcess, tmp_path: Path
 ) -> None:
-    async with running(tmp_path, etcd_server.endpoint) as (fleet, leader, _generation):
+    async with running_quorum_fleet(tmp_path, etcd_server.endpoint) as (
+        fleet,
+        leader,
+        _generation,
+    ):
         follower = next(n for n in NODES if n != leader)
         client, s = await session(fleet, leader)
         pid = await producer(s, 1)
@@ -221,7 +222,7 @@ async def test_a_restarted_follower_reopens_past_refused_idempotent_batches(
         assert await ask(s, batch(pid, 1, [b"p1", b"p2"], 6)) == PublishOk(request_id=6, offset=1)
         assert await ask(s, batch(pid, 2, [b"p3"], 7)) == PublishOk(request_id=7, offset=3)
         client.close()
-        again = await start_broker(
+        again = await start_broker_with_faults(
             tmp_path, follower, etcd_server.endpoint, fleet.fleet_ca, fleet.issuer
         )
         fleet.brokers[follower] = again

@@ -14,15 +14,17 @@ from felix_broker.metrics import BrokerMetrics
 from felix_broker.ops_http import Health, HttpListener
 from felix_broker.replication.core import Entry, Ship
 from felix_broker.replication.inspect import halts, inspection
+from felix_transport import generate_ca
 from felix_wire.messages import PublishOk, ShardInspect, ShardInspectInfo
 
+from ..fleet.harness import running_fleet
 from ..support.wire import NS, TENANT, WireClient
-from .test_driver import NODES as DRIVER_NODES
-from .test_driver import SHARD as DRIVER_SHARD
-from .test_driver import Fleet as DriverFleet
-from .test_driver import generate_ca, opened, until
-from .test_fleet_quorum import CATALOG, driver, publish, running_fleet
-from .test_fleet_quorum import opened as quorum_opened
+from .driver_support import NODES as DRIVER_NODES
+from .driver_support import SHARD as DRIVER_SHARD
+from .driver_support import Fleet as DriverFleet
+from .driver_support import opened, until
+from .in_process import CATALOG, driver, publish
+from .in_process import opened as quorum_opened
 
 pytestmark = pytest.mark.timeout(90)
 

@@ -45,7 +45,7 @@ from tests.support.etcd import etcd_server
 
 from ..fleet.harness import NODES
 from ..fleet.support import etcd_control_plane, eventually, replica_set_placed
-from .test_cache_fleet_etcd import (
+from .cache_support import (
     CACHE,
     PLAIN,
     QUORUM_TIMEOUT_MS,
@@ -55,11 +55,11 @@ from .test_cache_fleet_etcd import (
     add,
     ask,
     counter,
-    faults_file,
     get,
     put,
     serving,
 )
+from .support import faults_file
 
 __all__ = ["etcd_server"]
 

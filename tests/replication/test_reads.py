@@ -18,7 +18,7 @@ from felix_transport import generate_ca
 from felix_wire.errors import ErrorCode, RetryClass
 from felix_wire.fleet import ReplicaReadRound
 
-from .test_driver import CONFIG, NODES, Fleet, opened
+from .driver_support import CONFIG, NODES, Fleet, opened
 
 pytestmark = pytest.mark.timeout(60)
 
