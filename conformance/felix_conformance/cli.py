@@ -39,6 +39,7 @@ from rich.console import Console
 
 from felix_transport import __version__
 
+from .clienttest.cases import CLIENT_CASES
 from .clienttest.runner import run_client_cases, select_client_cases
 from .corpus import load_corpus, select
 from .coverage import compute_coverage, format_coverage
@@ -325,7 +326,7 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
 
 def _main_coverage(argv: list[str], console: Console) -> int:
     args = _coverage_parser().parse_args(argv)
-    coverage = compute_coverage(load_corpus(args.transcripts))
+    coverage = compute_coverage(load_corpus(args.transcripts), CLIENT_CASES)
     console.print(format_coverage(coverage), markup=False, end="")
     return EXIT_OK
 

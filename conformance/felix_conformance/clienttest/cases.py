@@ -1202,7 +1202,7 @@ CLIENT_CASES: tuple[ClientCase, ...] = (
         "the client does not send a request the broker did not advertise",
         "6 Negotiation",
         "A client MUST NOT send a request whose feature the broker did not advertise; it "
-        "reports the operation as unsupported instead (N4).",
+        "reports the operation as unsupported instead (N6).",
         lambda peers: BrokerScript(
             KNOWN_FLAGS,
             _ALL_FEATURES & ~int(Feature.FEATURE_CACHE_DELETE),
