@@ -246,3 +246,16 @@ def test_captures_and_variables() -> None:
         substitute("${nope}", captures)
     assert substitute("${nope}", {}, unknown_as_capture=True) == {"$capture": "nope"}
     assert concrete({"a": {"$any": True, "$example": 5}, "b": {"$absent": True}}, {}) == {"a": 5}
+
+
+def test_coverage_broker_only_leaves_the_client_cases_out(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from felix_conformance.cli import EXIT_OK, main
+
+    assert main(["coverage", "--broker-only"]) == EXIT_OK
+    broker_only = capsys.readouterr().out
+    assert "[client]" not in broker_only and "\n  none: event, stream_deleted" in broker_only
+    assert f"messages: {compute_coverage(load_corpus()).get('messages').count}/78" in broker_only
+    assert main(["coverage"]) == EXIT_OK
+    assert "event [client]" in capsys.readouterr().out
