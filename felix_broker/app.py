@@ -109,6 +109,7 @@ class Broker:
         self._link_faults: LinkFaults | None = None
         self._forwards_unanswered: Callable[[], bool] | None = None
         self._auth_draining: Callable[[], bool] = lambda: False
+        self._handler_fault: Callable[[], bool] | None = None
         if config.test_faults_file is not None:
             from felix_broker import clock
             from felix_broker.chaos.faults import FaultFile
@@ -119,6 +120,7 @@ class Broker:
             clock.install_offset(faults.clock_offset_ns)  # clock jumps
             self._forwards_unanswered = faults.forwards_unanswered
             self._auth_draining = faults.auth_draining
+            self._handler_fault = faults.handler_fault
         self.metrics = BrokerMetrics(quic_impl=config.quic_impl.value, fsync=fsync)
         self.health = Health()
         self.engine: Engine | None = None
@@ -130,7 +132,9 @@ class Broker:
         self.catalog: Catalog = config.catalog
         # Features this broker is configured not to offer (config.withhold_*).
         self._withheld = int(Feature.FEATURE_ATOMIC_COMMIT) if config.withhold_atomic_commit else 0
-        self.table = DispatchTable(metrics=self.metrics, withheld=self._withheld)
+        self.table = DispatchTable(
+            metrics=self.metrics, withheld=self._withheld, handler_fault=self._handler_fault
+        )
         self.session: Session | None = None
         self._control: list[Any] = []  # control-plane clients to close on stop
         self.tls: TlsMaterial | None = None
@@ -464,7 +468,7 @@ class Broker:
             hold=self.move_hold,
             stale_width=stale_width,
         )
-        self.table = DispatchTable(placement)
+        self.table = DispatchTable(placement, handler_fault=self._handler_fault)
         placement.redispatch = self.table.dispatch
         self.cluster_placement = placement
         return ClusterDiscovery(self.catalog, fleet.view)

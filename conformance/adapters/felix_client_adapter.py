@@ -78,6 +78,14 @@ class Adapter:
             # The client's retry helper acts on the refusal's retry class.
             offset = await (retry(publish) if request.get("retry") else publish())
             return {"offset": offset}
+        if op == "publish_many":
+            offsets = await asyncio.gather(
+                *(
+                    client.publish(request["stream"], base64.b64decode(p), ack="per_message")
+                    for p in request["payloads"]
+                )
+            )
+            return {"offsets": list(offsets)}
         if op == "cache_put":
             await client.cache(request["cache"]).put(
                 request["key"], base64.b64decode(request["value"])

@@ -62,6 +62,14 @@ class Adapter:
             payload = base64.b64decode(request["payload"])
             offset = c.publish(t, ns, request["stream"], payload, key=key, ack=request["ack"])
             return {"offset": offset}
+        if op == "publish_many":
+            payloads = [base64.b64decode(p) for p in request["payloads"]]
+            offsets = list(
+                self.pool.map(
+                    lambda p: c.publish(t, ns, request["stream"], p, ack="per_message"), payloads
+                )
+            )
+            return {"offsets": offsets}
         if op == "cache_put":
             c.cache_put(t, ns, request["cache"], request["key"], base64.b64decode(request["value"]))
             return {}

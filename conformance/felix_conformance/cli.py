@@ -39,6 +39,7 @@ from rich.console import Console
 
 from felix_transport import __version__
 
+from .clienttest.cases import CLIENT_CASES
 from .clienttest.runner import run_client_cases, select_client_cases
 from .corpus import load_corpus, select
 from .coverage import compute_coverage, format_coverage
@@ -238,9 +239,12 @@ def _main_run(argv: list[str], console: Console) -> int:
 def _coverage_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="felix-conformance coverage",
-        description="Which messages, flags, features, error codes and requirements have a case.",
+        description="Which messages, flags, features, error codes and requirements have a "
+        "case: broker cases (the transcripts) and client cases (the client tester's), "
+        "each entry labelled with the side that exercised it.",
     )
     parser.add_argument("--transcripts", type=Path, metavar="DIR")
+    parser.add_argument("--broker-only", action="store_true", help="count the broker cases only")
     return parser
 
 
@@ -325,7 +329,8 @@ def parsers() -> dict[str, argparse.ArgumentParser]:
 
 def _main_coverage(argv: list[str], console: Console) -> int:
     args = _coverage_parser().parse_args(argv)
-    coverage = compute_coverage(load_corpus(args.transcripts))
+    client_cases = () if args.broker_only else CLIENT_CASES
+    coverage = compute_coverage(load_corpus(args.transcripts), client_cases)
     console.print(format_coverage(coverage), markup=False, end="")
     return EXIT_OK
 

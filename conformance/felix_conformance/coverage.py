@@ -16,6 +16,13 @@ there, counts; what a case merely declares or `requires` does not:
 - a feature counts when the case names it under `exercises.features` and the
   case uses it: it offers the bit in an auth it sends, or it sends or expects a
   message (or a field) whose gate is that feature.
+
+Client cases (`clienttest.cases`: the kit plays the broker) count what their
+script puts on the wire or makes the client send, as each case lists it
+(`ClientCase.messages`, `layouts`, `flags`, `features`, `error_codes`,
+`retries`), and the requirements their sentences cite. Each exercised entry
+says which side exercised it: `broker` (a broker case) or `client` (a client
+case).
 """
 
 from __future__ import annotations
@@ -24,8 +31,8 @@ import itertools
 import json
 import re
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Any
+from dataclasses import dataclass, field
+from typing import Any, Protocol
 
 from felix_wire.catalogue import BINARY_LAYOUTS, ERROR_CODES, FEATURES, LEGAL_FLAG_VALUES, MESSAGES
 from felix_wire.errors import ErrorCode, RetryClass
@@ -35,14 +42,17 @@ from felix_wire.wire_errors import WireError
 
 from .frames import build_frame
 from .matching import MissingVariableError, is_matcher
-from .model import Case, FrameSpec, parse_int
-from .requirements import REQUIREMENT_IDS, covered_requirements
+from .model import Case, FrameSpec, Level, parse_int
+from .requirements import REQUIREMENT_IDS, cited_requirements, covered_requirements
 from .schema import TranscriptError
 
-__all__ = ["NEEDS", "Coverage", "Dimension", "compute_coverage", "format_coverage"]
+__all__ = ["NEEDS", "SIDES", "Coverage", "Dimension", "compute_coverage", "format_coverage"]
 
 _ERROR_NAMES = {c.wire for c in ErrorCode}
 _RETRY_NAMES = {r.wire for r in RetryClass}
+
+
+SIDES = ("broker", "client")
 
 
 @dataclass(frozen=True)
@@ -50,6 +60,11 @@ class Dimension:
     name: str
     total: tuple[str, ...]
     covered: frozenset[str]
+    # entry -> the sides that exercised it (SIDES); every covered entry has one.
+    sides: Mapping[str, frozenset[str]] = field(default_factory=dict)
+
+    def by_side(self, side: str) -> list[str]:
+        return [n for n in self.total if side in self.sides.get(n, frozenset())]
 
     @property
     def missing(self) -> list[str]:
@@ -216,48 +231,102 @@ def _case_exercises(case: Case, into: _Exercised) -> None:
             into.features.add(name)
 
 
-def compute_coverage(cases: Sequence[Case]) -> Coverage:
-    found = _Exercised(set(), set(), set(), set(), set(), set())
+def _client_exercises(case: ClientCaseLike, into: _Exercised) -> None:
+    into.messages.update(case.messages)
+    into.layouts.update(case.layouts)
+    into.flags.update(_flag_text(v) for v in case.flags)
+    into.features.update(case.features)
+    into.errors.update(case.error_codes)
+    into.retries.update(case.retries)
+
+
+class ClientCaseLike(Protocol):
+    """What coverage reads of a client case (`clienttest.cases.ClientCase`)."""
+
+    @property
+    def messages(self) -> tuple[str, ...]: ...
+    @property
+    def layouts(self) -> tuple[str, ...]: ...
+    @property
+    def flags(self) -> tuple[int, ...]: ...
+    @property
+    def features(self) -> tuple[str, ...]: ...
+    @property
+    def error_codes(self) -> tuple[str, ...]: ...
+    @property
+    def retries(self) -> tuple[str, ...]: ...
+    @property
+    def requirement(self) -> str: ...
+
+
+def compute_coverage(
+    cases: Sequence[Case], client_cases: Sequence[ClientCaseLike] = ()
+) -> Coverage:
+    """Broker cases (`cases`) and, when given, client cases, each entry with the
+    side(s) that exercised it."""
+    broker = _Exercised(set(), set(), set(), set(), set(), set())
     for case in cases:
-        _case_exercises(case, found)
+        _case_exercises(case, broker)
+    client = _Exercised(set(), set(), set(), set(), set(), set())
+    for client_case in client_cases:
+        _client_exercises(client_case, client)
+    client_requirements = frozenset(
+        i for c in client_cases for i in cited_requirements(_as_cited(c.requirement))
+    )
+    by_side = {"broker": broker, "client": client}
+
+    def dimension(name: str, total: tuple[str, ...], attr: str) -> Dimension:
+        sides = {
+            entry: frozenset(s for s, found in by_side.items() if entry in getattr(found, attr))
+            for entry in total
+        }
+        sides = {entry: found for entry, found in sides.items() if found}
+        return Dimension(name, total, frozenset(sides), sides)
+
+    broker_requirements = covered_requirements(cases)
+    requirement_sides = {
+        i: frozenset(
+            s
+            for s, ids in (("broker", broker_requirements), ("client", client_requirements))
+            if i in ids
+        )
+        for i in REQUIREMENT_IDS
+    }
+    requirement_sides = {i: found for i, found in requirement_sides.items() if found}
     return Coverage(
         (
-            Dimension("messages", tuple(MESSAGES), frozenset(found.messages)),
-            Dimension("binary layouts", tuple(BINARY_LAYOUTS), frozenset(found.layouts)),
-            Dimension(
-                "flag values",
-                tuple(_flag_text(v) for v in sorted(LEGAL_FLAG_VALUES)),
-                frozenset(found.flags),
+            dimension("messages", tuple(MESSAGES), "messages"),
+            dimension("binary layouts", tuple(BINARY_LAYOUTS), "layouts"),
+            dimension(
+                "flag values", tuple(_flag_text(v) for v in sorted(LEGAL_FLAG_VALUES)), "flags"
             ),
-            Dimension("features", tuple(FEATURES), frozenset(found.features)),
+            dimension("features", tuple(FEATURES), "features"),
+            dimension("error codes", tuple(c.wire for c in ERROR_CODES.values()), "errors"),
             Dimension(
-                "error codes", tuple(c.wire for c in ERROR_CODES.values()), frozenset(found.errors)
+                "requirements", REQUIREMENT_IDS, frozenset(requirement_sides), requirement_sides
             ),
-            Dimension("requirements", REQUIREMENT_IDS, covered_requirements(cases)),
-            Dimension("retry classes", tuple(r.wire for r in RetryClass), frozenset(found.retries)),
+            dimension("retry classes", tuple(r.wire for r in RetryClass), "retries"),
         )
     )
 
 
-# What a catalogue entry no case exercises needs before a case can provoke it:
-# the kit's own judgement of the reference broker (standalone, the fixture's fleet
-# and its limited broker), by dimension. Each says why no case reaches it.
+def _as_cited(requirement: str) -> Case:
+    """A stand-in case carrying only a requirement sentence (for its citations)."""
+    return Case(
+        id="", title="", section="", requirement=requirement, level=Level.MUST, messages=(),
+        layouts=(), flags=(), features=(), error_codes=(), required_features=(),
+        required_flags=0, setup_vars=(), timeout=1.0, steps=(), source="",
+    )  # fmt: skip
+
+
+# What a catalogue entry no case (broker or client) exercises needs before a case
+# can provoke it: the kit's own judgement, by dimension. Each says why no case
+# reaches it.
 NEEDS: dict[str, dict[str, str]] = {
     "messages": {
-        "event": "a broker that sends the JSON event encoding: the reference broker "
-        "sends only binary event batches",
-        "stream_deleted": "a stream deleted while subscribed; no bit value is known",
-    },
-    "error codes": {
-        "internal": "a broker fault no request provokes in a correct broker",
-        "revoked": "a broker that tells a revoked credential from an invalid one: the "
-        "protocol's error table has no revoked (only the official client's code table "
-        "names 16) and says a refused token is unauthenticated, as the reference broker "
-        "answers a token whose key was revoked",
-    },
-    "features": {
-        "FEATURE_STREAM_PUBLISH_WINDOW": "a case filling one stream's window as another "
-        "publishes: a target whose acked publishes stay unanswered long enough",
+        "stream_deleted": "a stream deleted while subscribed; no bit value is known "
+        "(decision stream-deleted), so no broker may send it and no client case can "
+        "offer it",
     },
 }
 
@@ -279,13 +348,27 @@ def _needs(dimension: str, name: str) -> str:
 
 
 def format_coverage(coverage: Coverage, *, show_missing: bool = True) -> str:
-    """Each dimension's count, what is exercised, and what has no case; a missing
-    feature carries what the catalogue says it needs (a cluster, a grant...)."""
+    """Each dimension's count, what is exercised and by which side (broker cases,
+    client cases), and what has none; a missing entry
+    carries what the catalogue or the kit says it needs (a cluster, a grant...)."""
     lines = []
     for d in coverage.dimensions:
-        lines.append(f"{d.name}: {d.count}/{len(d.total)} exercised")
-        lines.append("  exercised: " + (", ".join(n for n in d.total if n in d.covered) or "-"))
+        per_side = ", ".join(f"{side} {len(d.by_side(side))}" for side in SIDES if d.by_side(side))
+        lines.append(
+            f"{d.name}: {d.count}/{len(d.total)} exercised" + (f" ({per_side})" if per_side else "")
+        )
+        lines.append(
+            "  exercised: " + (", ".join(_labelled(d, n) for n in d.total if n in d.covered) or "-")
+        )
         if show_missing:
             missing = [n + _needs(d.name, n) for n in d.missing]
             lines.append("  none: " + (", ".join(missing) or "-"))
     return "\n".join(lines) + "\n"
+
+
+def _labelled(d: Dimension, name: str) -> str:
+    """An entry, with the sides that exercised it unless only broker cases did."""
+    sides = d.sides.get(name, frozenset())
+    if sides == {"broker"}:
+        return name
+    return f"{name} [{'+'.join(s for s in SIDES if s in sides)}]"

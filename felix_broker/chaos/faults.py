@@ -36,6 +36,10 @@ fsync, every peer message it sends or receives and every wall-clock read. Its ke
 - ``{"auth_draining": true}``: the broker answers every new ``auth`` ``draining``,
   as in the window between the start of a drain and its close, and keeps serving
   the connections it already has (a drain held open; a real drain cannot be undone);
+- ``{"handler_fault": true}``: every request the broker's dispatch table routes fails
+  inside its handler, as a bug would (`felix_broker.session.dispatch`): the broker's
+  catch-all answers it ``internal`` (retry class ``outcome_unknown``), logs and
+  counts it, and the stream and connection go on being served;
 - an empty object, or no file: no fault.
 
 A file that is not such an object counts as no fault and is logged once per
@@ -63,7 +67,7 @@ RECHECK_S = 0.05
 _MAX_DELAY_MS = 60_000  # a fault is bounded: one fsync never sleeps longer than this
 MAX_CLOCK_OFFSET_MS = 86_400_000  # a clock jump is bounded: a day either way
 
-_SWITCHES = ("forwards_unanswered", "auth_draining")
+_SWITCHES = ("forwards_unanswered", "auth_draining", "handler_fault")
 _KEYS = frozenset(
     {
         "fsync_delay_ms",
@@ -95,6 +99,7 @@ class Faults:
     clock_offset_ms: int = 0  # this broker's wall clock, ahead (+) or behind (-)
     forwards_unanswered: bool = False  # forwarded publishes taken, never answered
     auth_draining: bool = False  # every new auth answered `draining`
+    handler_fault: bool = False  # every routed request fails inside its handler
 
     def to_json(self) -> dict[str, object]:
         return {
@@ -106,6 +111,7 @@ class Faults:
             "clock_offset_ms": self.clock_offset_ms,
             "forwards_unanswered": self.forwards_unanswered,
             "auth_draining": self.auth_draining,
+            "handler_fault": self.handler_fault,
         }
 
     @classmethod
@@ -137,6 +143,7 @@ class Faults:
             offset,
             forwards_unanswered=flags["forwards_unanswered"],
             auth_draining=flags["auth_draining"],
+            handler_fault=flags["handler_fault"],
         )
 
 
@@ -148,8 +155,8 @@ class FaultFile:
     says whether replication with a node is cut, ``blocks_out`` / ``blocks_in`` whether
     peer messages to / from a node are lost (the peer layer's `LinkFaults`),
     ``clock_offset_ns`` how far this broker's wall clock is moved, and
-    ``forwards_unanswered`` / ``auth_draining`` whether those switches are on (all
-    thread-safe)."""
+    ``forwards_unanswered`` / ``auth_draining`` / ``handler_fault`` whether those
+    switches are on (all thread-safe)."""
 
     def __init__(self, path: Path, sync: Callable[[int], None] = os.fsync) -> None:
         self.path = path
@@ -197,6 +204,9 @@ class FaultFile:
 
     def auth_draining(self) -> bool:
         return self.current().auth_draining
+
+    def handler_fault(self) -> bool:
+        return self.current().handler_fault
 
     def fsync(self, fd: int) -> None:
         fault = self.current()

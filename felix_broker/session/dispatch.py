@@ -191,6 +191,7 @@ class DispatchTable:
         *,
         metrics: BrokerMetrics | None = None,
         withheld: int = 0,
+        handler_fault: Callable[[], bool] | None = None,
     ) -> None:
         # Keyed by the request's exact class (generated classes are never subclassed).
         self._routes: dict[type[Any], _Route] = {}
@@ -198,6 +199,9 @@ class DispatchTable:
         self._metrics = metrics
         self._withheld = withheld
         self._withheld_names: dict[type[Any], str] = {}
+        # Test mode only (the fault file's handler_fault): while it says so, every
+        # handler fails as a bug would, so that the catch-all's answer can be checked.
+        self._handler_fault = handler_fault
 
     def register(
         self,
@@ -259,6 +263,7 @@ class DispatchTable:
         started = time.perf_counter()
         if (
             route.ready is not None
+            and not self._faulted()
             and not ctx.connection.request_slots.locked()
             and await self._answer_ready(route, request, ctx, started)
         ):
@@ -271,6 +276,9 @@ class DispatchTable:
                 await self._run(route, request, ctx)
             finally:
                 route.timer.observe(time.perf_counter() - started)
+
+    def _faulted(self) -> bool:
+        return self._handler_fault is not None and self._handler_fault()
 
     async def _answer_ready(
         self, route: _Route, request: Request, ctx: RequestContext, started: float
@@ -318,6 +326,8 @@ class DispatchTable:
         to answer (an inline handler's caller ends the stream).
         """
         try:
+            if self._faulted():
+                raise HandlerFaultError(f"{route.name} failed by the test fault handler_fault")
             await route.handler(request, ctx)
         except (StreamClosedError, ConnectionClosedError):
             if not route.concurrent:
@@ -327,6 +337,10 @@ class DispatchTable:
             _log.error("%s request failed", route.name, exc_info=exc)
             with contextlib.suppress(StreamClosedError, ConnectionClosedError):
                 await answer_refused(ctx, request, ErrorCode.INTERNAL, "internal error")
+
+
+class HandlerFaultError(RuntimeError):
+    """A handler failed on purpose (the test fault handler_fault)."""
 
 
 async def _timed(handling: Coroutine[Any, Any, None], timer: _Timer, started: float) -> None:

@@ -68,6 +68,7 @@ def test_a_slow_fsync_sleeps_first_and_heals_when_the_file_changes(tmp_path: Pat
         '{"clock_offset_ms": -86400001}',
         '{"forwards_unanswered": 1}',
         '{"auth_draining": "true"}',
+        '{"handler_fault": 1}',
     ],
 )
 def test_a_bad_fault_file_is_no_fault(tmp_path: Path, text: str) -> None:
@@ -263,14 +264,17 @@ async def test_a_broker_whose_clock_jumps_stamps_appends_by_it_never_backwards(
     assert abs(clock.wall_us() - time.time_ns() // 1000) < 60_000_000  # uninstalled on stop
 
 
-def test_the_forward_and_drain_switches_round_trip_and_heal(tmp_path: Path) -> None:
-    """forwards_unanswered and auth_draining (the fixture's /unanswered-forwards and
-    /drain) are read back as written, and an empty fault ends them."""
+def test_the_forward_drain_and_handler_switches_round_trip_and_heal(tmp_path: Path) -> None:
+    """forwards_unanswered, auth_draining and handler_fault (the fixture's
+    /unanswered-forwards, /drain and /handler-fault) are read back as written, and an
+    empty fault ends them."""
     path = tmp_path / "faults.json"
-    write_fault(path, Faults(forwards_unanswered=True, auth_draining=True))
+    on = Faults(forwards_unanswered=True, auth_draining=True, handler_fault=True)
+    write_fault(path, on)
     faults = FaultFile(path)
-    assert faults.forwards_unanswered() and faults.auth_draining()
-    assert Faults.parse(path.read_text()) == Faults(forwards_unanswered=True, auth_draining=True)
+    assert faults.forwards_unanswered() and faults.auth_draining() and faults.handler_fault()
+    assert Faults.parse(path.read_text()) == on
     write_fault(path, Faults())
     time.sleep(0.06)  # past the re-check interval
     assert not faults.forwards_unanswered() and not faults.auth_draining()
+    assert not faults.handler_fault()

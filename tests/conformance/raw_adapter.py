@@ -18,6 +18,9 @@ Modes (each breaks one rule a client must keep):
   no-keepalive    sends no QUIC PINGs, so an idle connection idles out
   resume-latest   subscribes again from latest after subscription_lagged / shard_moved
   no-gap          reports no events lost whatever the offsets say
+  skips-as-gaps   ignores skipped_before: offsets holding no event count as lost
+  no-window       hands every publish of publish_many over at once, whatever window
+  binary-events   reads only event batches: a JSON `event` is passed over
 """
 
 from __future__ import annotations
@@ -59,6 +62,7 @@ from felix_wire.messages import (
     CacheGet,
     CacheValue,
     Error,
+    Event,
     EventBatch,
     NotLeader,
     Ok,
@@ -75,14 +79,14 @@ from felix_wire.messages import (
 MODES = (
     "none", "no-flags", "ungated", "never-reads", "arrival-order", "binary-always", "resend",
     "strict-types", "ignore-not-leader", "no-reconnect", "impatient", "no-keepalive",
-    "resume-latest", "no-gap",
+    "resume-latest", "no-gap", "skips-as-gaps", "no-window", "binary-events",
 )  # fmt: skip
-# shared events with offsets, acked binary publish, codes and detail
-FLAGS = 0x0004 | 0x0020 | 0x0001 | 0x0008 | 0x0010 | 0x0200 | 0x0400
+# shared events with offsets and skips, acked binary publish, owner, codes and detail
+FLAGS = 0x0004 | 0x0020 | 0x0800 | 0x0001 | 0x0008 | 0x0010 | 0x0080 | 0x0200 | 0x0400
 FEATURES = (
     int(Feature.FEATURE_ERROR_CODES) | int(Feature.FEATURE_UNSUPPORTED)
     | int(Feature.FEATURE_REDIRECT) | int(Feature.FEATURE_SUBSCRIPTION_LAGGED)
-    | int(Feature.FEATURE_SHARD_MOVED)
+    | int(Feature.FEATURE_SHARD_MOVED) | int(Feature.FEATURE_PUBLISH_PIPELINE)
 )  # fmt: skip
 
 
@@ -205,6 +209,39 @@ class RawClient:
             return _fail("broker", answer.message, code, retry)
         return _fail("client", f"unexpected answer {answer!r}")
 
+    async def publish_many(self, request: dict[str, Any]) -> dict[str, Any]:
+        """One after the other: within any publish window the broker grants."""
+        if self.mode == "no-window":
+            return await self._publish_all_at_once(request)
+        offsets: list[int | None] = []
+        for payload in request["payloads"]:
+            one = {"op": "publish", "stream": request["stream"], "payload": payload}
+            reply = await self.publish({**one, "ack": "per_message"})
+            if not reply["ok"]:
+                return reply
+            offsets.append(reply["result"]["offset"])
+        return _ok({"offsets": offsets})
+
+    async def _publish_all_at_once(self, request: dict[str, Any]) -> dict[str, Any]:
+        assert self.control is not None
+        ids = []
+        for payload in request["payloads"]:
+            ids.append(self.rid())
+            await self.send(
+                Publish(
+                    tenant_id=self.tenant, namespace=self.namespace, stream=request["stream"],
+                    payload=base64.b64decode(payload), request_id=ids[-1],
+                    ack=AckMode.PER_MESSAGE,
+                )
+            )  # fmt: skip
+        offsets: dict[int, int | None] = {}
+        while len(offsets) < len(ids):
+            answer = await self.control.next()
+            if not isinstance(answer, PublishOk):
+                return _fail("client", f"unexpected answer {answer!r}")
+            offsets[answer.request_id] = answer.offset
+        return _ok({"offsets": [offsets[i] for i in ids]})
+
     async def cache_get(self, request: dict[str, Any]) -> dict[str, Any]:
         assert self.control is not None
         sent: list[tuple[int, str]] = []
@@ -283,12 +320,20 @@ class RawClient:
                 if resume is not None and self.mode != "resume-latest":
                     again["from"] = resume
                 return await self.subscribe(again)
+            if isinstance(batch, Event) and self.mode != "binary-events":  # JSON, one event
+                payloads.append(base64.b64encode(batch.payload).decode())
+                offsets.append(batch.offset)
+                dropped.append(0)
             if isinstance(batch, EventBatchSharedFrame | EventBatchLegacyFrame | EventBatch):
                 base = getattr(batch, "base_offset", None)
+                skipped = getattr(batch, "skipped_before", None) or 0
+                if self.mode == "skips-as-gaps":
+                    skipped = 0
                 for i, p in enumerate(batch.payloads):
                     offset = None if base is None else base + i
                     last = next((o for o in reversed(offsets) if o is not None), None)
                     lost = 0 if offset is None or last is None else offset - last - 1
+                    lost -= skipped if i == 0 else 0  # offsets holding no event, not lost
                     payloads.append(base64.b64encode(p).decode())
                     offsets.append(offset)
                     dropped.append(0 if self.mode == "no-gap" else max(lost, 0))

@@ -54,7 +54,9 @@ async def test_the_official_client_is_reported_case_by_case() -> None:
     broker that negotiated nothing (against a plain `ok` a client uses JSON for
     acked publishes), failing the publish on an unknown message type, and an idle
     connection lost to a broker idle timeout shorter than its PING interval; what
-    it lacks (a retry policy) is unsupported."""
+    it lacks (a retry policy, gap counts) is unsupported. It reads JSON events,
+    owner-named binary refusals, internal and revoked refusals, and keeps a
+    per-stream publish window."""
     report = await run_client_cases(CLIENT_CASES, OFFICIAL_ADAPTER)
     verdicts = {r.case.id: (r.verdict, r.detail) for r in report.results}
     assert set(verdicts) == ALL
@@ -72,8 +74,9 @@ async def test_the_official_client_is_reported_case_by_case() -> None:
         assert verdict is Verdict.UNSUPPORTED, (case_id, detail)
         assert "does not resend on its own" in detail
     # Its adapter reports no gap counts (the client has none to give).
-    gap_verdict, gap_detail = verdicts.pop("client.gap-detected")
-    assert gap_verdict is Verdict.UNSUPPORTED, gap_detail
+    for case_id in ("client.gap-detected", "client.skipped-not-lost"):
+        gap_verdict, gap_detail = verdicts.pop(case_id)
+        assert gap_verdict is Verdict.UNSUPPORTED, (case_id, gap_detail)
     # It PINGs every 2 s whatever idle timeout the broker asked for (1.5 s here).
     keepalive_verdict, keepalive_detail = verdicts.pop("client.keepalive-idle")
     assert keepalive_verdict is Verdict.FAIL
@@ -100,6 +103,12 @@ async def test_the_official_client_is_reported_case_by_case() -> None:
                 "client.unknown-error-code",
                 "client.answers-out-of-order",
                 "client.subscribe-delivers",
+                "client.json-event-delivered",
+                "client.skipped-not-lost",
+                "client.owner-named-refusal",
+                "client.internal-not-resent",
+                "client.revoked-not-resent",
+                "client.stream-publish-window",
             },
         ),
         ("arrival-order", {"client.answers-out-of-order"}),
@@ -110,6 +119,8 @@ async def test_the_official_client_is_reported_case_by_case() -> None:
                 "client.outcome-unknown-not-resent",
                 "client.fatal-not-resent",
                 "client.retry-after-waited",
+                "client.internal-not-resent",
+                "client.revoked-not-resent",
             },
         ),
         ("strict-types", {"client.tolerates-unknown"}),
@@ -119,6 +130,9 @@ async def test_the_official_client_is_reported_case_by_case() -> None:
         ("no-keepalive", {"client.keepalive-idle"}),
         ("resume-latest", {"client.lagged-resumed", "client.shard-moved-resumed"}),
         ("no-gap", {"client.gap-detected"}),
+        ("skips-as-gaps", {"client.skipped-not-lost"}),
+        ("no-window", {"client.stream-publish-window"}),
+        ("binary-events", {"client.json-event-delivered"}),
     ],
 )
 async def test_each_broken_client_is_caught(mode: str, caught: set[str]) -> None:

@@ -148,3 +148,19 @@ def test_the_kit_on_the_other_quic_stack_passes_too(fixture_file: Path, tmp_path
     assert failed == [], done.stdout[-3000:]
     assert done.returncode == EXIT_OK
     assert report["totals"]["pass"] >= 30
+
+
+@pytest.mark.timeout(120)
+def test_the_new_should_cases_pass_against_the_reference_broker(
+    fixture_file: Path, tmp_path: Path
+) -> None:
+    """SHOULD-level cases run only with --strict (the whole-kit runs leave them out):
+    the auth timeout (T9, T11) holds against our broker."""
+    report_path = tmp_path / "strict.json"
+    code = main(
+        ["--fixture", str(fixture_file), "--strict", "-t", "auth.auth-timeout",
+         "--json", str(report_path)]
+    )  # fmt: skip
+    report = json.loads(report_path.read_text())
+    assert {c["id"]: c["verdict"] for c in report["cases"]} == {"auth.auth-timeout": "pass"}
+    assert code == EXIT_OK

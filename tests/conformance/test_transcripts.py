@@ -8,8 +8,9 @@ from typing import Any
 import pytest
 import yaml
 
+from felix_conformance.clienttest.cases import CLIENT_CASES
 from felix_conformance.corpus import load_corpus, load_file, select, shipped_dir
-from felix_conformance.coverage import NEEDS, compute_coverage, format_coverage
+from felix_conformance.coverage import NEEDS, Coverage, compute_coverage, format_coverage
 from felix_conformance.matching import MissingVariableError, concrete, match, substitute
 from felix_conformance.schema import TranscriptError, validate_document
 from felix_wire.catalogue import BINARY_LAYOUTS
@@ -80,28 +81,34 @@ def test_coverage_of_layouts_and_served_messages() -> None:
     ).covered
 
 
-# What the shipped corpus exercises (sends, or provokes the broker into sending).
-# Raise these as cases are added; the test fails if coverage drops below them.
+def _both_sides() -> Coverage:
+    """What `felix-conformance coverage` counts: the broker cases and the client cases."""
+    return compute_coverage(load_corpus(), CLIENT_CASES)
+
+
+# What the shipped broker and client cases exercise (send, or provoke the other
+# side into sending). Raise these as cases are added; the test fails if coverage
+# drops below them.
 COVERAGE_FLOOR = {
-    "messages": 76,
+    "messages": 77,
     "binary layouts": 4,
     "flag values": 38,
-    "features": 34,
-    "error codes": 15,
+    "features": 35,
+    "error codes": 17,
     "retry classes": 5,
-    "requirements": 93,
+    "requirements": 112,
 }
 
 
 def test_coverage_never_drops() -> None:
-    counts = compute_coverage(load_corpus()).counts()
+    counts = _both_sides().counts()
     assert {k: counts[k] for k in COVERAGE_FLOOR} == {
         k: max(counts[k], floor) for k, floor in COVERAGE_FLOOR.items()
     }
 
 
 def test_coverage_says_what_a_missing_feature_needs() -> None:
-    text = format_coverage(compute_coverage(load_corpus()))
+    text = format_coverage(_both_sides())
     missing = next(line for line in text.splitlines() if line.startswith("  none: FEATURE_"))
     # FEATURE_REDIRECT, the one the catalogue marks cluster-only, is exercised by the
     # cluster cases now; what is still missing says what it needs.
@@ -109,14 +116,31 @@ def test_coverage_says_what_a_missing_feature_needs() -> None:
     assert "FEATURE_SHARD_MOVED" not in missing  # the fault cases exercise it now
     # The lag cases exercise it now (a subscriber left behind on flood_stream).
     assert "FEATURE_SUBSCRIPTION_LAGGED" not in missing
-    assert "FEATURE_STREAM_PUBLISH_WINDOW (a case filling one stream's window" in missing
+    # The client tester's window case exercises it (a scripted broker grants 2 per stream).
+    assert "FEATURE_STREAM_PUBLISH_WINDOW" not in missing
     assert "FEATURE_STREAM_DELETED (no bit value is known: never negotiable)" in missing
+
+
+def test_coverage_says_which_side_exercised_each_entry() -> None:
+    """What only a client case exercises is labelled [client], what both sides do
+    [broker+client]; the counts per side head each dimension."""
+    coverage = _both_sides()
+    text = format_coverage(coverage)
+    assert "event [client]" in text  # the JSON event: only the scripted broker sends it
+    assert "revoked [client]" in text
+    assert "internal [broker+client]" in text  # the fixture's /handler-fault, and a client
+    assert "0x0290 [broker+client]" in text
+    assert "FEATURE_STREAM_PUBLISH_WINDOW [client]" in text
+    messages = coverage.get("messages")
+    assert "event" not in compute_coverage(load_corpus()).get("messages").covered
+    assert messages.sides["event"] == {"client"} and messages.sides["auth"] == {"broker", "client"}
+    assert text.startswith(f"messages: {messages.count}/78 exercised (broker 76, client ")
 
 
 def test_coverage_says_what_needs_a_multi_broker_target() -> None:
     """What no case exercises on a standalone broker is listed with what it needs;
     the cluster-only entries say they need a multi-broker target."""
-    text = format_coverage(compute_coverage(load_corpus()))
+    text = format_coverage(_both_sides())
     none: dict[str, str] = {}
     dimension = ""
     for line in text.splitlines():
@@ -127,7 +151,7 @@ def test_coverage_says_what_needs_a_multi_broker_target() -> None:
     cluster = "(needs a multi-broker target"
     # Every cluster-only error code is exercised against the fixture's fleet now.
     assert cluster not in none["error codes"]
-    assert "internal (a broker fault no request provokes" in none["error codes"]
+    assert none["error codes"] == "  none: -"  # internal: /handler-fault; revoked: a client case
     # Every flag value is exercised (the owner-named refusals and skipped layouts
     # as frames a client sends and the broker must refuse).
     assert none["flag values"] == "  none: -"
@@ -162,7 +186,7 @@ def test_coverage_says_what_needs_a_multi_broker_target() -> None:
     ):
         assert f" {name} (" not in none[dimension] and not none[dimension].endswith(name)
     # Every entry the kit explains is a real catalogue entry no shipped case exercises.
-    coverage = compute_coverage(load_corpus())
+    coverage = _both_sides()
     for dimension, entries in NEEDS.items():
         assert set(entries) <= set(coverage.get(dimension).total), dimension
         assert not set(entries) & coverage.get(dimension).covered, dimension
@@ -222,3 +246,16 @@ def test_captures_and_variables() -> None:
         substitute("${nope}", captures)
     assert substitute("${nope}", {}, unknown_as_capture=True) == {"$capture": "nope"}
     assert concrete({"a": {"$any": True, "$example": 5}, "b": {"$absent": True}}, {}) == {"a": 5}
+
+
+def test_coverage_broker_only_leaves_the_client_cases_out(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    from felix_conformance.cli import EXIT_OK, main
+
+    assert main(["coverage", "--broker-only"]) == EXIT_OK
+    broker_only = capsys.readouterr().out
+    assert "[client]" not in broker_only and "\n  none: event, stream_deleted" in broker_only
+    assert f"messages: {compute_coverage(load_corpus()).get('messages').count}/78" in broker_only
+    assert main(["coverage"]) == EXIT_OK
+    assert "event [client]" in capsys.readouterr().out

@@ -183,6 +183,8 @@ class ScriptedBroker:
         self.peers: list[ScriptedBroker] = []  # the case's other brokers (redirect targets)
         self.link: SilentLink | None = None  # the link the client reaches us through, if any
         self.connections: dict[int, Connection] = {}  # by number, as Seen.conn names them
+        # What a case's handlers keep for its judge (e.g. the most unanswered publishes).
+        self.notes: dict[str, Any] = {}
         # A legacy broker's client may assume the original v1 layouts, nothing more.
         self.advertised = (
             Capabilities(int(ORIGINAL_V1_FLAGS), 0)

@@ -26,6 +26,7 @@ from felix_wire.messages import (
     CacheValue,
     Error,
     ErrorDetail,
+    Event,
     EventBatch,
     EventStreamHello,
     NotLeader,
@@ -67,7 +68,17 @@ class ClientCase:
     ops: tuple[dict[str, Any], ...]
     judge: Judge
     level: Level = Level.MUST
+    # What the case puts on the wire (the scripted broker sends it, or it makes the
+    # client send it), counted by `coverage` as exercised on the client side:
+    # message types, binary layouts, frame flag values the broker sends, feature
+    # bits the script advertises and depends on, error codes and retry classes it
+    # refuses with.
     messages: tuple[str, ...] = field(default=())
+    layouts: tuple[str, ...] = ()
+    flags: tuple[int, ...] = ()
+    features: tuple[str, ...] = ()
+    error_codes: tuple[str, ...] = ()
+    retries: tuple[str, ...] = ()
     # Scripts of further brokers started first (same CA), e.g. a redirect's target.
     peers: tuple[Callable[[Sequence[str]], BrokerScript], ...] = ()
     # The client reaches the broker through a SilentLink (the broker's `link`).
@@ -423,6 +434,120 @@ async def _subscribe(ex: Exchange, request: Any) -> None:
     await ex.open_events(EventStreamHello(subscription_id=7), batch)
 
 
+async def _json_events(ex: Exchange, request: Any) -> None:
+    """The events as two JSON `event` messages, the single-event compatibility
+    encoding any client reads (JSON needs no flag), whatever layouts it offered."""
+    await ex.reply(Subscribed(subscription_id=7))
+    events = [
+        Event(
+            tenant_id=request.tenant_id,
+            namespace=request.namespace,
+            stream=request.stream,
+            payload=payload,
+        )
+        for payload in (b"event-one", b"event-two")
+    ]
+    await ex.open_events(EventStreamHello(subscription_id=7), *events)
+
+
+_SKIPPED = 2  # offsets 12 and 13 hold no event (markers): skipped, not lost
+
+
+async def _skipping_subscribe(ex: Exchange, request: Any) -> None:
+    """Events 10 and 11, then 14 and 15 in a batch whose skipped_before says that
+    offsets 12 and 13 hold no event (layout 0x0822 / 0x0824): nothing was lost."""
+    skips = ex.client.has(int(Flag.EVENT_BATCH_SKIPPED))
+    if not _offers_offsets(ex) or not skips:
+        await _subscribe(ex, request)
+        return
+    await ex.reply(Subscribed(subscription_id=7, start_offset=_BASE, live_offset=_BASE))
+    second: Any
+    later = [b"event-three", b"event-four"]
+    if ex.client.has(int(Flag.BINARY_EVENT_BATCH_SHARED)):
+        second = EventBatchSharedFrame(
+            base_offset=_BASE + 4, skipped_before=_SKIPPED, payloads=later
+        )
+    else:
+        second = EventBatchLegacyFrame(
+            subscription_id=7, base_offset=_BASE + 4, skipped_before=_SKIPPED, payloads=later
+        )
+    await ex.open_events(
+        EventStreamHello(subscription_id=7),
+        _offset_batch(ex, 7, _BASE, [b"event-one", b"event-two"]),
+        second,
+    )
+
+
+def _owner_named_refusal(peers: Sequence[str]) -> Handler:
+    """Refuse the first binary acked publish as not_leader / redirect in the binary
+    ack layout that names the owner (0x0290, or 0x0690 with a detail to a client
+    that offered BINARY_PUBLISH_ACK_DETAIL); the owner named is the case's peer,
+    which accepts it. A client that did not offer the owner and code modifiers, or
+    publishes in JSON, gets a JSON not_leader refusal naming the same owner."""
+
+    async def handler(ex: Exchange, request: Any) -> None:
+        request_id = getattr(request, "request_id", None)
+        if request_id is None:
+            return
+        text = "not the owner of this stream's shard"
+        owner = int(Flag.BINARY_PUBLISH_ACK_OWNER) | int(Flag.BINARY_PUBLISH_ACK_CODE)
+        binary = ex.client.has(int(Flag.BINARY_PUBLISH_ACK)) and hasattr(request, "ack_mode")
+        if binary and ex.client.flags & owner == owner:
+            detail = ex.client.has(int(Flag.BINARY_PUBLISH_ACK_DETAIL))
+            await ex.reply(
+                Ack(
+                    status=AckStatus.ERROR, request_id=request_id, message=text,
+                    code=int(ErrorCode.NOT_LEADER), retry=RetryClass.REDIRECT,
+                    reason="not_owner" if detail else None,
+                    retry_after_ms=0 if detail else None,
+                    node_id="peer-1", addr=peers[0], generation=1,
+                )
+            )  # fmt: skip
+            return
+        codes = ex.client.has_feature(int(Feature.FEATURE_ERROR_CODES))
+        await ex.reply(
+            PublishError(
+                request_id=request_id, message=f"{text}; the owner is {peers[0]}",
+                code="not_leader" if codes else None,
+                retry=RetryClass.REDIRECT.wire if codes else None,
+            )
+        )  # fmt: skip
+
+    return handler
+
+
+_WINDOW = 2  # the per-stream publish window the window case grants
+_WINDOW_PUBLISHES = 6
+
+
+async def _windowed_ack(ex: Exchange, request: Any) -> None:
+    """Acks answered in arrival order per stream, each held 0.1 s; the most acked
+    publishes one stream (connection, stream) ever had unanswered at once goes in
+    the broker's notes."""
+    if getattr(request, "request_id", None) is None:
+        return
+    notes = ex.broker.notes
+    unanswered: dict[tuple[int, int], int] = notes.setdefault("unanswered", {})
+    most: dict[tuple[int, int], int] = notes.setdefault("most_unanswered", {})
+    locks: dict[tuple[int, int], asyncio.Lock] = notes.setdefault("locks", {})
+    where = (ex.conn, ex.stream.stream_id)
+    unanswered[where] = unanswered.get(where, 0) + 1
+    most[where] = max(most.get(where, 0), unanswered[where])
+    async with locks.setdefault(where, asyncio.Lock()):  # FIFO: answers in stream order (PL2)
+        await asyncio.sleep(0.1)
+        unanswered[where] -= 1
+        await _ack_publish(ex, request)
+
+
+def _window_script(peers: Sequence[str]) -> BrokerScript:
+    return BrokerScript(
+        _FULL.flags,
+        _FULL.features,
+        {BINARY_PUBLISH: _windowed_ack, "publish": _windowed_ack},
+        publish_window=_WINDOW,
+    )
+
+
 # -- judges -------------------------------------------------------------------------------
 
 
@@ -717,6 +842,102 @@ def _judge_followed(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -
     return _first(_violations(peer), _judge_subscribe(broker, replies))
 
 
+def _judge_refusal_kept(code: str, retry: RetryClass) -> Judge:
+    """A refusal with `code` / `retry` that allows no resend: one send, reported as
+    the broker's refusal with that code (or none: a client may not name it)."""
+    acted_on = _judge_acted_on(retry, resend=False)
+
+    def judge(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
+        problem = acted_on(broker, replies)
+        if problem is not None:
+            return problem
+        reported = replies[-1]["error"].get("code")
+        if reported not in (code, None):
+            return f"refused with {code}, the client reported {reported!r}"
+        return None
+
+    return judge
+
+
+def _judge_json_events(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
+    return _judge_subscribe(broker, replies)
+
+
+def _judge_skipped(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
+    offered = any(
+        a.client_flags is not None and a.client_flags & int(Flag.EVENT_BATCH_SKIPPED)
+        for a in broker.auths
+    )
+    if not _offered_offsets(broker) or not offered:
+        raise ClientUnsupportedError("the client did not offer EVENT_BATCH_OFFSETS and SKIPPED")
+    problem = _first(_violations(broker), _replies_ok(replies))
+    if problem is not None:
+        return problem
+    result = replies[-1]["result"]
+    if result.get("payloads") != _FOUR:
+        return f"events {result.get('payloads')}, the broker sent {_FOUR}"
+    dropped = result.get("dropped")
+    if dropped is None:
+        raise ClientUnsupportedError("the adapter reports no gap counts (result.dropped)")
+    if dropped != [0, 0, 0, 0]:
+        return (
+            f"events 10, 11, 14, 15 (offsets 12 and 13 skipped_before, no events) reported "
+            f"with dropped {dropped}, not [0, 0, 0, 0]: skipped offsets taken for lost events"
+        )
+    return None
+
+
+def _judge_owner_named(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
+    """Passed by a client that follows the named owner (the peer accepts) or reports
+    the refusal as not_leader; a client that cannot read the layout fails."""
+    problem = _violations(broker)
+    if problem is not None:
+        return problem
+    owner = int(Flag.BINARY_PUBLISH_ACK_OWNER) | int(Flag.BINARY_PUBLISH_ACK_CODE)
+    binary = bool(broker.requests(BINARY_PUBLISH))
+    offered = any((a.client_flags or 0) & owner == owner for a in broker.auths)
+    if not (binary and offered):
+        raise ClientUnsupportedError(
+            "the client did not publish binary acked with BINARY_PUBLISH_ACK_OWNER and _CODE"
+        )
+    last = replies[-1]
+    if last["ok"]:
+        reached = any(_sends(peer, b"hello") for peer in broker.peers)
+        return None if reached else "the client reported success for a refused publish"
+    error = last["error"]
+    if error["kind"] != "broker" or error.get("code") not in ("not_leader", None):
+        return f"an owner-named not_leader refusal reported as {error}"
+    return None
+
+
+def _judge_window(broker: ScriptedBroker, replies: Sequence[dict[str, Any]]) -> str | None:
+    offered = any(
+        (a.client_features or 0) & int(Feature.FEATURE_PUBLISH_PIPELINE) for a in broker.auths
+    )
+    if not offered:
+        raise ClientUnsupportedError(
+            "the client did not offer FEATURE_PUBLISH_PIPELINE: no window was granted"
+        )
+    problem = _first(_violations(broker), _replies_ok(replies))
+    if problem is not None:
+        return problem
+    sends = _sends_any(broker)
+    if sends < _WINDOW_PUBLISHES:
+        return f"{sends} of {_WINDOW_PUBLISHES} publishes reached the broker"
+    most = max(broker.notes.get("most_unanswered", {}).values(), default=0)
+    if most > _WINDOW:
+        return (
+            f"{most} acked publishes unanswered on one stream at once; the broker granted a "
+            f"per-stream window of {_WINDOW} (FEATURE_STREAM_PUBLISH_WINDOW)"
+        )
+    return None
+
+
+def _sends_any(broker: ScriptedBroker) -> int:
+    binary = sum(len(getattr(r, "payloads", ())) for r in broker.requests(BINARY_PUBLISH))
+    return binary + len(broker.requests("publish"))
+
+
 def _publish_op(ack: str = "per_message", *, retry: bool = False) -> dict[str, Any]:
     op = {"op": "publish", "stream": "orders", "payload": _b64(b"hello"), "ack": ack}
     return {**op, "retry": True} if retry else op
@@ -981,7 +1202,7 @@ CLIENT_CASES: tuple[ClientCase, ...] = (
         "the client does not send a request the broker did not advertise",
         "6 Negotiation",
         "A client MUST NOT send a request whose feature the broker did not advertise; it "
-        "reports the operation as unsupported instead (N4).",
+        "reports the operation as unsupported instead (N6).",
         lambda peers: BrokerScript(
             KNOWN_FLAGS,
             _ALL_FEATURES & ~int(Feature.FEATURE_CACHE_DELETE),
@@ -1026,5 +1247,98 @@ CLIENT_CASES: tuple[ClientCase, ...] = (
         ({"op": "subscribe", "stream": "orders", "count": 2, "timeout": 10},),
         _judge_subscribe,
         messages=("subscribe", "subscribed", "event_stream_hello", "event_batch"),
+    ),
+    ClientCase(
+        "client.json-event-delivered",
+        "events sent as single JSON `event` messages reach the application in order",
+        "5.3 Subscribing and delivery",
+        "A client MUST read events in every encoding a broker may send on an event stream, "
+        "the JSON single-event compatibility encoding (`event`) included, in order (S1, G3).",
+        _script(lambda: {"subscribe": _json_events}),
+        ({"op": "subscribe", "stream": "orders", "count": 2, "timeout": 10},),
+        _judge_json_events,
+        messages=("subscribe", "subscribed", "event_stream_hello", "event"),
+    ),
+    ClientCase(
+        "client.skipped-not-lost",
+        "offsets a batch says it skipped are not reported as lost events",
+        "5.3 Subscribing and delivery",
+        "A client that offered EVENT_BATCH_SKIPPED MUST count a batch's skipped_before "
+        "offsets as holding no event, never as events lost: events 10, 11 then 14, 15 "
+        "with skipped_before 2 lose nothing (S8, L2).",
+        _script(lambda: {"subscribe": _skipping_subscribe}),
+        ({"op": "subscribe", "stream": "orders", "count": 4, "timeout": 10},),
+        _judge_skipped,
+        messages=("subscribe", "subscribed", "event_stream_hello"),
+        layouts=("event_batch_legacy", "event_batch_shared"),
+        flags=(0x0822, 0x0824),
+    ),
+    ClientCase(
+        "client.owner-named-refusal",
+        "a binary ack naming the owner (0x0290 / 0x0690) is read: followed or reported",
+        "3.3 Binary publish ack",
+        "A client that offered BINARY_PUBLISH_ACK_OWNER and _CODE MUST read a refusal in "
+        "the owner-named ack layout (owner, code and retry class, and detail when offered) "
+        "and either publish to the owner it names or report the not_leader refusal (L3, E4).",
+        lambda peers: BrokerScript(
+            _FULL.flags,
+            _FULL.features,
+            {BINARY_PUBLISH: _owner_named_refusal(peers), "publish": _owner_named_refusal(peers)},
+        ),
+        (_publish_op(),),
+        _judge_owner_named,
+        messages=("publish_batch", "publish_ack", "publish", "publish_error"),
+        layouts=("publish_batch", "publish_ack"),
+        flags=(0x0290, 0x0690),
+        error_codes=("not_leader",),
+        retries=("redirect",),
+        peers=(_script(lambda: {BINARY_PUBLISH: _ack_publish, "publish": _ack_publish}),),
+    ),
+    ClientCase(
+        "client.internal-not-resent",
+        "a publish refused as internal (outcome_unknown) is reported, never sent again",
+        "8 Error codes",
+        "A client MUST report a request refused with error code internal (retry class "
+        "outcome_unknown: it may have been applied) as a refusal and MUST NOT resend it "
+        "on its own, even with its retry policy on (E4, §8).",
+        _publish_script(lambda: _refuse_first(ErrorCode.INTERNAL, RetryClass.OUTCOME_UNKNOWN)),
+        (_publish_op(retry=True),),
+        _judge_refusal_kept("internal", RetryClass.OUTCOME_UNKNOWN),
+        messages=("publish", "publish_error", "publish_batch", "publish_ack"),
+        error_codes=("internal",),
+        retries=("outcome_unknown",),
+    ),
+    ClientCase(
+        "client.revoked-not-resent",
+        "a publish refused as revoked (fatal) is reported, never sent again",
+        "8 Error codes",
+        "A client MUST report a request refused with error code revoked (16, the official "
+        "client's table; a revoked credential, retry class fatal) as a refusal and MUST "
+        "NOT resend it, even with its retry policy on (E4, §8).",
+        _publish_script(lambda: _refuse_first(ErrorCode.REVOKED, RetryClass.FATAL)),
+        (_publish_op(retry=True),),
+        _judge_refusal_kept("revoked", RetryClass.FATAL),
+        messages=("publish", "publish_error", "publish_batch", "publish_ack"),
+        error_codes=("revoked",),
+        retries=("fatal",),
+    ),
+    ClientCase(
+        "client.stream-publish-window",
+        "a client keeps at most publish_window acked publishes unanswered per stream",
+        "7 Ack modes and pipelining",
+        "A client granted a publish window of 2 per stream (FEATURE_PUBLISH_PIPELINE and "
+        "FEATURE_STREAM_PUBLISH_WINDOW advertised) MUST never have more than 2 acked "
+        "publishes unanswered on one stream, whatever the application hands it (PL1, PL3).",
+        _window_script,
+        (
+            {
+                "op": "publish_many",
+                "stream": "orders",
+                "payloads": [_b64(f"windowed-{n}".encode()) for n in range(_WINDOW_PUBLISHES)],
+            },
+        ),
+        _judge_window,
+        messages=("auth", "auth_ok", "publish", "publish_ok", "publish_batch", "publish_ack"),
+        features=("FEATURE_PUBLISH_PIPELINE", "FEATURE_STREAM_PUBLISH_WINDOW"),
     ),
 )
