@@ -27,6 +27,22 @@ a `Rule`; a `Verdict` lists every violation found with the operations involved
     ties them to real time: a clock jumped forward stamps the future, and that is
     its clock's answer, not a violation.
 
+12. `acked_offset`: an acknowledged write whose ack carried an offset (an append,
+    an idempotent batch, a conditional publish, a commit) sits at another
+    position of the final log, or a conditional write was acknowledged at an
+    offset other than the tail it expected.
+13. `group_lost_delivery`: a record of the final log below a consumer group's
+    final cursor that no poll of the group delivered (nor is a dead letter).
+14. `group_redelivery`: a poll delivers a record whose ack had been acknowledged
+    before the poll was invoked.
+15. `group_delivery_order`: a poll's first deliveries are not in offset order, or
+    a delivered record is not the final log's record at its offset.
+
+Idempotent batches resent after an unknown outcome carry their first value again
+(the same producer id and sequence): `duplicate` is the rule that they land once.
+A conditional write refused `offset_mismatch` is a definite refusal
+(`history.DEFINITE_CODES`): `refused_appears` says it never lands.
+
 A history without a `final` operation for a stream that has writes cannot be
 judged for rules 1, 3, 8–10: `check` raises `IncompleteHistory`.
 """
@@ -56,6 +72,10 @@ class Rule(enum.Enum):
     DELIVERY_ORDER = "delivery_order"
     LOST_DELIVERY = "lost_delivery"
     APPEND_TIME_ORDER = "append_time_order"
+    ACKED_OFFSET = "acked_offset"
+    GROUP_LOST_DELIVERY = "group_lost_delivery"
+    GROUP_REDELIVERY = "group_redelivery"
+    GROUP_DELIVERY_ORDER = "group_delivery_order"
 
 
 class IncompleteHistory(ValueError):
@@ -179,6 +199,33 @@ class _Check:
             if acked and value not in self.positions[key]:
                 self.fail(Rule.LOST_WRITE, f"{key}: acknowledged {value!r} is lost", *acked)
 
+    def offsets(self) -> None:
+        for index, op in enumerate(self.history):
+            if op.outcome is not Outcome.OK or op.offset is None:
+                continue
+            if op.kind is Kind.APPEND and op.value is not None:
+                writes = [(op.key, op.value)]
+            elif op.kind is Kind.COMMIT:
+                writes = [(w.key, w.value) for w in op.writes]
+            else:
+                continue
+            if op.expected is not None and op.offset != op.expected:
+                self.fail(
+                    Rule.ACKED_OFFSET,
+                    f"{op.key or writes[0][0]}: a write conditional on tail {op.expected} "
+                    f"was acknowledged at {op.offset}",
+                    index,
+                )
+                continue
+            for key, value in writes:
+                position = self.positions[key].get(value)
+                if position is not None and position != op.offset:
+                    self.fail(
+                        Rule.ACKED_OFFSET,
+                        f"{key}: {value!r} acknowledged at {op.offset}, at {position} in the log",
+                        index,
+                    )
+
     def commits(self) -> None:
         for index, op in enumerate(self.history):
             if op.kind is not Kind.COMMIT or not op.writes:
@@ -292,6 +339,72 @@ class _Check:
                     break
                 expected = position + 1
 
+    # -- consumer groups
+
+    def groups(self) -> None:
+        delivered: dict[tuple[str, str], set[str]] = defaultdict(set)
+        acks: dict[tuple[str, str, int], float] = {}  # (key, group, offset) -> first ack's end
+        polls: list[int] = []
+        for index, op in enumerate(self.history):
+            if op.kind is Kind.GROUP_ACK and op.outcome is Outcome.OK and op.offset is not None:
+                at = (op.key, op.group, op.offset)
+                acks[at] = min(acks.get(at, op.end), op.end)
+            if op.kind is not Kind.GROUP_POLL or op.outcome is not Outcome.OK:
+                continue
+            polls.append(index)
+            delivered[(op.key, op.group)].update(op.values)
+            self.seen(op.key, op.values, index)
+            final = self.finals.get(op.key, [])
+            firsts = [o for o, a in zip(op.offsets, op.attempts, strict=False) if a <= 1]
+            if any(b <= a for a, b in itertools.pairwise(firsts)):
+                self.fail(
+                    Rule.GROUP_DELIVERY_ORDER,
+                    f"{op.key}: group {op.group!r} first deliveries out of offset order",
+                    index,
+                )
+            for value, offset in zip(op.values, op.offsets, strict=False):
+                if value in self.positions.get(op.key, {}) and (
+                    offset >= len(final) or final[offset] != value
+                ):
+                    self.fail(
+                        Rule.GROUP_DELIVERY_ORDER,
+                        f"{op.key}: group {op.group!r} got {value!r} as offset {offset}, "
+                        f"the final log holds it at {self.positions[op.key][value]}",
+                        index,
+                    )
+        for index in polls:
+            op = self.history[index]
+            for offset in op.offsets:
+                acked = acks.get((op.key, op.group, offset))
+                if acked is not None and acked < op.invoke:
+                    self.fail(
+                        Rule.GROUP_REDELIVERY,
+                        f"{op.key}: group {op.group!r} got offset {offset} again after its "
+                        "ack was acknowledged",
+                        index,
+                    )
+        for index, op in enumerate(self.history):
+            if op.kind is not Kind.GROUP_CURSOR or op.offset is None:
+                continue
+            log = self.finals.get(op.key)
+            if log is None:
+                raise IncompleteHistory(f"a group cursor on {op.key!r} without its final log")
+            seen = delivered[(op.key, op.group)]
+            dead = set(op.offsets)
+            missing = [
+                p
+                for p, value in enumerate(log[: op.offset])
+                if value not in seen and p not in dead
+            ]
+            if missing:
+                self.fail(
+                    Rule.GROUP_LOST_DELIVERY,
+                    f"{op.key}: group {op.group!r}'s cursor is at {op.offset}, yet "
+                    f"{len(missing)} record(s) below it were never delivered "
+                    f"(first at {missing[0]})",
+                    index,
+                )
+
     # -- caches
 
     def caches(self) -> None:
@@ -342,10 +455,12 @@ def check(history: Sequence[Operation]) -> Verdict:
     run = _Check(history)
     run.finals_rules()
     run.acknowledged()
+    run.offsets()
     run.commits()
     run.order()
     run.reads()
     run.subscriptions()
+    run.groups()
     run.caches()
     return run.verdict
 
