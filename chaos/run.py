@@ -193,6 +193,7 @@ async def run(config: RunConfig) -> RunResult:
         "memory_operations": len(recorder.memory),
         "memory_operation_counts": _counts(recorder.memory),
         "delivered": workload.counts["delivered"],
+        "workload_counts": dict(sorted(workload.counts.items())),
         "faults": len(nemesis.events),
         "fault_counts": dict(sorted(fault_counts.items())),
         "recovery_s_max": round(max(recovered), 2) if recovered else None,

@@ -407,9 +407,11 @@ class Workload:
                 await self.rec.call(
                     partial(producer.publish, value.encode(), key=keys[shard]), make
                 )
-                self.counts["idempotent_append"] += 1
-                if doubt is not None and not failed[0]:
-                    self.counts["idempotent_resent_ok"] += 1
+                self.counts[f"idempotent {stream}"] += 1
+                if not failed[0]:
+                    self.counts[f"idempotent {stream} acknowledged"] += 1
+                    if doubt is not None:
+                        self.counts[f"idempotent {stream} resent, acknowledged"] += 1
                 if failed[0]:
                     return (shard, value, sequence)
                 doubt = None
@@ -505,6 +507,7 @@ class Workload:
                 answer = await self._publish_if(client, name, stream, shard, keys[shard], at)
             if answer is not None:
                 expected[shard] = answer + 1 if answer >= 0 else -1 - answer
+                self.counts["conditional " + ("acknowledged" if answer >= 0 else "mismatch")] += 1
             await self._pause(rng)
 
     async def _publish_if(
@@ -605,6 +608,7 @@ class Workload:
                 polled,
             )
             self.counts["group_poll"] += 1
+            self.counts["group_delivered"] += len(records or [])
             for record in records or []:
                 if stop.is_set():
                     break

@@ -392,9 +392,7 @@ class _Check:
             seen = delivered[(op.key, op.group)]
             dead = set(op.offsets)
             missing = [
-                p
-                for p, value in enumerate(log[: op.offset])
-                if value not in seen and p not in dead
+                p for p, value in enumerate(log[: op.offset]) if value not in seen and p not in dead
             ]
             if missing:
                 self.fail(
