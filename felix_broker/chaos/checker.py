@@ -8,7 +8,8 @@ a `Rule`; a `Verdict` lists every violation found with the operations involved
 2. `duplicate`: a value appears twice in a final log, a read or a subscription.
 3. `read_not_prefix`: a read is not the final log's slice at its offset.
 4. `real_time_order`: an append acknowledged before another was invoked sits after
-   it in the final log; a tail read misses an append acknowledged before it was
+   it in the final log (a write resent with its value was invoked at its first
+   attempt); a tail read misses an append acknowledged before it was
    invoked; a tail read ends before a tail read that completed before it began.
 5. `phantom`: a value read, delivered or finally present that no write carried, or
    whose only writes were invoked after the observing operation completed.
@@ -241,14 +242,18 @@ class _Check:
     def order(self) -> None:
         """Appends acknowledged before another's invocation come first in the log."""
         by_key: dict[str, list[tuple[int, int]]] = defaultdict(list)  # key -> (op, position)
+        # A write sent again with its value (an idempotent batch resent after an
+        # unknown outcome) began when its first attempt did: it may sit there.
+        began: dict[int, float] = {}
         for (key, value), writers in self.writers.items():
             position = self.positions[key].get(value)
             if position is not None:
-                by_key[key].extend(
-                    (w, position) for w in writers if self.history[w].outcome is Outcome.OK
-                )
+                first = min(self.history[w].invoke for w in writers)
+                acked = [w for w in writers if self.history[w].outcome is Outcome.OK]
+                by_key[key].extend((w, position) for w in acked)
+                began.update((w, first) for w in acked)
         for key, entries in by_key.items():
-            for earlier, later in self._sweep(entries, entries, lambda e, p: e > p):
+            for earlier, later in self._sweep(entries, entries, lambda e, p: e > p, began):
                 self.fail(
                     Rule.REAL_TIME_ORDER,
                     f"{key}: acknowledged before the other began, yet after it in the log",
@@ -261,16 +266,22 @@ class _Check:
         done: list[tuple[int, int]],
         begun: list[tuple[int, int]],
         bad: Callable[[int, int], bool],
+        began: dict[int, float] | None = None,
     ) -> list[tuple[int, int]]:
-        """Pairs (d, b) where `d` completed before `b` was invoked and `bad(d's
-        number, b's number)` holds for the largest number among such `d`: one sweep
-        in time order rather than every pair."""
+        """Pairs (d, b) where `d` completed before `b` was invoked (at `began[b]`
+        when given) and `bad(d's number, b's number)` holds for the largest number
+        among such `d`: one sweep in time order rather than every pair."""
+        starts = began or {}
+
+        def invoked(index: int) -> float:
+            return starts.get(index, self.history[index].invoke)
+
         by_end = sorted(done, key=lambda e: self.history[e[0]].end)
         found: list[tuple[int, int]] = []
         best: tuple[int, int] | None = None
         at = 0
-        for index, number in sorted(begun, key=lambda e: self.history[e[0]].invoke):
-            invoke = self.history[index].invoke
+        for index, number in sorted(begun, key=lambda e: invoked(e[0])):
+            invoke = invoked(index)
             while at < len(by_end) and self.history[by_end[at][0]].end < invoke:
                 if best is None or by_end[at][1] > best[1]:
                     best = by_end[at]

@@ -198,3 +198,14 @@ def test_first_deliveries_out_of_offset_order() -> None:
 
 def test_a_record_delivered_under_another_offset() -> None:
     only(Rule.GROUP_DELIVERY_ORDER, [*WRITES, poll(["a", "c"], [0, 1], 6, 7), LOG])
+
+
+def test_a_resent_batch_keeps_the_place_of_its_first_attempt() -> None:
+    # "b" went out at 2 (unknown), landed then; "c" was acknowledged before the resend
+    # of "b" began and sits after it: the resend began with its first attempt.
+    first = append("b", 2, 3, Outcome.UNKNOWN)
+    c = at(append("c", 3.5, 4), 2)
+    resent = at(append("b", 5, 6), 1)
+    assert check([WRITES[0], first, c, resent, LOG]).ok
+    # Without a first attempt before "c" was acknowledged it is out of real-time order.
+    only(Rule.REAL_TIME_ORDER, [WRITES[0], c, resent, LOG])
