@@ -60,7 +60,8 @@ class RunConfig:
     liveness_bound: float = 45.0
     # Whom broker faults hit: the owner of a checked log shard, or another broker.
     roles: tuple[str, ...] = ("owner", "other")
-    # Broker faults never hit the Quorum log's leader (`Nemesis._failover` says why).
+    # Broker faults never hit the Quorum log's leader (no failover rounds, see
+    # `Nemesis._failover`).
     spare_quorum_leader: bool = False
 
 

@@ -35,10 +35,11 @@ NETWORK_AND_CLOCK = (FaultKind.PARTITION, FaultKind.CLOCK)
 async def test_a_short_chaos_run_keeps_every_rule(
     tmp_path: Path, seed: int, faults: tuple[FaultKind, ...]
 ) -> None:
-    # The Quorum log's leader is spared kills and pauses here: today's failover can stall
+    # The first run spares the Quorum log's leader kills, pauses and failed fsyncs (no
+    # failover round: a short bounded run); the second may fail it over
     # (`chaos.nemesis.Nemesis._failover`); test_broken_quorum.py kills it on purpose.
     config = RunConfig(
-        out=tmp_path, seconds=SECONDS, seed=seed, faults=faults, spare_quorum_leader=True
+        out=tmp_path, seconds=SECONDS, seed=seed, faults=faults, spare_quorum_leader=seed == 11
     )
     result = await run(config)
     summary = json.loads((tmp_path / "verdict.json").read_text())
