@@ -80,13 +80,15 @@ soak: setup
 # A long chaos run (chaos/): a real 3-broker fleet, the recorded workload and the seeded
 # nemesis for FELIX_CHAOS_SECONDS, then the checker's verdict. History, faults and verdict
 # go to FELIX_CHAOS_OUT (default chaos-runs/<time>-seed<seed>); exit 1 on a violation.
+# The checked cache is Quorum with 3 replicas (--quorum-cache), so the long run checks
+# Quorum cache reads too (the short runs of make test keep the Leader cache).
 # make test runs three short runs (tests/chaos/test_runs.py).
 FELIX_CHAOS_SECONDS ?= 1800
 FELIX_CHAOS_SEED ?= 1
 FELIX_CHAOS_OUT ?= chaos-runs/$(shell date -u +%Y%m%dT%H%M%SZ)-seed$(FELIX_CHAOS_SEED)
 chaos: setup
 	$(PY) -m chaos --seconds $(FELIX_CHAOS_SECONDS) --seed $(FELIX_CHAOS_SEED) \
-		--out $(FELIX_CHAOS_OUT)
+		--quorum-cache --out $(FELIX_CHAOS_OUT)
 
 bench: setup $(BENCH_STAMP)
 	$(PY) bench/codec.py

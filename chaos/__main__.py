@@ -67,7 +67,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--spare-quorum-leader",
         action="store_true",
         help="kills, pauses and failed fsyncs never hit the Quorum log's leader "
-        "(today's failover can stall)",
+        "(no failover rounds: shorter, but failover goes unchecked)",
     )
     parser.add_argument(
         "--quorum-cache",

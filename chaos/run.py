@@ -60,7 +60,8 @@ class RunConfig:
     liveness_bound: float = 45.0
     # Whom broker faults hit: the owner of a checked log shard, or another broker.
     roles: tuple[str, ...] = ("owner", "other")
-    # Broker faults never hit the Quorum log's leader (`Nemesis._failover` says why).
+    # Broker faults never hit the Quorum log's leader (no failover rounds, see
+    # `Nemesis._failover`).
     spare_quorum_leader: bool = False
 
 
@@ -193,6 +194,7 @@ async def run(config: RunConfig) -> RunResult:
         "memory_operations": len(recorder.memory),
         "memory_operation_counts": _counts(recorder.memory),
         "delivered": workload.counts["delivered"],
+        "workload_counts": dict(sorted(workload.counts.items())),
         "faults": len(nemesis.events),
         "fault_counts": dict(sorted(fault_counts.items())),
         "recovery_s_max": round(max(recovered), 2) if recovered else None,

@@ -16,9 +16,15 @@ is `unknown`. Offsets are positions here: RF1 logs carry no generation-start
 records, and a Quorum log's generation-start entries take no stream offset
 (`felix_broker.replication.apply`).
 
-The checked logs are `Layout.logs`: plain producers, readers and subscribers use
-every one; idempotent producers and committers only the RF1 log (a Quorum stream
-refuses guarded publishes today).
+The checked logs are `Layout.logs`: plain producers, idempotent producers,
+committers, readers and subscribers use every one; conditional writers
+(`publish_if` and commits with `expected_offset`, following the tail the last
+answer named) and the consumer group's members write and consume the Quorum log.
+An idempotent producer that ends on a batch of unknown outcome is continued as a
+correct client does: a new producer with the same id and that batch's sequence
+resends the same payload to the shard's owner then (`duplicate` checks it lands
+once). Each group member polls (short visibility), then acks every record it got;
+after the heal the group's cursor and dead letters are read (`group_cursor`).
 
 Log keys in the history are ``stream/shard``; the checked log stream and the
 cache go to one history, the in-memory stream to its own (judged by fewer rules).
@@ -38,12 +44,13 @@ from functools import partial
 from typing import Literal, TypeVar
 
 from felix_broker.chaos.history import Kind, Operation, Outcome, Write
-from felix_client import Client, ClientConfig, connect
+from felix_client import Client, ClientConfig, OffsetMismatchError, Producer, connect
 from felix_client.errors import BrokerError, ClientError, RetryClass
+from felix_client.groups import ClaimedRecord
 
 from .fleet import NAMESPACE, TENANT, ChaosFleet
 
-__all__ = ["Recorder", "Workers", "Workload", "final_logs", "log_key"]
+__all__ = ["GROUP", "Recorder", "Workers", "Workload", "final_logs", "log_key"]
 
 _log = logging.getLogger(__name__)
 
@@ -53,6 +60,9 @@ _REQUEST_TIMEOUT = 5.0
 _READ_PAGE = 200
 _READ_PAGES = 5  # a read is at most this many pages (else it is not a tail read)
 _PAUSE = (0.005, 0.05)  # seconds between one worker's operations
+_RESENDS = 20  # producers that try one batch in doubt before it is left unknown
+GROUP = "chaos-group"  # the Quorum log's consumer group
+_GROUP_VISIBILITY = 3.0  # seconds a poll's claims stand
 # What an operation may raise that is an outcome, not a bug of the workload.
 _OUTCOMES: tuple[type[BaseException], ...] = (BrokerError, ClientError, TimeoutError, OSError)
 
@@ -66,7 +76,9 @@ class Workers:
     """How many clients of each kind (per stream where it applies)."""
 
     producers: int = 2
-    idempotent: int = 1
+    idempotent: int = 1  # per checked log
+    guarded: int = 1  # conditional writers of the Quorum log
+    group_members: int = 2  # members of the Quorum log's consumer group
     readers: int = 1
     subscribers: int = 1
     cache_writers: int = 2
@@ -112,7 +124,9 @@ class Recorder:
         except _OUTCOMES as exc:
             # A refusal whose class is outcome_unknown (quorum_timeout: the write may
             # still commit; a storage error after the write) is an unknown outcome.
-            refused = isinstance(exc, BrokerError) and exc.retry is not RetryClass.OUTCOME_UNKNOWN
+            refused = (
+                isinstance(exc, BrokerError) and exc.retry is not RetryClass.OUTCOME_UNKNOWN
+            ) or isinstance(exc, OffsetMismatchError)
             outcome = Outcome.REFUSED if refused else Outcome.UNKNOWN
             self.add(make(outcome, invoke, self.now(), None, exc), memory=memory)
             return None
@@ -126,6 +140,8 @@ def _retry(exc: BaseException | None) -> str | None:
 
 
 def _code(exc: BaseException | None) -> str | None:
+    if isinstance(exc, OffsetMismatchError):
+        return "offset_mismatch"  # the condition was judged: nothing written
     return exc.code_name if isinstance(exc, BrokerError) else None
 
 
@@ -179,7 +195,11 @@ class Workload:
         w, layout = self.workers, self.layout
         jobs: list[Callable[[Client, str, random.Random, asyncio.Event], Awaitable[None]]] = []
         jobs += [self._producer] * w.producers
-        jobs += [self._idempotent] * w.idempotent
+        for stream, shards in layout.logs:
+            jobs += [partial(self._idempotent, log=(stream, shards))] * w.idempotent
+        if layout.quorum_stream is not None:
+            jobs += [self._guarded] * w.guarded
+            jobs += [self._group_member] * w.group_members
         jobs += [self._reader] * w.readers
         jobs += [self._cache_writer] * w.cache_writers
         jobs += [self._cache_reader] * w.cache_readers
@@ -277,15 +297,28 @@ class Workload:
             await self._pause(rng)
 
     async def _idempotent(
-        self, client: Client, name: str, rng: random.Random, stop: asyncio.Event
+        self,
+        client: Client,
+        name: str,
+        rng: random.Random,
+        stop: asyncio.Event,
+        *,
+        log: tuple[str, int],
     ) -> None:
-        """Idempotent producers, each on one shard and connected to its owner (the
-        producer does not follow `not_leader`: it ends, and the next one is made for
-        the owner the fleet names then)."""
-        stream = self.layout.log_stream
-        keys = await self._shard_keys(client, stream, self.layout.log_shards)
+        """Idempotent producers of one log, each on one shard and connected to its
+        owner (a producer does not follow `not_leader`: it ends, and the next one is
+        made for the owner the fleet names then). A batch whose outcome stayed
+        unknown when its producer ended is resent first, by a producer continuing the
+        same id from that batch's sequence, with the same payload, until it is
+        answered (or `_RESENDS` producers tried)."""
+        stream, shards = log
+        keys = await self._shard_keys(client, stream, shards)
+        producer_id: int | None = None
+        sequences: dict[int, int] = {}
+        doubt: tuple[int, str, int] | None = None  # (shard, value, sequence) in doubt
+        tries = 0
         while not stop.is_set():
-            shard = rng.randrange(len(keys))
+            shard = doubt[0] if doubt is not None else rng.randrange(len(keys))
             try:
                 owners = await client.shard_owners(stream)
             except _OUTCOMES as exc:
@@ -298,32 +331,54 @@ class Workload:
                 await asyncio.sleep(0.2)
                 continue
             try:
-                await self._produce(direct, name, rng, stop, shard, keys[shard])
+                producer = direct.producer(
+                    stream,
+                    producer_id=producer_id,
+                    next_sequences=sequences if producer_id is not None else None,
+                    timeout=_REQUEST_TIMEOUT,
+                    resend_timeout=10.0,
+                )
+                doubt = await self._produce(producer, name, rng, stop, stream, shard, keys, doubt)
             finally:
                 with contextlib.suppress(*_OUTCOMES):
                     await direct.aclose()
+            with contextlib.suppress(RuntimeError):  # None: it never started
+                producer_id, sequences = producer.producer_id, producer.next_sequences
+            if doubt is None:
+                tries = 0
+                continue
+            tries += 1
+            if tries > _RESENDS or producer_id is None:
+                # Given up (recorded unknown): a new producer id from here on.
+                doubt, producer_id, sequences, tries = None, None, {}, 0
+                continue
+            sequences[doubt[0]] = doubt[2]  # the batch in doubt goes again
+            await asyncio.sleep(0.2)
 
     async def _produce(
         self,
-        client: Client,
+        producer: Producer,
         name: str,
         rng: random.Random,
         stop: asyncio.Event,
+        stream: str,
         shard: int,
-        routing_key: bytes,
-    ) -> None:
-        """One producer's life: publishes until the first one not acknowledged."""
-        stream = self.layout.log_stream
-        producer = client.producer(stream, timeout=_REQUEST_TIMEOUT, resend_timeout=10.0)
+        keys: list[bytes],
+        doubt: tuple[int, str, int] | None,
+    ) -> tuple[int, str, int] | None:
+        """One producer's life: the batch in doubt first (if any), then new batches,
+        until the first one not acknowledged; returns it (shard, value, sequence), or
+        None when the run stopped with nothing in doubt."""
         try:
             await producer.start()
         except _OUTCOMES as exc:
             _log.info("%s: producer did not start: %s", name, exc)
             await asyncio.sleep(0.2)
-            return
+            return doubt
         try:
             while not stop.is_set():
-                value = self.value(name)
+                value = doubt[1] if doubt is not None else self.value(name)
+                sequence = producer.next_sequences.get(shard, 0)
                 failed: list[bool] = []
 
                 def make(
@@ -350,42 +405,189 @@ class Workload:
                     )
 
                 await self.rec.call(
-                    partial(producer.publish, value.encode(), key=routing_key), make
+                    partial(producer.publish, value.encode(), key=keys[shard]), make
                 )
-                self.counts["idempotent_append"] += 1
+                self.counts[f"idempotent {stream}"] += 1
+                if not failed[0]:
+                    self.counts[f"idempotent {stream} acknowledged"] += 1
+                    if doubt is not None:
+                        self.counts[f"idempotent {stream} resent, acknowledged"] += 1
                 if failed[0]:
-                    return
+                    return (shard, value, sequence)
+                doubt = None
                 await self._pause(rng)
+            return doubt
         finally:
-            with contextlib.suppress(*_OUTCOMES):
+            with contextlib.suppress(*_OUTCOMES, ClientError):
                 await producer.aclose()
 
     async def _committer(
         self, client: Client, name: str, rng: random.Random, stop: asyncio.Event
     ) -> None:
-        """Atomic commits on the log: each appends its event (and puts the entity's
-        state key). The history holds the event as the commit's one log write; the
-        state half is not judged (the checker models logs and cache registers)."""
-        stream = self.layout.log_stream
-        keys = await self._shard_keys(client, stream, self.layout.log_shards)
+        """Atomic commits on every checked log: each appends its event and puts the
+        entity's state key "last" (the entity is the shard's routing key). The
+        history holds the event as the commit's one log write; the state half is
+        judged by `chaos.run.commit_states` against the final logs."""
+        routing = {s: await self._shard_keys(client, s, n) for s, n in self.layout.logs}
         while not stop.is_set():
-            shard = rng.randrange(len(keys))
-            value = self.value(name)
+            stream, shards = rng.choice(self.layout.logs)
+            shard = rng.randrange(shards)
+            await self._commit(client, name, stream, shard, routing[stream][shard], None)
+            await self._pause(rng)
 
-            def make(
+    async def _commit(
+        self,
+        client: Client,
+        name: str,
+        stream: str,
+        shard: int,
+        entity: bytes,
+        expected: int | None,
+    ) -> int | None:
+        """One commit (conditional when `expected` is given); returns its offset."""
+        value = self.value(name)
+        tail: list[int] = []
+
+        def make(
+            outcome: Outcome,
+            invoke: float,
+            complete: float | None,
+            offset: int | None,
+            exc: BaseException | None,
+            key: str = log_key(stream, shard),
+            value: str = value,
+        ) -> Operation:
+            if isinstance(exc, OffsetMismatchError):
+                tail.append(exc.tail)
+            return Operation(
+                client=name,
+                kind=Kind.COMMIT,
+                writes=[Write(key=key, value=value)],
+                offset=offset,
+                expected=expected,
+                invoke=invoke,
+                complete=complete,
+                outcome=outcome,
+                retry=_retry(exc),
+                code=_code(exc),
+            )
+
+        offset = await self.rec.call(
+            partial(
+                client.commit,
+                stream,
+                entity,
+                value.encode(),
+                changes={"last": value.encode()},
+                expected_offset=expected,
+                timeout=_REQUEST_TIMEOUT,
+            ),
+            make,
+        )
+        self.counts["commit"] += 1
+        return offset if offset is not None else (-1 - tail[0] if tail else None)
+
+    async def _guarded(
+        self, client: Client, name: str, rng: random.Random, stop: asyncio.Event
+    ) -> None:
+        """Conditional writes on the Quorum log: `publish_if` or a commit with
+        `expected_offset`, each at the tail this writer last learnt (an ack's offset
+        + 1, or the tail an `offset_mismatch` named; unknown outcomes keep it)."""
+        stream = self.layout.quorum_stream
+        assert stream is not None
+        shards = self.layout.quorum_shards
+        keys = await self._shard_keys(client, stream, shards)
+        expected = [0] * shards
+        while not stop.is_set():
+            shard = rng.randrange(shards)
+            at = expected[shard]
+            if rng.random() < 0.5:
+                answer = await self._commit(client, name, stream, shard, keys[shard], at)
+            else:
+                answer = await self._publish_if(client, name, stream, shard, keys[shard], at)
+            if answer is not None:
+                expected[shard] = answer + 1 if answer >= 0 else -1 - answer
+                self.counts["conditional " + ("acknowledged" if answer >= 0 else "mismatch")] += 1
+            await self._pause(rng)
+
+    async def _publish_if(
+        self, client: Client, name: str, stream: str, shard: int, key: bytes, expected: int
+    ) -> int | None:
+        """One `publish_if`; returns its offset, -1 - tail on `offset_mismatch`, or
+        None when the outcome is unknown."""
+        value = self.value(name)
+        tail: list[int] = []
+
+        def make(
+            outcome: Outcome,
+            invoke: float,
+            complete: float | None,
+            offset: int | None,
+            exc: BaseException | None,
+            value: str = value,
+        ) -> Operation:
+            if isinstance(exc, OffsetMismatchError):
+                tail.append(exc.tail)
+            return Operation(
+                client=name,
+                kind=Kind.APPEND,
+                key=log_key(stream, shard),
+                value=value,
+                offset=offset,
+                expected=expected,
+                invoke=invoke,
+                complete=complete,
+                outcome=outcome,
+                retry=_retry(exc),
+                code=_code(exc),
+            )
+
+        offset = await self.rec.call(
+            partial(
+                client.publish_if,
+                stream,
+                value.encode(),
+                expected_offset=expected,
+                key=key,
+                timeout=_REQUEST_TIMEOUT,
+            ),
+            make,
+        )
+        self.counts["publish_if"] += 1
+        return offset if offset is not None else (-1 - tail[0] if tail else None)
+
+    # -- consumer groups
+
+    async def _group_member(
+        self, client: Client, name: str, rng: random.Random, stop: asyncio.Event
+    ) -> None:
+        """A member of the Quorum log's consumer group: polls a shard, then acks each
+        record it got, in order (a poll or ack that fails is recorded and the loop
+        goes on: an unacked claim comes back once its visibility lapses)."""
+        stream = self.layout.quorum_stream
+        assert stream is not None
+        group = client.group(stream, GROUP)
+        while not stop.is_set():
+            shard = rng.randrange(self.layout.quorum_shards)
+            key = log_key(stream, shard)
+
+            def polled(
                 outcome: Outcome,
                 invoke: float,
                 complete: float | None,
-                offset: int | None,
+                got: list[ClaimedRecord] | None,
                 exc: BaseException | None,
-                key: str = log_key(stream, shard),
-                value: str = value,
+                key: str = key,
             ) -> Operation:
+                records = got or []
                 return Operation(
                     client=name,
-                    kind=Kind.COMMIT,
-                    writes=[Write(key=key, value=value)],
-                    offset=offset,
+                    kind=Kind.GROUP_POLL,
+                    key=key,
+                    group=GROUP,
+                    values=[r.payload.decode() for r in records],
+                    offsets=[r.offset for r in records],
+                    attempts=[r.attempts for r in records],
                     invoke=invoke,
                     complete=complete,
                     outcome=outcome,
@@ -393,19 +595,52 @@ class Workload:
                     code=_code(exc),
                 )
 
-            await self.rec.call(
+            records = await self.rec.call(
                 partial(
-                    client.commit,
-                    stream,
-                    keys[shard],
-                    value.encode(),
-                    changes={"last": value.encode()},
+                    group.poll,
+                    shard,
+                    max_records=20,
+                    wait=0.5,
+                    consumer=name,
+                    visibility=_GROUP_VISIBILITY,
                     timeout=_REQUEST_TIMEOUT,
                 ),
-                make,
+                polled,
             )
-            self.counts["commit"] += 1
-            await self._pause(rng)
+            self.counts["group_poll"] += 1
+            self.counts["group_delivered"] += len(records or [])
+            for record in records or []:
+                if stop.is_set():
+                    break
+
+                def acked(
+                    outcome: Outcome,
+                    invoke: float,
+                    complete: float | None,
+                    _: None,
+                    exc: BaseException | None,
+                    key: str = key,
+                    offset: int = record.offset,
+                ) -> Operation:
+                    return Operation(
+                        client=name,
+                        kind=Kind.GROUP_ACK,
+                        key=key,
+                        group=GROUP,
+                        offset=offset,
+                        invoke=invoke,
+                        complete=complete,
+                        outcome=outcome,
+                        retry=_retry(exc),
+                        code=_code(exc),
+                    )
+
+                await self.rec.call(
+                    partial(group.ack, shard, record.offset, timeout=_REQUEST_TIMEOUT), acked
+                )
+                self.counts["group_ack"] += 1
+            if not records:
+                await self._pause(rng)
 
     # -- readers
 
@@ -587,15 +822,27 @@ class Workload:
 async def final_logs(
     fleet: ChaosFleet, rec: Recorder, *, attempts: int = 20
 ) -> dict[str, str | None]:
-    """After the heal: every shard's whole log, read by a fresh client (`final` ops).
-    Returns, per log shard, the committed state the committers wrote there (the
-    entity key "last" of that shard's routing key)."""
+    """After the heal: every shard's whole log, read by a fresh client (`final` ops),
+    and the consumer group's cursor and dead letters on each Quorum log shard
+    (`group_cursor` ops). Returns, per log shard, the committed state the
+    committers wrote there (the entity key "last" of that shard's routing key)."""
     layout = fleet.layout
     workload = Workload(fleet, rec, random.Random(0), Workers())
     client = await workload._client(1)
     states: dict[str, str | None] = {}
+
+    async def retrying(what: str, work: Callable[[], Awaitable[T]]) -> T:
+        for attempt in range(attempts):
+            try:
+                return await work()
+            except _OUTCOMES as exc:
+                if attempt == attempts - 1:
+                    raise RuntimeError(f"{what}: {exc}") from exc
+                await asyncio.sleep(0.5)
+        raise AssertionError("unreachable")
+
     try:
-        keys = await workload._shard_keys(client, layout.log_stream, layout.log_shards)
+        routing = {s: await workload._shard_keys(client, s, n) for s, n in layout.logs}
         for stream, shard in [(s, i) for s, n in layout.logs for i in range(n)]:
             for attempt in range(attempts):
                 invoke = rec.now()
@@ -623,19 +870,37 @@ async def final_logs(
                 outcome=Outcome.OK,
             )
             rec.add(op)
-            if stream != layout.log_stream:
-                continue  # guarded publishes (commits) go to the RF1 log only
-            for attempt in range(attempts):
-                try:
-                    entry = await client.state_get(stream, keys[shard], "last")
-                    break
-                except _OUTCOMES as exc:
-                    if attempt == attempts - 1:
-                        raise RuntimeError(f"state of {stream}/{shard}: {exc}") from exc
-                    await asyncio.sleep(0.5)
+            entry = await retrying(
+                f"state of {stream}/{shard}",
+                partial(client.state_get, stream, routing[stream][shard], "last"),
+            )
             states[log_key(stream, shard)] = (
                 entry.value.decode() if entry.value is not None else None
             )
+            if stream != layout.quorum_stream:
+                continue  # the consumer group reads the Quorum log only
+            group = client.group(stream, GROUP)
+            invoke = rec.now()
+            state = await retrying(
+                f"group cursor of {stream}/{shard}",
+                partial(group.describe, shard, timeout=_REQUEST_TIMEOUT),
+            )
+            dead = await retrying(
+                f"dead letters of {stream}/{shard}",
+                partial(group.dead_letters, shard, timeout=_REQUEST_TIMEOUT),
+            )
+            op = Operation(
+                client="final",
+                kind=Kind.GROUP_CURSOR,
+                key=log_key(stream, shard),
+                group=GROUP,
+                offset=state.committed,
+                offsets=sorted(dead),
+                invoke=invoke,
+                complete=rec.now(),
+                outcome=Outcome.OK,
+            )
+            rec.add(op)
         # The in-memory stream has no log to read (stream_read refuses it): its final
         # is recorded empty, and none of the rules judged on it reads the final.
         op = Operation(

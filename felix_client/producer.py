@@ -199,6 +199,9 @@ class Producer:
         self._drained.set()
         self._layout: tuple[int, RoutingMode] = (1, "modulo")
         self._link: _Link | None = None
+        # The broker a `not_leader` refusal named (dialed first from then on): in a
+        # fleet only a shard's leader takes idempotent batches.
+        self._owner: str | None = None
         self._epoch = 0
         self._recovery: asyncio.Task[None] | None = None
         self._failed: BaseException | None = None
@@ -433,6 +436,16 @@ class Producer:
     def _refused(self, link: _Link, batch: _Batch, answer: PublishRefused) -> None:
         reason = answer.reason
         pid = self.producer_id
+        if not isinstance(reason, str) and reason.not_leader is not None:
+            addr = reason.not_leader.addr
+            if addr and link.epoch == self._epoch:
+                # Nothing was appended: resend it (and every batch after it) under the
+                # same sequences to the leader named, within resend_timeout.
+                self._owner = addr
+                self._in_doubt(link.epoch, ConnectionLostError(f"not the leader; {addr} is"))
+                return
+            if link.epoch != self._epoch:
+                return  # that connection's batches are already being resent
         if not isinstance(reason, str) and reason.sequence_gap is not None:
             expected = reason.sequence_gap.expected
             earlier = any(
@@ -557,7 +570,10 @@ class Producer:
 
     async def _open(self) -> _Link:
         dialer = self._client._dialer
-        connection, label, _addr = await dialer.connect()
+        owner, self._owner = self._owner, None  # unreachable: rotate over the fleet next
+        connection, label, addr = await dialer.connect(owner)
+        if owner is not None:
+            self._owner = addr
         try:
             channel = await dialer.channel(connection, f"{label}/producer")
         except BaseException:

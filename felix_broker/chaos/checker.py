@@ -8,7 +8,8 @@ a `Rule`; a `Verdict` lists every violation found with the operations involved
 2. `duplicate`: a value appears twice in a final log, a read or a subscription.
 3. `read_not_prefix`: a read is not the final log's slice at its offset.
 4. `real_time_order`: an append acknowledged before another was invoked sits after
-   it in the final log; a tail read misses an append acknowledged before it was
+   it in the final log (a write resent with its value was invoked at its first
+   attempt); a tail read misses an append acknowledged before it was
    invoked; a tail read ends before a tail read that completed before it began.
 5. `phantom`: a value read, delivered or finally present that no write carried, or
    whose only writes were invoked after the observing operation completed.
@@ -26,6 +27,22 @@ a `Rule`; a `Verdict` lists every violation found with the operations involved
     rather than go back: `offset_for_time` is a binary search over them. Nothing
     ties them to real time: a clock jumped forward stamps the future, and that is
     its clock's answer, not a violation.
+
+12. `acked_offset`: an acknowledged write whose ack carried an offset (an append,
+    an idempotent batch, a conditional publish, a commit) sits at another
+    position of the final log, or a conditional write was acknowledged at an
+    offset other than the tail it expected.
+13. `group_lost_delivery`: a record of the final log below a consumer group's
+    final cursor that no poll of the group delivered (nor is a dead letter).
+14. `group_redelivery`: a poll delivers a record whose ack had been acknowledged
+    before the poll was invoked.
+15. `group_delivery_order`: a poll's first deliveries are not in offset order, or
+    a delivered record is not the final log's record at its offset.
+
+Idempotent batches resent after an unknown outcome carry their first value again
+(the same producer id and sequence): `duplicate` is the rule that they land once.
+A conditional write refused `offset_mismatch` is a definite refusal
+(`history.DEFINITE_CODES`): `refused_appears` says it never lands.
 
 A history without a `final` operation for a stream that has writes cannot be
 judged for rules 1, 3, 8–10: `check` raises `IncompleteHistory`.
@@ -56,6 +73,10 @@ class Rule(enum.Enum):
     DELIVERY_ORDER = "delivery_order"
     LOST_DELIVERY = "lost_delivery"
     APPEND_TIME_ORDER = "append_time_order"
+    ACKED_OFFSET = "acked_offset"
+    GROUP_LOST_DELIVERY = "group_lost_delivery"
+    GROUP_REDELIVERY = "group_redelivery"
+    GROUP_DELIVERY_ORDER = "group_delivery_order"
 
 
 class IncompleteHistory(ValueError):
@@ -179,6 +200,33 @@ class _Check:
             if acked and value not in self.positions[key]:
                 self.fail(Rule.LOST_WRITE, f"{key}: acknowledged {value!r} is lost", *acked)
 
+    def offsets(self) -> None:
+        for index, op in enumerate(self.history):
+            if op.outcome is not Outcome.OK or op.offset is None:
+                continue
+            if op.kind is Kind.APPEND and op.value is not None:
+                writes = [(op.key, op.value)]
+            elif op.kind is Kind.COMMIT:
+                writes = [(w.key, w.value) for w in op.writes]
+            else:
+                continue
+            if op.expected is not None and op.offset != op.expected:
+                self.fail(
+                    Rule.ACKED_OFFSET,
+                    f"{op.key or writes[0][0]}: a write conditional on tail {op.expected} "
+                    f"was acknowledged at {op.offset}",
+                    index,
+                )
+                continue
+            for key, value in writes:
+                position = self.positions[key].get(value)
+                if position is not None and position != op.offset:
+                    self.fail(
+                        Rule.ACKED_OFFSET,
+                        f"{key}: {value!r} acknowledged at {op.offset}, at {position} in the log",
+                        index,
+                    )
+
     def commits(self) -> None:
         for index, op in enumerate(self.history):
             if op.kind is not Kind.COMMIT or not op.writes:
@@ -194,14 +242,18 @@ class _Check:
     def order(self) -> None:
         """Appends acknowledged before another's invocation come first in the log."""
         by_key: dict[str, list[tuple[int, int]]] = defaultdict(list)  # key -> (op, position)
+        # A write sent again with its value (an idempotent batch resent after an
+        # unknown outcome) began when its first attempt did: it may sit there.
+        began: dict[int, float] = {}
         for (key, value), writers in self.writers.items():
             position = self.positions[key].get(value)
             if position is not None:
-                by_key[key].extend(
-                    (w, position) for w in writers if self.history[w].outcome is Outcome.OK
-                )
+                first = min(self.history[w].invoke for w in writers)
+                acked = [w for w in writers if self.history[w].outcome is Outcome.OK]
+                by_key[key].extend((w, position) for w in acked)
+                began.update((w, first) for w in acked)
         for key, entries in by_key.items():
-            for earlier, later in self._sweep(entries, entries, lambda e, p: e > p):
+            for earlier, later in self._sweep(entries, entries, lambda e, p: e > p, began):
                 self.fail(
                     Rule.REAL_TIME_ORDER,
                     f"{key}: acknowledged before the other began, yet after it in the log",
@@ -214,16 +266,22 @@ class _Check:
         done: list[tuple[int, int]],
         begun: list[tuple[int, int]],
         bad: Callable[[int, int], bool],
+        began: dict[int, float] | None = None,
     ) -> list[tuple[int, int]]:
-        """Pairs (d, b) where `d` completed before `b` was invoked and `bad(d's
-        number, b's number)` holds for the largest number among such `d`: one sweep
-        in time order rather than every pair."""
+        """Pairs (d, b) where `d` completed before `b` was invoked (at `began[b]`
+        when given) and `bad(d's number, b's number)` holds for the largest number
+        among such `d`: one sweep in time order rather than every pair."""
+        starts = began or {}
+
+        def invoked(index: int) -> float:
+            return starts.get(index, self.history[index].invoke)
+
         by_end = sorted(done, key=lambda e: self.history[e[0]].end)
         found: list[tuple[int, int]] = []
         best: tuple[int, int] | None = None
         at = 0
-        for index, number in sorted(begun, key=lambda e: self.history[e[0]].invoke):
-            invoke = self.history[index].invoke
+        for index, number in sorted(begun, key=lambda e: invoked(e[0])):
+            invoke = invoked(index)
             while at < len(by_end) and self.history[by_end[at][0]].end < invoke:
                 if best is None or by_end[at][1] > best[1]:
                     best = by_end[at]
@@ -292,6 +350,70 @@ class _Check:
                     break
                 expected = position + 1
 
+    # -- consumer groups
+
+    def groups(self) -> None:
+        delivered: dict[tuple[str, str], set[str]] = defaultdict(set)
+        acks: dict[tuple[str, str, int], float] = {}  # (key, group, offset) -> first ack's end
+        polls: list[int] = []
+        for index, op in enumerate(self.history):
+            if op.kind is Kind.GROUP_ACK and op.outcome is Outcome.OK and op.offset is not None:
+                at = (op.key, op.group, op.offset)
+                acks[at] = min(acks.get(at, op.end), op.end)
+            if op.kind is not Kind.GROUP_POLL or op.outcome is not Outcome.OK:
+                continue
+            polls.append(index)
+            delivered[(op.key, op.group)].update(op.values)
+            self.seen(op.key, op.values, index)
+            final = self.finals.get(op.key, [])
+            firsts = [o for o, a in zip(op.offsets, op.attempts, strict=False) if a <= 1]
+            if any(b <= a for a, b in itertools.pairwise(firsts)):
+                self.fail(
+                    Rule.GROUP_DELIVERY_ORDER,
+                    f"{op.key}: group {op.group!r} first deliveries out of offset order",
+                    index,
+                )
+            for value, offset in zip(op.values, op.offsets, strict=False):
+                if value in self.positions.get(op.key, {}) and (
+                    offset >= len(final) or final[offset] != value
+                ):
+                    self.fail(
+                        Rule.GROUP_DELIVERY_ORDER,
+                        f"{op.key}: group {op.group!r} got {value!r} as offset {offset}, "
+                        f"the final log holds it at {self.positions[op.key][value]}",
+                        index,
+                    )
+        for index in polls:
+            op = self.history[index]
+            for offset in op.offsets:
+                acked = acks.get((op.key, op.group, offset))
+                if acked is not None and acked < op.invoke:
+                    self.fail(
+                        Rule.GROUP_REDELIVERY,
+                        f"{op.key}: group {op.group!r} got offset {offset} again after its "
+                        "ack was acknowledged",
+                        index,
+                    )
+        for index, op in enumerate(self.history):
+            if op.kind is not Kind.GROUP_CURSOR or op.offset is None:
+                continue
+            log = self.finals.get(op.key)
+            if log is None:
+                raise IncompleteHistory(f"a group cursor on {op.key!r} without its final log")
+            seen = delivered[(op.key, op.group)]
+            dead = set(op.offsets)
+            missing = [
+                p for p, value in enumerate(log[: op.offset]) if value not in seen and p not in dead
+            ]
+            if missing:
+                self.fail(
+                    Rule.GROUP_LOST_DELIVERY,
+                    f"{op.key}: group {op.group!r}'s cursor is at {op.offset}, yet "
+                    f"{len(missing)} record(s) below it were never delivered "
+                    f"(first at {missing[0]})",
+                    index,
+                )
+
     # -- caches
 
     def caches(self) -> None:
@@ -342,10 +464,12 @@ def check(history: Sequence[Operation]) -> Verdict:
     run = _Check(history)
     run.finals_rules()
     run.acknowledged()
+    run.offsets()
     run.commits()
     run.order()
     run.reads()
     run.subscriptions()
+    run.groups()
     run.caches()
     return run.verdict
 

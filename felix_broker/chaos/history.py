@@ -8,12 +8,19 @@ write carries (a retry of an idempotent write reuses its value on purpose).
 
 Kinds and their fields:
 
-- `append`: `key` (the stream), `value`; `offset` when the ack carried one.
-- `commit`: an atomic commit, `writes` (each a key and a value) all or nothing.
+- `append`: `key` (the stream), `value`; `offset` when the ack carried one;
+  `expected` for a conditional publish (`publish_if`: only at that tail).
+- `commit`: an atomic commit, `writes` (each a key and a value) all or nothing;
+  `offset` when acknowledged, `expected` when conditional.
 - `read`: `key`, `offset` (first position read), `values` in log order; `tail`
   true when the read ran to the committed tail of its moment.
 - `subscribe`: one subscription's whole life: `key`, `offset` (its first
   position), `values` delivered in order.
+- `group_poll`: a consumer group's poll of one shard (`key`, `group`): the records
+  it claimed, `values` with their `offsets` and delivery `attempts` (same order).
+- `group_ack`: `key`, `group`, `offset` acknowledged.
+- `group_cursor`: after the run healed, the group's cursor on `key` (`offset`,
+  null: none yet) and its dead letters (`offsets`).
 - `cache_put`: `key`, `value` (null for a delete).
 - `cache_get`: `key`, `value` read (null: absent).
 - `final`: after the run healed, the whole log of `key` (`values`), with each
@@ -23,8 +30,9 @@ Positions count delivered records only (generation-start records take an
 offset on the wire but are never delivered, so they are not positions here).
 
 `outcome` is `ok`, `refused` (with the refusal's `retry` class and `code`) or
-`unknown`. Only a refusal of class `retry`, `retry_after` or `redirect` says
-nothing was applied; any other refusal counts as unknown.
+`unknown`. Only a refusal of class `retry`, `retry_after` or `redirect`, or a
+conditional write's `offset_mismatch` (answered once the condition was judged:
+nothing written), says nothing was applied; any other refusal counts as unknown.
 """
 
 from __future__ import annotations
@@ -36,6 +44,7 @@ from pathlib import Path
 import msgspec
 
 __all__ = [
+    "DEFINITE_CODES",
     "DEFINITE_REFUSALS",
     "Kind",
     "Operation",
@@ -48,6 +57,8 @@ __all__ = [
 ]
 
 DEFINITE_REFUSALS = frozenset({"retry", "retry_after", "redirect"})
+# Refusal codes that say nothing was applied whatever their class.
+DEFINITE_CODES = frozenset({"offset_mismatch"})
 
 
 class Kind(enum.Enum):
@@ -55,6 +66,9 @@ class Kind(enum.Enum):
     COMMIT = "commit"
     READ = "read"
     SUBSCRIBE = "subscribe"
+    GROUP_POLL = "group_poll"
+    GROUP_ACK = "group_ack"
+    GROUP_CURSOR = "group_cursor"
     CACHE_PUT = "cache_put"
     CACHE_GET = "cache_get"
     FINAL = "final"
@@ -82,6 +96,10 @@ class Operation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     values: list[str] = msgspec.field(default_factory=list)
     writes: list[Write] = msgspec.field(default_factory=list)
     offset: int | None = None
+    expected: int | None = None  # a conditional write's expected tail
+    group: str = ""  # a consumer group's operations: its name
+    offsets: list[int] = msgspec.field(default_factory=list)  # a poll's, a cursor's dead letters
+    attempts: list[int] = msgspec.field(default_factory=list)  # a poll's delivery attempts
     times: list[int] = msgspec.field(default_factory=list)  # a final log's append times
     tail: bool = False
     retry: str | None = None
@@ -89,7 +107,9 @@ class Operation(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
 
     @property
     def definitely_refused(self) -> bool:
-        return self.outcome is Outcome.REFUSED and self.retry in DEFINITE_REFUSALS
+        return self.outcome is Outcome.REFUSED and (
+            self.retry in DEFINITE_REFUSALS or self.code in DEFINITE_CODES
+        )
 
     @property
     def may_have_applied(self) -> bool:

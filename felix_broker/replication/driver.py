@@ -173,6 +173,8 @@ class ReplicaDriver:
         self._applier = applier
         self._acked: dict[int, Acked] = {}  # committed, waiting to be applied
         self._commit_moved = asyncio.Event()
+        # (generation, its first mark seen by `refusal`): readers wait until applied.
+        self._first_mark: tuple[int, int] | None = None
         self.applied = replica.base
         if applier is not None:
             self.applied += applier.applied_entries(replica.log, disk.weight)
@@ -279,11 +281,22 @@ class ReplicaDriver:
     def refusal(self) -> tuple[ErrorCode, str | None] | None:
         """Why readers of this shard are refused here (not_leader, fenced, not_ready
         while a just-promoted leader settles, or until its stream log has caught up
-        with the mark), or None when they are served."""
+        with the first mark of its generation), or None when they are served.
+
+        Only the generation's first mark gates readers: every write acknowledged
+        before it (by this leader's predecessors) lies below it, and this leader
+        acknowledges a write only once its stream log holds it (`_do_acked`), so a
+        stream log behind a later mark lacks only writes nobody was told of yet.
+        Gating on the moving mark refused readers at random under steady writes."""
         result = self.replica.read(0, 0)
         if result.code is not None:
             return result.code, result.reason
-        if self._applier is not None and self.applied < (self.replica.mark or 0):
+        if self._applier is None:
+            return None
+        generation, mark = self.replica.generation, self.replica.mark or 0
+        if self._first_mark is None or self._first_mark[0] != generation:
+            self._first_mark = (generation, mark)
+        if self.applied < self._first_mark[1]:
             return ErrorCode.SHARD_UNAVAILABLE, "not_ready"
         return None
 

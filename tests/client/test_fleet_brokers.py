@@ -188,3 +188,22 @@ async def test_keyed_publish_if_commit_and_state_get_go_to_the_keys_shard(
         assert [r.payload for page in pages for r in page.records] == [b"one", b"event"]
     finally:
         await client.aclose()
+
+
+async def test_an_idempotent_producer_through_a_non_owner_follows_not_leader(
+    fleet: Fleet, tmp_path: Path
+) -> None:
+    # A non-owner refuses idempotent batches (publish_refused{not_leader}, never
+    # forwarded): the producer resends them, under the same sequences, to the leader
+    # named, and each lands once (the producer used to end on the first refusal).
+    client = await connect(fleet, "node-b", tmp_path)
+    try:
+        async with client.producer("log", timeout=10.0) as producer:
+            offsets = [await producer.publish(b"i%d" % i, key=b"k") for i in range(5)]
+        assert offsets == sorted(offsets) and len(set(offsets)) == 5, offsets
+        shard = await client.shard_for_key("log", b"k")
+        pages = client.stream_read("log", start=0, shard=shard, max_records=100)
+        payloads = [r.payload async for page in pages for r in page.records]
+        assert payloads == [b"i%d" % i for i in range(5)]
+    finally:
+        await client.aclose()

@@ -182,7 +182,9 @@ class Cluster:
                 invoke=request.invoke,
                 complete=self.now,
                 outcome=outcome,
-                offset=offset,
+                # Not `offset`: the core's log offsets count generation-start entries,
+                # a history's offsets are positions among delivered records (the
+                # checker's acked_offset rule); `self.acked` keeps the log offset.
                 retry=refusal.retry.wire if refusal else None,
                 code=refusal.code.wire if refusal else None,
             )
