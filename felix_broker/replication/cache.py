@@ -152,8 +152,15 @@ class CacheApplier:
         self._applied = 0
         self._outcomes: OrderedDict[int, CacheOutcome] = OrderedDict()
 
-    def applied_entries(self, entries: Sequence[Entry], records_below: int) -> int:
+    def applied_entries(
+        self, entries: Sequence[Entry], records_below: int, tails: list[int] | None = None
+    ) -> int:
         return 0  # rebuilt from the first record: nothing is applied at open
+
+    async def cut(self, records: int) -> None:
+        # A replicated cache applies committed ops only (never above the commit mark),
+        # and the commit mark is never truncated.
+        raise ValueError("a replicated cache shard never applies what a truncation cuts")
 
     def records_of(self, entry: Entry) -> int:
         return 0  # never compacted, so never weighed
@@ -161,10 +168,14 @@ class CacheApplier:
     def take(self, number: int | None) -> CacheOutcome | None:
         return None if number is None else self._outcomes.pop(number, None)
 
-    async def apply(self, entries: Sequence[Entry]) -> list[int | None]:
+    async def apply(
+        self, entries: Sequence[Entry], tails: list[int] | None = None
+    ) -> list[int | None]:
         numbers: list[int | None] = []
         keep = self._leading()
         for entry in entries:
+            if tails is not None:
+                tails.append(self._applied)
             if entry.start:
                 numbers.append(None)
                 continue
