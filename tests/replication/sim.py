@@ -236,7 +236,7 @@ class Cluster:
         disk.synced = len(disk.log)
         self.apply(name, replica.synced(disk.synced))
         if self.applies:  # applied at once: everything committed is in the stream log
-            self.apply(name, replica.applied(replica.commit))
+            self.apply(name, replica.applied(replica.apply_to))
 
     def full_log(self, replica: Replica) -> list[Entry]:
         """`replica`'s whole log: what it compacted from memory (on its disk) and the rest."""
@@ -370,7 +370,11 @@ class Cluster:
     # -- the invariants, checked after every step
 
     def check(self) -> None:
-        self._acked_survive()
+        # Leader consistency acknowledges at the leader's own disk: an acknowledged
+        # write may be lost in a failover (the promise), so only the majority mark's
+        # records must survive (`_followers_are_prefixes`, on `commit`).
+        if not self.config.leader_acks:
+            self._acked_survive()
         self._one_writer_per_generation()
         self._followers_are_prefixes()
         self._marks_only_advance()
@@ -427,7 +431,7 @@ class Cluster:
         for leader in self.leaders():
             if leader.mark is None:
                 continue
-            shown = self.full_log(leader)[: leader.mark]
+            shown = self.full_log(leader)[: self._committed_mark(leader)]
             common = min(len(shown), len(self.committed))
             if shown[:common] != self.committed[:common]:
                 self._fail(
@@ -435,6 +439,12 @@ class Cluster:
                 )
             if len(shown) > len(self.committed):
                 self.committed = list(shown)
+
+    def _committed_mark(self, leader: Replica) -> int:
+        """What `leader` shows as committed: its mark (Quorum), its majority mark
+        (Leader: its own mark counts its disk alone)."""
+        assert leader.mark is not None
+        return leader.commit if self.config.leader_acks else leader.mark
 
     def _marks_only_advance(self) -> None:
         for name, replica in self.nodes.items():
