@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 108f91f623ea8b24121c45bd8308a4a527d352efdf6cedcb539abb43ec9db8a9
+# spec sha256: 0c59429d1e86b2a664dc4cf924cc4bc1fa0702417a89a8b60ed48bbfe12cb79a
 """felix_wire: the Felix wire protocol v1, generated from the catalogue.
 
 Modules (one concern each):

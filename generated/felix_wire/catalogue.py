@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 108f91f623ea8b24121c45bd8308a4a527d352efdf6cedcb539abb43ec9db8a9
+# spec sha256: 0c59429d1e86b2a664dc4cf924cc4bc1fa0702417a89a8b60ed48bbfe12cb79a
 """Read-only index of the catalogue: every name the generated layer knows.
 
 Tests count these against tests/vectors/protocol-tables.yaml; tools (the conformance
@@ -30,7 +30,7 @@ __all__ = [
     "COUNTS",
 ]
 
-SPEC_SHA256 = "108f91f623ea8b24121c45bd8308a4a527d352efdf6cedcb539abb43ec9db8a9"
+SPEC_SHA256 = "0c59429d1e86b2a664dc4cf924cc4bc1fa0702417a89a8b60ed48bbfe12cb79a"
 
 
 class Decision(NamedTuple):
@@ -172,6 +172,11 @@ DECISIONS: Mapping[str, Decision] = MappingProxyType(
             "at the batch's place in the replicated log, like a guarded write: the leader admits the batch without consulting its producer table, as a ReplicatedBatch carrying producer_id, sequence and digest; every replica judges it against its own producer table (a function of its stream log's producer marks) when it applies the committed entry, appends it with its producer mark only for the next expected sequence (or sequence 0 of an unknown producer), and otherwise writes no record; the leader answers once a majority holds the entry and it is applied here: publish_ok with the offset, or a duplicate's original offset, or publish_refused with the table's reason (sequence_gap {expected}, unknown_producer, sequence_expired, sequence_reused to a client that offered FEATURE_SEQUENCE_REUSED, else the original's publish_ok); no majority in time is quorum_timeout (outcome unknown, resend the same batch)",
             "the producer table is then replicated without a message of its own: it is derived from the committed log, which every replica and every later leader holds, so a promoted leader answers a resend of a batch its predecessor acknowledged as a duplicate (exactly once across failover); a table consulted at the leader before the append would include an uncommitted suffix a new leader drops, and two in-flight resends of one sequence would both pass it",
         ),
+        "leader-consistency-replication": Decision(
+            "what a Leader-consistency stream with replication factor > 1 ships, promises and does on failover (issue 19)",
+            "a durable Leader stream with RF > 1 is replicated like a Quorum one (placed with distinct replicas, the same core, log and peer messages; an in-memory one keeps one copy): a write is acknowledged, applied to the leader's stream log and readable once the leader's own replication log holds it durably (the leader's mark), and shipped to the followers asynchronously; the majority mark (commit) is kept as for Quorum and is what followers apply, compaction and the conflict rule rest on; failover promotes as for Quorum: the candidate fences a majority and opens only if none of it holds a further-ahead log (generation of the last record, then length), so 'caught up' for Leader means the most caught-up replica of a fenced majority (a refused promotion names it and the placer promotes it); a shard with no live majority stays unavailable, never served empty; a former leader (or any replica) holding applied records the new leader does not have truncates them: its stream log is cut back first (Log.truncate, crash-safe), then its replication log",
+            "reusing the Quorum machinery keeps one sans-IO core and one wire protocol, and the followers' stream logs are the leader's record for record because they apply the same committed entries; acking at the leader's disk is the Leader promise (a failover may lose what was acknowledged but never shipped), while the majority mark still bounds what any failover can lose; truncating in place rather than re-fetching the shard keeps a rejoin proportional to the divergent suffix, which is at most max_uncommitted entries; a promotion of a single live replica without a fenced majority would risk two leaders taking writes at once",
+        ),
     }
 )
 
@@ -195,6 +200,6 @@ COUNTS: Mapping[str, int] = MappingProxyType(
         "error_codes": 17,
         "retry_classes": 5,
         "shapes": 25,
-        "decisions": 27,
+        "decisions": 28,
     }
 )

@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 0ac8d43ac1680ea2fc5e911ffd3457e8745d8f368ad51c119f47ade23b6503ef
+# spec sha256: 1218f381a198498ebb9519c6220ff3ae672d9407f77f882152af4c4369df72f4
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.

@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 108f91f623ea8b24121c45bd8308a4a527d352efdf6cedcb539abb43ec9db8a9
+# spec sha256: 0c59429d1e86b2a664dc4cf924cc4bc1fa0702417a89a8b60ed48bbfe12cb79a
 """The one name rule for tenant, namespace, stream, cache, group names.
 
 A tenant, namespace, stream, cache or group name: 1 to 128 characters of ASCII letters, digits, `_`, `-` and `.`, and never `.` or `..` (which would walk the folder tree as a path segment).
