@@ -525,9 +525,9 @@ class ReplicaDriver:
                     self.applied = high
                     commit = self.replica.commit
                     self._tails = {at: t for at, t in self._tails.items() if at >= commit}
-                    for at, tail in enumerate(tails, low):
-                        if at >= commit:
-                            self._tails[at] = tail
+                    for offset, tail in enumerate(tails, low):
+                        if offset >= commit:
+                            self._tails[offset] = tail
                 with contextlib.suppress(ReplicationRefusedError):
                     await self._run(functools.partial(self._applied, high))
                 at = dict(zip(range(low, high), bases, strict=True))

@@ -15,7 +15,7 @@ control plane, three brokers each its own OS process (`chaos.fleet.ChaosFleet`).
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -65,13 +65,15 @@ async def leader_addr(fleet: ChaosFleet, addrs: list[str], not_: str | None = No
     raise AssertionError(f"{STREAM} has no leader (other than {not_})")
 
 
-async def eventually(check: Callable[[], object], what: str, within: float = 60.0) -> None:
+async def eventually(
+    check: Callable[[], Awaitable[object]], what: str, within: float = 60.0
+) -> None:
     loop = asyncio.get_running_loop()
     deadline = loop.time() + within
     last: object = None
     while loop.time() < deadline:
         try:
-            last = await check()  # type: ignore[misc]
+            last = await check()
         except _ERRORS as exc:
             last = exc
         if last is True:
@@ -132,7 +134,7 @@ async def test_leader_rf3_ships_fails_over_and_the_old_leader_cuts_what_it_never
 
             async def lagging() -> object:
                 seen = await client.shard_inspect(STREAM)
-                lags = [v.lag for v in seen.replicas or []]
+                lags = [v.lag or 0 for v in seen.replicas or []]
                 return (len(lags) == 2 and min(lags) >= len(unshipped)) or lags
 
             await eventually(lagging, "shard_inspect shows the followers' lag", within=10.0)
