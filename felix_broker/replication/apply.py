@@ -4,12 +4,16 @@ A replicated stream shard keeps two logs: the replication log (`ReplicaDisk`,
 what the core ships, truncates and counts toward the quorum mark) and the
 shard's stream log (`felix_broker.storage`, what readers read). Every replica
 applies the replication log's *committed* entries (below the quorum mark) to its
-stream log, in log order, and nothing else. So:
+stream log, in log order, and nothing else (a Leader-consistency leader also what it
+acknowledged: its own durable mark; decision `leader-consistency-replication`). So:
 
 - readers (subscriptions, `stream_read`, `offset_for_time`, `latest`, group
-  polls), which read the stream log, stop at the quorum mark without knowing it;
-- the stream log is never truncated (a committed entry is never undone; the
-  replication log's uncommitted suffix is what a returning leader cuts);
+  polls), which read the stream log, stop at the quorum mark without knowing it
+  (at a Leader-consistency leader, at what it acknowledged);
+- the stream log of a Quorum shard is never truncated (a committed entry is never
+  undone; the replication log's uncommitted suffix is what a returning leader
+  cuts); only a former Leader-consistency leader cuts its stream log (`cut`), back
+  to the first entry a new leader's log contradicts;
 - a follower's stream log is the leader's byte for byte: the same batches in the
   same order, each with the leader's append time, stored publisher and producer
   mark (`ReplicatedBatch`), so offsets assigned in that order are the same too.

@@ -452,7 +452,7 @@ class Log:
                     sync_file=sync_file,
                 )
                 self._sync_directory()
-        except OSError as exc:
+        except Exception as exc:  # I/O, or the cut segment no longer scans: stop here
             self._fail("truncate", exc)
             raise LogFailedError(f"log {self.directory} failed: {self._failure}") from exc
         self._next_offset = self._segments[-1].end_offset
