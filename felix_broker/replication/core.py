@@ -955,12 +955,15 @@ class Replica:
 
     def _advance_leader_marks(self) -> list[Effect]:
         """Leader consistency: the mark (acks, reads, the leader's applying) follows
-        this leader's own durable length, the commit (what followers apply) the
-        majority's, each only from a record of this generation on."""
+        this leader's own durable length, or the majority's when that is further (the
+        followers may fsync first: an ack then promises more), the commit (what
+        followers apply) the majority's, each only from a record of this generation
+        on. The mark never trails the commit, so nothing is applied before its ack
+        is released."""
         majority = self._quorum_length()
         if majority > self._generation_start:
             self.commit = max(self.commit, majority)
-        own = self.synced_length
+        own = max(self.synced_length, majority)
         if own <= self._generation_start or (self.mark is not None and own <= self.mark):
             return []
         self.mark = own

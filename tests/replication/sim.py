@@ -455,6 +455,8 @@ class Cluster:
                 self._fail(f"{name}'s mark moved back from {before} to {replica.commit}")
             self.commits[name] = replica.commit
             if replica.phase is Phase.LEADER and replica.mark is not None:
+                if replica.mark < replica.commit:  # applied before its ack: no offset
+                    self._fail(f"{name}'s mark {replica.mark} trails its commit")
                 key = (name, replica.generation)
                 if replica.mark < self.marks.get(key, 0):
                     self._fail(f"{name}'s mark at generation {replica.generation} moved back")

@@ -376,3 +376,23 @@ def test_a_deposed_leader_cuts_its_applied_unshipped_suffix_without_restarting()
     assert old.phase is Phase.FOLLOWER and old.generation == c.nodes["n1"].generation  # type: ignore[union-attr]
     assert [e.payload for e in c.full_log(old)] == [b"", b"shipped", b"", b"new"]
     assert not any(e for e in c.events if type(e).__name__ == "Halted")  # cut, not halted
+
+
+def test_a_leader_write_held_by_a_majority_first_is_acknowledged_before_it_is_applied() -> None:
+    """Regression (bench/replication.py's leader3 cell): followers that fsync before
+    the leader moved the commit mark past a write whose ack still waited for the
+    leader's own fsync, so the write was applied first and acknowledged without its
+    stream offset. The mark never trails the commit now."""
+    c = leader_opened()
+    c.append("n0", b"v1")
+    for _ in range(20):  # ships reach the followers, which fsync; answers reach n0
+        if not c.network:
+            break
+        c.deliver(0)
+        c.sync("n1")
+        c.sync("n2")
+    leader = c.nodes["n0"]
+    assert leader is not None and leader.synced_length < leader.length  # n0 not synced
+    assert leader.commit == 2
+    assert b"v1" in c.acked
+    assert leader.mark is not None and leader.mark >= leader.commit
