@@ -5,11 +5,12 @@ Run: ``.venv/bin/python bench/replication.py [--quick] [--rounds 3] [--kills 5]`
 One run starts, on 127.0.0.1 with ephemeral ports and a temporary folder, the chaos
 runner's fleet (`chaos.fleet.ChaosFleet`: etcd, a control plane, three brokers,
 each its own OS process, fsync mode ``on_commit``) with three durable one-shard
-streams: ``rf1`` (replication factor 1), ``leader3`` (RF 3, ``Leader``: placed with
-replicas, nothing shipped today) and ``quorum3`` (RF 3, ``Quorum``: acknowledged
-once a majority holds the write on disk). A `felix_client` client connected to the
-shard's leader publishes 100 B records with ``ack_on_commit`` (every ack carries
-its offset, after the leader's own write at least):
+streams: ``rf1`` (replication factor 1), ``leader3`` (RF 3, ``Leader``: acknowledged
+once the leader's own disk holds the write, shipped to both followers after) and
+``quorum3`` (RF 3, ``Quorum``: acknowledged once a majority holds the write on
+disk). A `felix_client` client connected to the shard's leader publishes 100 B
+records with ``ack_on_commit`` (every ack carries its offset, after the leader's
+own write at least):
 
 - **throughput**: acknowledged publishes/s with 16 in flight;
 - **latency**: publish -> ack p50/p99 of one publish at a time.

@@ -290,6 +290,8 @@ class ChaosFleet:
         self.etcd = etcd
         self.brokers = brokers
         self.token = token
+        # The same rights and node.view:cluster:* (shard_inspect); set by `start`.
+        self.operator_token = token
         self.link = link
         self.ca_file = folder / "ca.pem"
 
@@ -368,6 +370,8 @@ class ChaosFleet:
             await link.start("127.0.0.1", 0)
             parts.closers.append(link.close)
             fleet = cls(folder, layout, parts, etcd, started, token, link)
+            operator = [*full_rights(TENANT), "node.view:cluster:*"]
+            fleet.operator_token = await plane.mint(TENANT, "operator", operator, 86400)
         except BaseException:
             for broker in started:
                 await broker.stop()

@@ -122,8 +122,10 @@ class StreamSpec:
 
     @property
     def replicated(self) -> bool:
-        """Whether a fleet runs this stream's writes through replication (Quorum, RF > 1)."""
-        return self.consistency is Consistency.QUORUM and self.replication_factor > 1
+        """Whether a fleet runs this stream's writes through replication: a durable
+        stream with RF > 1, Quorum or Leader (acknowledged at the leader's own disk,
+        shipped after). An in-memory Leader stream keeps one copy whatever its RF."""
+        return self.durable and self.replication_factor > 1
 
 
 @dataclass(frozen=True, slots=True)

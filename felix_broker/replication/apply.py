@@ -4,12 +4,16 @@ A replicated stream shard keeps two logs: the replication log (`ReplicaDisk`,
 what the core ships, truncates and counts toward the quorum mark) and the
 shard's stream log (`felix_broker.storage`, what readers read). Every replica
 applies the replication log's *committed* entries (below the quorum mark) to its
-stream log, in log order, and nothing else. So:
+stream log, in log order, and nothing else (a Leader-consistency leader also what it
+acknowledged: its own durable mark; decision `leader-consistency-replication`). So:
 
 - readers (subscriptions, `stream_read`, `offset_for_time`, `latest`, group
-  polls), which read the stream log, stop at the quorum mark without knowing it;
-- the stream log is never truncated (a committed entry is never undone; the
-  replication log's uncommitted suffix is what a returning leader cuts);
+  polls), which read the stream log, stop at the quorum mark without knowing it
+  (at a Leader-consistency leader, at what it acknowledged);
+- the stream log of a Quorum shard is never truncated (a committed entry is never
+  undone; the replication log's uncommitted suffix is what a returning leader
+  cuts); only a former Leader-consistency leader cuts its stream log (`cut`), back
+  to the first entry a new leader's log contradicts;
 - a follower's stream log is the leader's byte for byte: the same batches in the
   same order, each with the leader's append time, stored publisher and producer
   mark (`ReplicatedBatch`), so offsets assigned in that order are the same too.
@@ -54,6 +58,7 @@ of idempotent batches, in log order.
 
 from __future__ import annotations
 
+import asyncio
 from collections import deque
 from collections.abc import Sequence
 
@@ -61,6 +66,7 @@ import msgspec
 
 from felix_broker.storage.format import BatchExtension, CommitMark, ProducerMark, StoredChange
 from felix_broker.streams.engine import Shard
+from felix_broker.streams.guards import ShardMarks
 from felix_broker.streams.producers import Append, Decision, Duplicate, Refusal, RefusalReason
 from felix_wire.fleet import ReplicatedBatch, ReplicatedCommit, ReplicatedStateChange
 
@@ -249,10 +255,13 @@ class StreamApplier:
         self._weighed = records_below
         self._judged.clear()
 
-    def applied_entries(self, entries: Sequence[Entry], records_below: int) -> int:
+    def applied_entries(
+        self, entries: Sequence[Entry], records_below: int, tails: list[int] | None = None
+    ) -> int:
         """After a restart: how many of the replication log's `entries` the stream log
         already holds (they are applied in order, so it is a prefix), given that the
-        records before `entries` (compacted away) made `records_below` stream records."""
+        records before `entries` (compacted away) made `records_below` stream records;
+        `tails` gets the stream tail before each applied entry."""
         self.weigh_from(records_below)
         held = self.records
         marked = self.stream_marks(records_below)
@@ -261,22 +270,45 @@ class StreamApplier:
             size = self.walk_size(entry, count, marked)
             if size is None or count + size > held:
                 break
+            if tails is not None:
+                tails.append(count)
             count += size
             at += 1
         if count != held:
             raise ValueError(f"stream log holds {held} records, not a whole prefix of batches")
         return at
 
-    async def apply(self, entries: Sequence[Entry]) -> list[int | None]:
+    async def cut(self, records: int) -> None:
+        """Cut the stream log back to its first `records` records (a batch boundary:
+        where an entry's records started), durably, and rebuild the shard's marks
+        (producer table, commit state) from what is left. Only a replica that applied
+        entries above the commit mark (a former Leader-consistency leader) ever cuts."""
+        shard = self.shard
+        log = shard.log
+        assert log is not None
+        if records >= log.next_offset:
+            return
+        await log.truncate(records)
+        shard.next_offset = log.next_offset
+        shard.marks = await asyncio.to_thread(ShardMarks.rebuild, log)
+        self._judged.clear()
+        self._weighed = min(self._weighed, records)
+
+    async def apply(
+        self, entries: Sequence[Entry], tails: list[int] | None = None
+    ) -> list[int | None]:
         """Append the entries' batches, wait until durable, apply their commits to the
         state view, deliver them to live subscribers; the stream base offset of each
         entry (None for a start entry; for a guarded batch the tail it was checked
         against, which is its base when applied; for an idempotent batch its verdict,
-        `encode_verdict`: see the module docs)."""
+        `encode_verdict`: see the module docs). `tails` gets the stream tail before
+        each entry (where a cut back to it would start)."""
         bases: list[int | None] = []
         commits: list[tuple[int, CommitMark]] = []
         shard = self.shard
         for entry in entries:
+            if tails is not None:
+                tails.append(shard.next_offset)
             if entry.start:
                 bases.append(None)
                 continue

@@ -216,7 +216,9 @@ class CacheApplier:
         if snapshots is not None:
             snapshots.disk.floor = self.snapshot_at
 
-    def applied_entries(self, entries: Sequence[Entry], records_below: int) -> int:
+    def applied_entries(
+        self, entries: Sequence[Entry], records_below: int, tails: list[int] | None = None
+    ) -> int:
         """The entries from the disk's base the start snapshot already holds."""
         base = self._snapshots.disk.base if self._snapshots is not None else 0
         if self.position < base:
@@ -225,6 +227,11 @@ class CacheApplier:
                 f"past its snapshot at {self.position}"
             )
         return self.position - base
+
+    async def cut(self, records: int) -> None:
+        # A replicated cache applies committed ops only (never above the commit mark),
+        # and the commit mark is never truncated.
+        raise ValueError("a replicated cache shard never applies what a truncation cuts")
 
     def records_of(self, entry: Entry) -> int:
         return 0  # a cache shard's log offsets are its own: nothing to weigh
@@ -236,10 +243,14 @@ class CacheApplier:
     def take(self, number: int | None) -> CacheOutcome | None:
         return None if number is None else self._outcomes.pop(number, None)
 
-    async def apply(self, entries: Sequence[Entry]) -> list[int | None]:
+    async def apply(
+        self, entries: Sequence[Entry], tails: list[int] | None = None
+    ) -> list[int | None]:
         numbers: list[int | None] = []
         keep = self._leading()
         for entry in entries:
+            if tails is not None:
+                tails.append(self._applied)
             if entry.start:
                 numbers.append(None)
                 continue

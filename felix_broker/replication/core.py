@@ -340,6 +340,12 @@ class Config:
     # Deliberately broken, test mode only (FELIX_TEST_QUORUM_ACK_BEFORE_MAJORITY): the
     # mark counts the leader's own disk alone, so writes are acked before a majority.
     ack_before_majority: bool = False
+    # Consistency `Leader` (decision `leader-consistency-replication`): a write is
+    # acknowledged, applied and readable once the leader's own disk holds it (its
+    # `mark`); followers get it asynchronously. The majority mark (`commit`) is kept
+    # as in Quorum mode: it is what followers apply, what compaction and conflict
+    # checks rest on, and what a failover never loses.
+    leader_acks: bool = False
 
     def __post_init__(self) -> None:
         if (
@@ -467,6 +473,14 @@ class Replica:
     @property
     def accepts_writes(self) -> bool:
         return self.phase is Phase.LEADER and not self.lease_lapsed
+
+    @property
+    def apply_to(self) -> int:
+        """How far the adapter applies the log to the stream log: the commit mark; a
+        Leader-consistency leader also what it acknowledged (its own durable mark)."""
+        if self.config.leader_acks and self.phase is Phase.LEADER and self.mark is not None:
+            return max(self.commit, self.mark)
+        return self.commit
 
     @property
     def verified_length(self) -> int:
@@ -803,6 +817,9 @@ class Replica:
         assert length >= self.base, "a truncation below the committed base"
         del self.log[length - self.base :]
         self.synced_length = min(self.synced_length, length)
+        # Only a former Leader-consistency leader applied records above the commit
+        # mark; the adapter cuts its stream log back with the replication log.
+        self.applied_length = min(self.applied_length, length)
         return [Truncate(length)]
 
     def _adopt(self, generation: int, leader: str | None) -> list[Effect]:
@@ -925,6 +942,8 @@ class Replica:
         return held[self.majority - 1] if len(held) >= self.majority else 0
 
     def _advance_mark(self) -> list[Effect]:
+        if self.config.leader_acks:
+            return self._advance_leader_marks()
         candidate = self._quorum_length()
         if candidate <= self._generation_start:
             return []  # the majority has not reached a record of our generation yet
@@ -932,6 +951,22 @@ class Replica:
             return []
         self.mark = candidate
         self.commit = max(self.commit, candidate)
+        return self._release()
+
+    def _advance_leader_marks(self) -> list[Effect]:
+        """Leader consistency: the mark (acks, reads, the leader's applying) follows
+        this leader's own durable length, or the majority's when that is further (the
+        followers may fsync first: an ack then promises more), the commit (what
+        followers apply) the majority's, each only from a record of this generation
+        on. The mark never trails the commit, so nothing is applied before its ack
+        is released."""
+        majority = self._quorum_length()
+        if majority > self._generation_start:
+            self.commit = max(self.commit, majority)
+        own = max(self.synced_length, majority)
+        if own <= self._generation_start or (self.mark is not None and own <= self.mark):
+            return []
+        self.mark = own
         return self._release()
 
     def _release(self) -> list[Effect]:

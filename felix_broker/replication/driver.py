@@ -91,13 +91,20 @@ class Sender(Protocol):
 
 
 class Applier(Protocol):
-    """Where committed entries go (a stream shard's storage)."""
+    """Where committed entries go (a stream shard's storage). `tails` (when given)
+    gets, per entry, the stream tail before it: where `cut` would start."""
 
-    def applied_entries(self, entries: Sequence[Entry], records_below: int) -> int: ...
+    def applied_entries(
+        self, entries: Sequence[Entry], records_below: int, tails: list[int] | None = None
+    ) -> int: ...
 
     def records_of(self, entry: Entry) -> int: ...
 
-    async def apply(self, entries: Sequence[Entry]) -> list[int | None]: ...
+    async def apply(
+        self, entries: Sequence[Entry], tails: list[int] | None = None
+    ) -> list[int | None]: ...
+
+    async def cut(self, records: int) -> None: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -176,8 +183,16 @@ class ReplicaDriver:
         # (generation, its first mark seen by `refusal`): readers wait until applied.
         self._first_mark: tuple[int, int] | None = None
         self.applied = replica.base
+        # The stream tail before each applied entry at or above the commit mark (by
+        # replication offset): where the stream log is cut back to when a truncation
+        # takes entries already applied (a former Leader-consistency leader's).
+        self._tails: dict[int, int] = {}
+        # Held by the apply task while it applies, and by a cut of the stream log.
+        self._apply_lock = asyncio.Lock()
         if applier is not None:
-            self.applied += applier.applied_entries(replica.log, disk.weight)
+            tails: list[int] = []
+            self.applied += applier.applied_entries(replica.log, disk.weight, tails)
+            self._tails = {replica.base + i: tail for i, tail in enumerate(tails)}
         self._compact_to = 0  # the floor CompactLog allowed, for the sync task
         self._next_request = 1
         self._tasks: list[asyncio.Task[None]] = []
@@ -311,14 +326,50 @@ class ReplicaDriver:
             effects = step(int(time.monotonic() * 1000))
             try:
                 for effect in effects:
+                    if isinstance(effect, Truncate) and effect.length < self.applied:
+                        await self._cut_stream(effect.length)
                     self._effects[type(effect)](effect)
-                if self.replica.commit > self.applied:
+                if self.replica.apply_to > self.applied:
                     self._commit_moved.set()
             except Exception as exc:  # a disk failure: this replica stops, loudly
                 self._stop(exc)
                 raise ReplicationRefusedError(
                     ErrorCode.LEADERSHIP_LOST, RetryClass.OUTCOME_UNKNOWN
                 ) from exc
+
+    async def _cut_stream(self, length: int) -> None:
+        """Before the replication log is cut to `length`: cut the stream log back to
+        where entry `length` started (entries above the commit mark that a former
+        Leader-consistency leader applied). The stream log first, so a crash between
+        the two leaves a stream log that is a prefix of what the replication log
+        gives, which the restart walk accepts."""
+        applier = self._applier
+        assert applier is not None
+        async with self._apply_lock:
+            if length >= self.applied:
+                return
+            tail = self._tails.get(length)
+            if tail is None:  # impossible: every applied entry above the mark has its tail
+                raise RuntimeError(f"no stream tail known for entry {length}")
+            await applier.cut(tail)
+            _log.warning(
+                "%s: cut %d applied entries the new leader does not have (stream log to %d)",
+                self.shard,
+                self.applied - length,
+                tail,
+            )
+            self._tails = {at: t for at, t in self._tails.items() if at < length}
+            self.applied = length
+            for request_id, acked in list(self._acked.items()):
+                if acked.first_offset + acked.count > length:
+                    del self._acked[request_id]
+                    future = self._waiting.get(request_id)
+                    if future is not None and not future.done():
+                        future.set_exception(
+                            ReplicationRefusedError(
+                                ErrorCode.LEADERSHIP_LOST, RetryClass.OUTCOME_UNKNOWN
+                            )
+                        )
 
     def _stop(self, exc: BaseException) -> None:
         _log.error("replica of %s stopped: %s", self.shard, exc)
@@ -473,14 +524,23 @@ class ReplicaDriver:
         while True:
             await self._commit_moved.wait()
             self._commit_moved.clear()
-            while self.replica.commit > self.applied:
-                low, high = self.applied, self.replica.commit
-                try:
-                    bases = await applier.apply(self.replica.entries(low, high))
-                except Exception as exc:  # the stream log failed: this replica stops
-                    self._stop(exc)
-                    return
-                self.applied = high
+            while self.replica.apply_to > self.applied:
+                async with self._apply_lock:
+                    low, high = self.applied, self.replica.apply_to
+                    if high <= low:
+                        continue  # a cut moved `applied` back meanwhile
+                    tails: list[int] = []
+                    try:
+                        bases = await applier.apply(self.replica.entries(low, high), tails)
+                    except Exception as exc:  # the stream log failed: this replica stops
+                        self._stop(exc)
+                        return
+                    self.applied = high
+                    commit = self.replica.commit
+                    self._tails = {at: t for at, t in self._tails.items() if at >= commit}
+                    for offset, tail in enumerate(tails, low):
+                        if offset >= commit:
+                            self._tails[offset] = tail
                 with contextlib.suppress(ReplicationRefusedError):
                     await self._run(functools.partial(self._applied, high))
                 at = dict(zip(range(low, high), bases, strict=True))

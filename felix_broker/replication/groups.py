@@ -133,7 +133,12 @@ class GroupStreamApplier:
     def records_of(self, entry: Entry) -> int:
         return 0 if is_group_entry(entry) else self.stream.records_of(entry)
 
-    def applied_entries(self, entries: Sequence[Entry], records_below: int) -> int:
+    async def cut(self, records: int) -> None:
+        await self.stream.cut(records)
+
+    def applied_entries(
+        self, entries: Sequence[Entry], records_below: int, tails: list[int] | None = None
+    ) -> int:
         """The retained entries already applied: up to the last batch the stream log
         holds, and no further (a group entry after it is applied again once committed)."""
         self.stream.weigh_from(records_below)
@@ -146,13 +151,17 @@ class GroupStreamApplier:
             size = 0 if is_group_entry(entry) else self.stream.walk_size(entry, count, marked)
             if size is None or count + size > held:
                 break
+            if tails is not None:
+                tails.append(count)
             count += size
             at += 1
         if count != held:
             raise ValueError(f"stream log holds {held} records, not a whole prefix of batches")
         return at
 
-    async def apply(self, entries: Sequence[Entry]) -> list[int | None]:
+    async def apply(
+        self, entries: Sequence[Entry], tails: list[int] | None = None
+    ) -> list[int | None]:
         """Apply in log order; each group entry durable before the next entry."""
         out: list[int | None] = []
         run: list[Entry] = []
@@ -163,15 +172,17 @@ class GroupStreamApplier:
                 run.append(entry)
                 continue
             if run:
-                out.extend(await self.stream.apply(run))
+                out.extend(await self.stream.apply(run, tails))
                 run = []
+            if tails is not None:
+                tails.append(self.stream.records)
             log, last = self._groups.append_replicated(
                 self._spec, self._index, decode_changes(entry.payload)
             )
             await log.wait_durable(last)
             out.append(None)
         if run:
-            out.extend(await self.stream.apply(run))
+            out.extend(await self.stream.apply(run, tails))
         if new_generation:
             # A new leader: rebuild the groups from the committed changes (see above).
             spec = self._spec

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Awaitable, Callable
 from pathlib import Path
@@ -64,6 +65,7 @@ from felix_broker.streams.guards import (
     TailMismatch,
 )
 from felix_broker.streams.producers import Duplicate, Refusal
+from felix_common.catalog import Consistency
 from felix_wire.errors import ErrorCode, RetryClass
 from felix_wire.fleet import PromotionRefusal, ReplicatedBatch
 
@@ -352,7 +354,9 @@ class ReplicationManager:
             replicas,
             ReplicaDisk(folder),
             peer_sender(self._dialer, address_of, self._blocked),
-            config=self._config,
+            config=dataclasses.replace(
+                self._config, leader_acks=spec.consistency is Consistency.LEADER
+            ),
             applier=applier,
             on_event=self._on_event,
         )

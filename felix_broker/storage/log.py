@@ -171,6 +171,7 @@ class Log:
         # Held around every fsync, so close() never closes a descriptor that a
         # worker thread is syncing.
         self._fsync_lock = threading.Lock()
+        self._truncations = 0  # cuts so far: a durability waiter past a cut gives up
 
     @classmethod
     def open(
@@ -400,6 +401,65 @@ class Log:
         )
         self._directory_dirty = True
 
+    # --- truncation ------------------------------------------------------------------
+
+    async def truncate(self, offset: int) -> None:
+        """Cut the log back to ``offset`` (a batch boundary at or above the start):
+        every record from ``offset`` on is gone, durably, when this returns.
+
+        Crash-safe: later segments go newest first (each removal leaves a shorter
+        prefix of the log), then the segment holding ``offset`` is cut at that
+        batch's first byte (a file truncation: the old length or the new one), then
+        its index is rebuilt from what is left and the folder is synced. A crash at
+        any point leaves a prefix of the log at least ``offset`` long, which
+        recovery opens as usual; calling this again finishes the cut. Waits for a
+        running fsync round first; a ``wait_durable`` of an offset cut away raises
+        ``OffsetOutOfRangeError``. Blocking file I/O on the caller's thread (a rare
+        operation: a replica dropping records it never shipped)."""
+        self._check_usable()
+        if not self.start_offset <= offset <= self._next_offset:
+            raise OffsetOutOfRangeError(offset, self.start_offset, self._next_offset)
+        if offset == self._next_offset:
+            return
+        while self._sync_running:
+            waiter = asyncio.get_running_loop().create_future()
+            self._sync_waiters.append(waiter)
+            await waiter
+            self._check_usable()
+        # The segment holding `offset` stays (cut, maybe to its header alone).
+        keep = bisect_right([s.base_offset for s in self._segments], offset) - 1
+        tail = self._segments[keep]
+        position = tail.boundary(offset)  # before anything changes: a bad offset raises
+        try:
+            with self._fsync_lock:
+                for segment in reversed(self._segments[keep + 1 :]):
+                    segment.delete()
+                    self._segments.pop()
+                    self._sync_directory()
+                tail.close()
+                os.truncate(tail.path, position)
+                fd = os.open(tail.path, os.O_RDONLY)
+                try:
+                    self._fsync(fd)
+                finally:
+                    os.close(fd)
+                sync_file = None if self.config.fsync_mode is FsyncMode.NONE else self._fsync
+                self._segments[keep] = Segment.recover(
+                    self.directory,
+                    tail.base_offset,
+                    index_interval=self.config.index_interval_bytes,
+                    active=True,
+                    sync_file=sync_file,
+                )
+                self._sync_directory()
+        except Exception as exc:  # I/O, or the cut segment no longer scans: stop here
+            self._fail("truncate", exc)
+            raise LogFailedError(f"log {self.directory} failed: {self._failure}") from exc
+        self._next_offset = self._segments[-1].end_offset
+        self._durable_offset = min(self._durable_offset, self._next_offset)
+        self._truncations += 1
+        _log.info("log %s truncated to offset %d", self.directory, offset)
+
     # --- durability ------------------------------------------------------------------
 
     async def wait_durable(self, offset: int) -> None:
@@ -418,8 +478,11 @@ class Log:
 
     async def _sync_until(self, target: int, *, directory: bool) -> None:
         loop = asyncio.get_running_loop()
+        truncations = self._truncations
         while self._durable_offset < target or (directory and self._directory_dirty):
             self._check_usable()
+            if self._truncations != truncations and target > self._next_offset:
+                raise OffsetOutOfRangeError(target - 1, self.start_offset, self._next_offset)
             if not self._sync_running:
                 self._start_sync_round()
             # Each waiter has its own future, so a cancelled waiter cancels

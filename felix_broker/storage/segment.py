@@ -438,6 +438,23 @@ class Segment:
             if batch.extension is not None:
                 yield batch.head.base_offset, batch.head.record_count, batch.extension
 
+    def boundary(self, offset: int) -> int:
+        """The byte position where the batch starting at ``offset`` starts (the file's
+        size for ``end_offset``); ValueError when no batch starts there."""
+        if offset == self.end_offset:
+            return self.size
+        fd = os.open(self.path, os.O_RDONLY)
+        try:
+            reader = _Reader(self.path, fd, self.size)
+            for position, batch, _starts in self._batches_from(reader, offset):
+                if batch.head.base_offset == offset:
+                    return position
+                if batch.head.base_offset > offset:
+                    break
+        finally:
+            os.close(fd)
+        raise ValueError(f"{self.path}: no batch starts at offset {offset}")
+
     def _batches_from(
         self, reader: _Reader, offset: int
     ) -> Iterator[tuple[int, Batch, tuple[int, ...]]]:

@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 296e91258900fe0dbc8013c9a49fbb5f103883e1bd22d9e905a4fabe765284f6
+# spec sha256: 57c602cdf16e83d3143ccad48516a0a76b4210b356d20bdca8720efebc3e18ff
 """Binary payload layouts: straight-line encoders and decoders per layout.
 
 Each layout is a Struct whose optional groups are present exactly when their

@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 296e91258900fe0dbc8013c9a49fbb5f103883e1bd22d9e905a4fabe765284f6
+# spec sha256: 57c602cdf16e83d3143ccad48516a0a76b4210b356d20bdca8720efebc3e18ff
 """Read-only index of the catalogue: every name the generated layer knows.
 
 Tests count these against tests/vectors/protocol-tables.yaml; tools (the conformance
@@ -30,7 +30,7 @@ __all__ = [
     "COUNTS",
 ]
 
-SPEC_SHA256 = "296e91258900fe0dbc8013c9a49fbb5f103883e1bd22d9e905a4fabe765284f6"
+SPEC_SHA256 = "57c602cdf16e83d3143ccad48516a0a76b4210b356d20bdca8720efebc3e18ff"
 
 
 class Decision(NamedTuple):
@@ -182,6 +182,11 @@ DECISIONS: Mapping[str, Decision] = MappingProxyType(
             "every replica snapshots its own cache shard (CacheSnapshot in spec/fleet.yaml: entries in recency order with versions and TTL deadlines, counters, the cache log's tail) once 1024 entries were applied since the last, at an offset it holds durably; its replication log drops entries only below its newest snapshot; a follower whose log ends below the leader's compacted point asks the leader (replica_snapshot_request) for its shard as applied now and rebuilds from it",
             "applying is deterministic, so a snapshot at an offset is the same on every replica and need not be agreed on; a local snapshot costs no peer traffic; the rebuilt cache log ends at the snapshot's tail, so versions stay the offsets they were on every replica",
         ),
+        "leader-consistency-replication": Decision(
+            "what a Leader-consistency stream with replication factor > 1 ships, promises and does on failover (issue 19)",
+            "a durable Leader stream with RF > 1 is replicated like a Quorum one (placed with distinct replicas, the same core, log and peer messages; an in-memory one keeps one copy): a write is acknowledged, applied to the leader's stream log and readable once the leader's own replication log holds it durably (the leader's mark), and shipped to the followers asynchronously; the majority mark (commit) is kept as for Quorum and is what followers apply, compaction and the conflict rule rest on; failover promotes as for Quorum: the candidate fences a majority and opens only if none of it holds a further-ahead log (generation of the last record, then length), so 'caught up' for Leader means the most caught-up replica of a fenced majority (a refused promotion names it and the placer promotes it); a shard with no live majority stays unavailable, never served empty; a former leader (or any replica) holding applied records the new leader does not have truncates them: its stream log is cut back first (Log.truncate, crash-safe), then its replication log",
+            "reusing the Quorum machinery keeps one sans-IO core and one wire protocol, and the followers' stream logs are the leader's record for record because they apply the same committed entries; acking at the leader's disk is the Leader promise (a failover may lose what was acknowledged but never shipped), while the majority mark still bounds what any failover can lose; truncating in place rather than re-fetching the shard keeps a rejoin proportional to the divergent suffix, which is at most max_uncommitted entries; a promotion of a single live replica without a fenced majority would risk two leaders taking writes at once",
+        ),
     }
 )
 
@@ -205,6 +210,6 @@ COUNTS: Mapping[str, int] = MappingProxyType(
         "error_codes": 17,
         "retry_classes": 5,
         "shapes": 25,
-        "decisions": 29,
+        "decisions": 30,
     }
 )

@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: fd31a33e74fe940f3bdb925d7d7a76881ee994fad61163da22e6e074af01c9a2
+# spec sha256: 395ff736d79b7063442dc749c41bad55f31dd4ee1ee2592753c808d3d13cf281
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.

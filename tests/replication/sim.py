@@ -238,7 +238,7 @@ class Cluster:
         disk.synced = len(disk.log)
         self.apply(name, replica.synced(disk.synced))
         if self.applies:  # applied at once: everything committed is in the stream log
-            self.apply(name, replica.applied(replica.commit))
+            self.apply(name, replica.applied(replica.apply_to))
 
     def full_log(self, replica: Replica) -> list[Entry]:
         """`replica`'s whole log: what it compacted from memory (on its disk) and the rest."""
@@ -372,7 +372,11 @@ class Cluster:
     # -- the invariants, checked after every step
 
     def check(self) -> None:
-        self._acked_survive()
+        # Leader consistency acknowledges at the leader's own disk: an acknowledged
+        # write may be lost in a failover (the promise), so only the majority mark's
+        # records must survive (`_followers_are_prefixes`, on `commit`).
+        if not self.config.leader_acks:
+            self._acked_survive()
         self._one_writer_per_generation()
         self._followers_are_prefixes()
         self._marks_only_advance()
@@ -429,7 +433,7 @@ class Cluster:
         for leader in self.leaders():
             if leader.mark is None:
                 continue
-            shown = self.full_log(leader)[: leader.mark]
+            shown = self.full_log(leader)[: self._committed_mark(leader)]
             common = min(len(shown), len(self.committed))
             if shown[:common] != self.committed[:common]:
                 self._fail(
@@ -437,6 +441,12 @@ class Cluster:
                 )
             if len(shown) > len(self.committed):
                 self.committed = list(shown)
+
+    def _committed_mark(self, leader: Replica) -> int:
+        """What `leader` shows as committed: its mark (Quorum), its majority mark
+        (Leader: its own mark counts its disk alone)."""
+        assert leader.mark is not None
+        return leader.commit if self.config.leader_acks else leader.mark
 
     def _marks_only_advance(self) -> None:
         for name, replica in self.nodes.items():
@@ -447,6 +457,8 @@ class Cluster:
                 self._fail(f"{name}'s mark moved back from {before} to {replica.commit}")
             self.commits[name] = replica.commit
             if replica.phase is Phase.LEADER and replica.mark is not None:
+                if replica.mark < replica.commit:  # applied before its ack: no offset
+                    self._fail(f"{name}'s mark {replica.mark} trails its commit")
                 key = (name, replica.generation)
                 if replica.mark < self.marks.get(key, 0):
                     self._fail(f"{name}'s mark at generation {replica.generation} moved back")

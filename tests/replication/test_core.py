@@ -298,3 +298,101 @@ def test_an_unanswered_ship_is_shipped_again_from_its_start_after_the_retransmit
     assert _ships(leader.receive(refused, now=due + 1), "b") == []
     answers = nodes["b"].receive(again, now=due + 1)
     assert [e.message.matched for e in answers if isinstance(e, Send)] == [2]
+
+
+# -- consistency Leader (decision `leader-consistency-replication`)
+
+LEADER = Config(quorum_timeout_ms=1000, retransmit_ms=50, leader_acks=True)
+
+
+def leader_opened() -> Cluster:
+    cluster = Cluster(3, config=LEADER)  # applied at once, as a broker does
+    cluster.promote("n0")
+    cluster.settle()
+    cluster.check()
+    return cluster
+
+
+def test_a_leader_write_is_acknowledged_and_readable_at_the_leaders_own_disk() -> None:
+    c = leader_opened()
+    c.append("n0", b"v1")
+    c.network.clear()  # nothing reaches a follower
+    assert b"v1" not in c.acked  # not durable here yet
+    c.sync("n0")
+    assert c.acked[b"v1"] == (1, 1)
+    leader = c.nodes["n0"]
+    assert leader is not None
+    assert leader.read(0, 10).records == ((1, b"v1"),)
+    # The majority mark has not moved: followers apply only what a majority holds.
+    assert leader.commit == 1 and leader.apply_to == 2 and leader.applied_length == 2
+    c.settle()
+    assert leader.commit == 2
+    for name in ("n1", "n2"):
+        follower = c.nodes[name]
+        assert follower is not None and c.full_log(follower) == c.full_log(leader)
+        assert follower.apply_to == 2  # a follower applies the commit mark
+
+
+def test_the_most_caught_up_live_replica_is_promoted_and_keeps_what_was_shipped() -> None:
+    c = leader_opened()
+    c.append("n0", b"shipped")
+    c.settle()
+    c.append("n0", b"to-n1-only")
+    c.sync("n0")
+    c.flush(apart="n2")
+    c.append("n0", b"never-shipped")
+    c.sync("n0")
+    c.network.clear()
+    assert {b"shipped", b"to-n1-only", b"never-shipped"} <= set(c.acked)
+    c.crash("n0")
+    c.promote("n2")  # behind n1: refused, n1 named ahead
+    c.settle()
+    [refusal] = [e for e in c.events if isinstance(e, PromotionRefused)]
+    assert refusal.ahead == ("n1",)
+    c.promote("n1")
+    c.settle()
+    c.check()
+    leader = c.nodes["n1"]
+    assert leader is not None
+    served = c._compacted_values(leader) + [p for _, p in leader.read(0, 10).records]
+    assert served == [b"shipped", b"to-n1-only"]
+
+
+def test_a_deposed_leader_cuts_its_applied_unshipped_suffix_without_restarting() -> None:
+    c = leader_opened()
+    c.append("n0", b"shipped")
+    c.settle()
+    c.append("n0", b"never-shipped")
+    c.sync("n0")
+    c.network.clear()
+    old = c.nodes["n0"]
+    assert old is not None and old.applied_length == 3 and old.commit == 2
+    c.expire_lease("n0")
+    c.promote("n1")
+    c.flush(apart="n0")
+    c.append("n1", b"new")
+    c.settle()  # n0 hears the new generation: its record at 2 is not the leader's
+    c.check()
+    assert old.phase is Phase.FOLLOWER and old.generation == c.nodes["n1"].generation  # type: ignore[union-attr]
+    assert [e.payload for e in c.full_log(old)] == [b"", b"shipped", b"", b"new"]
+    assert not any(e for e in c.events if type(e).__name__ == "Halted")  # cut, not halted
+
+
+def test_a_leader_write_held_by_a_majority_first_is_acknowledged_before_it_is_applied() -> None:
+    """Regression (bench/replication.py's leader3 cell): followers that fsync before
+    the leader moved the commit mark past a write whose ack still waited for the
+    leader's own fsync, so the write was applied first and acknowledged without its
+    stream offset. The mark never trails the commit now."""
+    c = leader_opened()
+    c.append("n0", b"v1")
+    for _ in range(20):  # ships reach the followers, which fsync; answers reach n0
+        if not c.network:
+            break
+        c.deliver(0)
+        c.sync("n1")
+        c.sync("n2")
+    leader = c.nodes["n0"]
+    assert leader is not None and leader.synced_length < leader.length  # n0 not synced
+    assert leader.commit == 2
+    assert b"v1" in c.acked
+    assert leader.mark is not None and leader.mark >= leader.commit
