@@ -12,6 +12,11 @@ mark their connection dirty and are flushed together in one ``call_soon``
 callback. Socket buffers are raised to
 ``socket_buffer_size`` (4 MiB by default; the kernel may cap this).
 
+With ``udp_gso`` (the default) a transmit's datagrams to one address leave in
+as few ``sendmsg`` calls as Linux UDP GSO allows (``felix_transport.udp``),
+and with ``udp_gro`` the socket may receive several datagrams per call; where
+the kernel refuses either, the loop sends and receives one datagram per call.
+
 Server routing is by destination connection id: the client's original DCID
 and every id the connection issues. Only QUIC v1 Initials of at least 1200
 bytes open a connection; other unknown packets are dropped.
@@ -28,6 +33,7 @@ import socket
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
+from . import udp
 from .backends import Address, ConnectionAdapter, create_client_adapter, server_factory
 from .config import TransportConfig
 from .connection import Connection, ReceiveBudget
@@ -93,13 +99,23 @@ class _Endpoint(abc.ABC):
         self._flush_scheduled = False
         self._sock_closed = False
         self.send_errors = 0
-        self._loop.add_reader(sock.fileno(), self._on_readable)
+        # System calls that sent, and the datagrams they carried.
+        self.send_calls = 0
+        self.datagrams_sent = 0
+        self.gso = config.udp_gso and udp.gso_supported(sock)
+        self.gro = config.udp_gro and udp.enable_gro(sock)
+        self._gro_space = udp.gro_cmsg_space()
+        self._loop.add_reader(
+            sock.fileno(), self._on_readable_gro if self.gro else self._on_readable
+        )
 
     # -- _Driver protocol ----------------------------------------------------
 
     def sendto(self, data: bytes, addr: Address) -> None:
         if self._sock_closed:
             return
+        self.send_calls += 1
+        self.datagrams_sent += 1
         try:
             self._sock.sendto(data, addr)
         except (BlockingIOError, InterruptedError):
@@ -108,6 +124,38 @@ class _Endpoint(abc.ABC):
         except OSError as exc:
             self.send_errors += 1
             logger.debug("sendto %s failed: %s", addr, exc)
+
+    def send_datagrams(self, datagrams: list[tuple[bytes, Address]]) -> None:
+        if len(datagrams) < 2 or not self.gso:
+            for data, addr in datagrams:
+                self.sendto(data, addr)
+            return
+        if self._sock_closed:
+            return
+        for addr, size, run in udp.gso_runs(datagrams):
+            if len(run) == 1 or not self.gso:
+                for data in run:
+                    self.sendto(data, addr)
+                continue
+            self.send_calls += 1
+            self.datagrams_sent += len(run)
+            try:
+                udp.send_gso(self._sock, addr, size, run)
+            except (BlockingIOError, InterruptedError):
+                self.send_errors += len(run)  # as above: loss recovery resends
+            except OSError as exc:
+                if exc.errno not in udp.GSO_REFUSED:
+                    self.send_errors += len(run)
+                    logger.debug("sendmsg %s failed: %s", addr, exc)
+                    continue
+                # Detected once: this socket (or the route's device) cannot
+                # segment; from now on one datagram per call.
+                logger.info("UDP GSO refused (%s); sending one datagram per call", exc)
+                self.gso = False
+                self.send_calls -= 1
+                self.datagrams_sent -= len(run)
+                for data in run:
+                    self.sendto(data, addr)
 
     def schedule_transmit(self, connection: Connection) -> None:
         # The first write of a loop turn goes out at once (a lone request
@@ -166,16 +214,47 @@ class _Endpoint(abc.ABC):
                 # e.g. ECONNREFUSED from an ICMP error on a connected socket.
                 logger.debug("recvfrom failed: %s", exc)
                 break
-            connection = self._route(data, addr)
-            if connection is None:
-                continue
-            runs = batch.get(connection)
-            if runs is None:
-                batch[connection] = [(addr, [data])]
-            elif runs[-1][0] == addr:
-                runs[-1][1].append(data)
+            self._add(batch, data, addr)
+        self._deliver(batch)
+
+    def _on_readable_gro(self) -> None:
+        # As _on_readable, but one call may return several datagrams of one
+        # sender glued together (the kernel's GRO), cut apart at the segment
+        # size it reports; max_datagrams_per_wakeup bounds the calls.
+        batch: dict[Connection, list[tuple[Address, list[bytes]]]] = {}
+        recvmsg = self._sock.recvmsg
+        space = self._gro_space
+        split = udp.split_gro
+        for _ in range(self._config.max_datagrams_per_wakeup):
+            try:
+                data, ancdata, _flags, addr = recvmsg(_RECV_SIZE, space)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                logger.debug("recvmsg failed: %s", exc)
+                break
+            if ancdata:
+                for piece in split(data, ancdata):
+                    self._add(batch, piece, addr)
             else:
-                runs.append((addr, [data]))
+                self._add(batch, data, addr)
+        self._deliver(batch)
+
+    def _add(
+        self, batch: dict[Connection, list[tuple[Address, list[bytes]]]], data: bytes, addr: Address
+    ) -> None:
+        connection = self._route(data, addr)
+        if connection is None:
+            return
+        runs = batch.get(connection)
+        if runs is None:
+            batch[connection] = [(addr, [data])]
+        elif runs[-1][0] == addr:
+            runs[-1][1].append(data)
+        else:
+            runs.append((addr, [data]))
+
+    def _deliver(self, batch: dict[Connection, list[tuple[Address, list[bytes]]]]) -> None:
         if not batch:
             return
         now = self._loop.time()
