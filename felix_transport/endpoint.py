@@ -13,9 +13,10 @@ callback. Socket buffers are raised to
 ``socket_buffer_size`` (4 MiB by default; the kernel may cap this).
 
 With ``udp_gso`` (the default) a transmit's datagrams to one address leave in
-as few ``sendmsg`` calls as Linux UDP GSO allows (``felix_transport.udp``),
-and with ``udp_gro`` the socket may receive several datagrams per call; where
-the kernel refuses either, the loop sends and receives one datagram per call.
+as few ``sendmsg`` calls as Linux UDP GSO allows (``felix_transport.udp``);
+where the kernel refuses it, one datagram per call. Receiving stays one
+datagram per call: with UDP GRO one call may return 64 datagrams, which breaks
+the ``max_datagrams_per_wakeup`` bound a paused connection relies on.
 
 Server routing is by destination connection id: the client's original DCID
 and every id the connection issues. Only QUIC v1 Initials of at least 1200
@@ -103,11 +104,7 @@ class _Endpoint(abc.ABC):
         self.send_calls = 0
         self.datagrams_sent = 0
         self.gso = config.udp_gso and udp.gso_supported(sock)
-        self.gro = config.udp_gro and udp.enable_gro(sock)
-        self._gro_space = udp.gro_cmsg_space()
-        self._loop.add_reader(
-            sock.fileno(), self._on_readable_gro if self.gro else self._on_readable
-        )
+        self._loop.add_reader(sock.fileno(), self._on_readable)
 
     # -- _Driver protocol ----------------------------------------------------
 
@@ -215,29 +212,6 @@ class _Endpoint(abc.ABC):
                 logger.debug("recvfrom failed: %s", exc)
                 break
             self._add(batch, data, addr)
-        self._deliver(batch)
-
-    def _on_readable_gro(self) -> None:
-        # As _on_readable, but one call may return several datagrams of one
-        # sender glued together (the kernel's GRO), cut apart at the segment
-        # size it reports; max_datagrams_per_wakeup bounds the calls.
-        batch: dict[Connection, list[tuple[Address, list[bytes]]]] = {}
-        recvmsg = self._sock.recvmsg
-        space = self._gro_space
-        split = udp.split_gro
-        for _ in range(self._config.max_datagrams_per_wakeup):
-            try:
-                data, ancdata, _flags, addr = recvmsg(_RECV_SIZE, space)
-            except (BlockingIOError, InterruptedError):
-                break
-            except OSError as exc:
-                logger.debug("recvmsg failed: %s", exc)
-                break
-            if ancdata:
-                for piece in split(data, ancdata):
-                    self._add(batch, piece, addr)
-            else:
-                self._add(batch, data, addr)
         self._deliver(batch)
 
     def _add(
