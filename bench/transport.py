@@ -13,7 +13,7 @@ ratio:
 "stock" repeats bulk, ingest and round trip through each library's own
 ``serve()``/``connect()`` asyncio glue (used here only, as the baseline).
 
-``--offload-ab`` instead runs our loop with UDP GSO off and on, alternating
+``--offload-ab`` instead runs our loop with UDP GSO and GRO off and on, alternating
 within each run, and prints per metric the medians, min-max and the per-run
 ratio on/off (same run, same machine state).
 
@@ -71,10 +71,14 @@ class Setup:
         self.offload = True
 
     def server(self, impl: str) -> TransportConfig:
-        return TransportConfig.server(self.chain, self.key, impl=impl, udp_gso=self.offload)
+        return TransportConfig.server(
+            self.chain, self.key, impl=impl, udp_gso=self.offload, udp_gro=self.offload
+        )
 
     def client(self, impl: str) -> TransportConfig:
-        return TransportConfig.client(self.ca, impl=impl, udp_gso=self.offload)
+        return TransportConfig.client(
+            self.ca, impl=impl, udp_gso=self.offload, udp_gro=self.offload
+        )
 
 
 # -- our loop -------------------------------------------------------------------
@@ -324,7 +328,9 @@ async def main() -> None:
     parser.add_argument(
         "--runs", type=int, default=None, help="runs per figure, median reported (default 3)"
     )
-    parser.add_argument("--offload-ab", action="store_true", help="our loop with UDP GSO off vs on")
+    parser.add_argument(
+        "--offload-ab", action="store_true", help="our loop with UDP GSO/GRO off vs on"
+    )
     args = parser.parse_args()
     runs = args.runs or (1 if args.quick else 3)
     s = Setup(args.quick)
@@ -364,7 +370,7 @@ async def offload_ab(s: Setup, runs: int) -> None:
             for offload in order:
                 s.offload = offload
                 results.setdefault((impl, offload), []).append(await measure(s, impl, False))
-    print(f"UDP GSO off vs on, our loop, {runs} run(s), medians (min-max), loopback")
+    print(f"UDP GSO/GRO off vs on, our loop, {runs} run(s), medians (min-max), loopback")
     for impl in IMPLS:
         off, on = results[(impl, False)], results[(impl, True)]
         print(f"\n{impl}")

@@ -223,6 +223,7 @@ class Broker:
             self.tls.key_pem(),
             impl=config.quic_impl.value,
             udp_gso=config.udp_gso is UdpOffload.AUTO,
+            udp_gro=config.udp_gso is UdpOffload.AUTO,
             require_alpn=config.tls_require_alpn,
             max_datagram_size=config.max_datagram_size,
             idle_timeout=config.max_idle_timeout_ms / 1000,

@@ -124,7 +124,7 @@ class QuicImpl(StrEnum):
 
 
 class UdpOffload(StrEnum):
-    """Whether the transport sends batched datagrams with Linux UDP GSO."""
+    """Whether the transport batches datagrams with Linux UDP GSO/GRO."""
 
     AUTO = "auto"
     OFF = "off"
@@ -324,8 +324,9 @@ class BrokerConfig:
         "FELIX_UDP_GSO",
         doc=(
             "`auto`: a transmit's datagrams to one address leave in one `sendmsg` per up to "
-            "64 segments (Linux UDP GSO, kernel >= 4.18); where the kernel refuses it, one "
-            "datagram per call, detected once. "
+            "64 segments (Linux UDP GSO, kernel >= 4.18) and the listener receives with UDP "
+            "GRO (several datagrams per call); where the kernel refuses either, one datagram "
+            "per call, detected once. "
             "`off`: one system call per datagram."
         ),
     )

@@ -13,10 +13,10 @@ callback. Socket buffers are raised to
 ``socket_buffer_size`` (4 MiB by default; the kernel may cap this).
 
 With ``udp_gso`` (the default) a transmit's datagrams to one address leave in
-as few ``sendmsg`` calls as Linux UDP GSO allows (``felix_transport.udp``);
-where the kernel refuses it, one datagram per call. Receiving stays one
-datagram per call: with UDP GRO one call may return 64 datagrams, which breaks
-the ``max_datagrams_per_wakeup`` bound a paused connection relies on.
+as few ``sendmsg`` calls as Linux UDP GSO allows (``felix_transport.udp``),
+and with ``udp_gro`` one receive call may bring several datagrams of one sender
+(``max_datagrams_per_wakeup`` still counts datagrams); where the kernel refuses
+either, one datagram per call.
 
 Server routing is by destination connection id: the client's original DCID
 and every id the connection issues. Only QUIC v1 Initials of at least 1200
@@ -104,7 +104,14 @@ class _Endpoint(abc.ABC):
         self.send_calls = 0
         self.datagrams_sent = 0
         self.gso = config.udp_gso and udp.gso_supported(sock)
-        self._loop.add_reader(sock.fileno(), self._on_readable)
+        self.gro = config.udp_gro and udp.enable_gro(sock)
+        # Datagrams a GRO receive brought past this wake-up's budget: the next
+        # pass takes them first (at most one call's worth, 63 datagrams).
+        self._carry: list[tuple[bytes, Address]] = []
+        self._carry_scheduled = False
+        self._loop.add_reader(
+            sock.fileno(), self._on_readable_gro if self.gro else self._on_readable
+        )
 
     # -- _Driver protocol ----------------------------------------------------
 
@@ -212,6 +219,46 @@ class _Endpoint(abc.ABC):
                 logger.debug("recvfrom failed: %s", exc)
                 break
             self._add(batch, data, addr)
+        self._deliver(batch)
+
+    def _on_readable_gro(self) -> None:
+        # As _on_readable, but one call may return several datagrams of one sender
+        # glued together (UDP GRO), cut apart at the segment size the kernel
+        # reports. max_datagrams_per_wakeup still counts datagrams, not calls:
+        # what a call brings past it waits in _carry for the next pass, so a paused
+        # connection takes in no more per wake-up than without GRO.
+        self._carry_scheduled = False
+        batch: dict[Connection, list[tuple[Address, list[bytes]]]] = {}
+        budget = self._config.max_datagrams_per_wakeup
+        carry = self._carry
+        if carry:
+            for data, addr in carry[:budget]:
+                self._add(batch, data, addr)
+            taken = min(budget, len(carry))
+            del carry[:taken]
+            budget -= taken
+        recvmsg = self._sock.recvmsg
+        space = udp.gro_cmsg_space()
+        while budget > 0:
+            try:
+                data, ancdata, _flags, addr = recvmsg(_RECV_SIZE, space)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                logger.debug("recvmsg failed: %s", exc)
+                break
+            if not ancdata:
+                self._add(batch, data, addr)
+                budget -= 1
+                continue
+            pieces = udp.split_gro(data, ancdata)
+            for piece in pieces[:budget]:
+                self._add(batch, piece, addr)
+            carry.extend((piece, addr) for piece in pieces[budget:])
+            budget -= len(pieces)
+        if carry and not self._carry_scheduled and not self._sock_closed:
+            self._carry_scheduled = True
+            self._loop.call_soon(self._on_readable_gro)
         self._deliver(batch)
 
     def _add(

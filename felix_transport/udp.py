@@ -1,4 +1,4 @@
-"""UDP segmentation offload for the datagram loop (Linux GSO on send).
+"""UDP segmentation offload for the datagram loop (Linux GSO on send, GRO on receive).
 
 One ``sendto`` per datagram was the largest single cost of the broker's busy time
 (docs/performance.md). With UDP GSO one ``sendmsg`` carries several datagrams to
@@ -6,10 +6,9 @@ one address: every segment but the last has the same size (the last may be
 smaller), at most :data:`MAX_SEGMENTS` of them and :data:`MAX_GSO_BYTES` in all;
 the kernel splits them (loopback included).
 
-The receive side (UDP GRO: one ``recvmsg`` returns several datagrams glued together,
-cut apart by :func:`split_gro` at the size the kernel reports) is here for tests and
-measurements only: the datagram loop does not use it, because one call may return 64
-datagrams, past the per-wake-up receive bound a paused connection relies on.
+With UDP GRO the kernel may hand one ``recvmsg`` several datagrams of one sender
+glued together, with the segment size in a control message; :func:`split_gro` cuts
+them apart again.
 
 Support is probed once per socket (``setsockopt``); a send the kernel refuses with
 an error that means "no GSO here" turns GSO off for that socket and the datagrams

@@ -1,4 +1,4 @@
-"""UDP GSO in the datagram loop: fewer system calls, the same bytes, and the
+"""UDP GSO/GRO in the datagram loop: fewer system calls, the same bytes, and the
 fallback when the kernel refuses a segmented send."""
 
 from __future__ import annotations
@@ -153,10 +153,11 @@ async def _upload(
 @linux_only
 @pytest.mark.timeout(60)
 @pytest.mark.parametrize("impl", IMPLS)
+@pytest.mark.parametrize("gro", [True, False])
 async def test_a_bulk_upload_uses_fewer_send_calls_than_datagrams(
-    pki: tuple[CertKeyPair, CertKeyPair], impl: str
+    pki: tuple[CertKeyPair, CertKeyPair], impl: str, gro: bool
 ) -> None:
-    driver = await _upload(pki, impl, size=2 * 1024 * 1024)
+    driver = await _upload(pki, impl, size=2 * 1024 * 1024, udp_gro=gro)
     assert driver.gso
     assert driver.datagrams_sent > 1500  # 2 MiB in 1350-byte datagrams
     assert driver.send_calls * 2 < driver.datagrams_sent, (driver.send_calls, driver.datagrams_sent)
@@ -167,7 +168,7 @@ async def test_a_bulk_upload_uses_fewer_send_calls_than_datagrams(
 async def test_gso_off_sends_one_datagram_per_call(
     pki: tuple[CertKeyPair, CertKeyPair], impl: str
 ) -> None:
-    driver = await _upload(pki, impl, size=512 * 1024, udp_gso=False)
+    driver = await _upload(pki, impl, size=512 * 1024, udp_gso=False, udp_gro=False)
     assert not driver.gso
     assert driver.send_calls == driver.datagrams_sent > 300
 
