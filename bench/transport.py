@@ -13,6 +13,10 @@ ratio:
 "stock" repeats bulk, ingest and round trip through each library's own
 ``serve()``/``connect()`` asyncio glue (used here only, as the baseline).
 
+``--offload-ab`` instead runs our loop with UDP GSO and GRO off and on, alternating
+within each run, and prints per metric the medians, min-max and the per-run
+ratio on/off (same run, same machine state).
+
 Client and server share one process and one event loop (one core between
 them), so absolute figures are lower than with separate processes; the
 ratios are the point. A full run (3 runs, medians) takes about 1.5 minutes on
@@ -64,12 +68,17 @@ class Setup:
         self.ingest_batches = 1500 if quick else 4000
         self.fanout_batches = 500 if quick else 1000
         self.round_trips = 500 if quick else 1500
+        self.offload = True
 
     def server(self, impl: str) -> TransportConfig:
-        return TransportConfig.server(self.chain, self.key, impl=impl)
+        return TransportConfig.server(
+            self.chain, self.key, impl=impl, udp_gso=self.offload, udp_gro=self.offload
+        )
 
     def client(self, impl: str) -> TransportConfig:
-        return TransportConfig.client(self.ca, impl=impl)
+        return TransportConfig.client(
+            self.ca, impl=impl, udp_gso=self.offload, udp_gro=self.offload
+        )
 
 
 # -- our loop -------------------------------------------------------------------
@@ -277,13 +286,22 @@ async def measure(s: Setup, impl: str, stock: bool) -> Result:
     transfer = stock_transfer if stock else ours_transfer
     rtt = stock_rtt if stock else ours_rtt
     out: Result = {}
+    # CPU of this process (client and server together) per record: it moves far
+    # less with the machine's load than the rates do.
+    cpu = time.process_time()
     elapsed = await transfer(s, impl, payload, count)
     out["bulk MB/s"] = s.bulk_bytes / elapsed / 1e6
+    out["bulk cpu us/MB"] = (time.process_time() - cpu) * 1e6 / (s.bulk_bytes / 1e6)
+    cpu = time.process_time()
     elapsed = await transfer(s, impl, BATCH, s.ingest_batches)
     out["ingest rec/s"] = 64 * s.ingest_batches / elapsed
+    out["ingest cpu us/rec"] = (time.process_time() - cpu) * 1e6 / (64 * s.ingest_batches)
     if not stock:
-        out["fanout1 rec/s"] = await ours_fanout(s, impl, 1)
-        out["fanout10 rec/s"] = await ours_fanout(s, impl, 10)
+        for n in (1, 10):
+            cpu = time.process_time()
+            out[f"fanout{n} rec/s"] = await ours_fanout(s, impl, n)
+            records = 64 * s.fanout_batches * n
+            out[f"fanout{n} cpu us/rec"] = (time.process_time() - cpu) * 1e6 / records
     samples = await rtt(s, impl)
     out["rtt p50 us"] = _percentile(samples, 0.5)
     out["rtt p99 us"] = _percentile(samples, 0.99)
@@ -299,7 +317,8 @@ def _table(title: str, per_impl: dict[str, Result]) -> None:
     print(f"{'metric':<16}{'qh3':>14}{'aioquic':>14}{'qh3/aioquic':>14}")
     for key in per_impl["qh3"]:
         a, b = per_impl["qh3"][key], per_impl["aioquic"][key]
-        ratio = (b / a) if key.startswith("rtt") else (a / b)  # >1 means qh3 is better
+        lower_better = key.startswith("rtt") or " cpu " in key
+        ratio = (b / a) if lower_better else (a / b)  # >1 means qh3 is better
         print(f"{key:<16}{a:>14,.1f}{b:>14,.1f}{ratio:>13.2f}x")
 
 
@@ -309,9 +328,15 @@ async def main() -> None:
     parser.add_argument(
         "--runs", type=int, default=None, help="runs per figure, median reported (default 3)"
     )
+    parser.add_argument(
+        "--offload-ab", action="store_true", help="our loop with UDP GSO/GRO off vs on"
+    )
     args = parser.parse_args()
     runs = args.runs or (1 if args.quick else 3)
     s = Setup(args.quick)
+    if args.offload_ab:
+        await offload_ab(s, runs)
+        return
     ours: dict[str, list[Result]] = {i: [] for i in IMPLS}
     stock: dict[str, list[Result]] = {i: [] for i in IMPLS}
     started = time.perf_counter()
@@ -329,9 +354,44 @@ async def main() -> None:
         parts = []
         for key, value in stock_m[impl].items():
             mine = ours_m[impl][key]
-            ratio = (value / mine) if key.startswith("rtt") else (mine / value)
+            lower_better = key.startswith("rtt") or " cpu " in key
+            ratio = (value / mine) if lower_better else (mine / value)
             parts.append(f"{key} {ratio:.2f}x")
         print(f"  {impl:<8} " + ", ".join(parts))
+    print(f"\ntotal {time.perf_counter() - started:.1f} s")
+
+
+async def offload_ab(s: Setup, runs: int) -> None:
+    results: dict[tuple[str, bool], list[Result]] = {}
+    started = time.perf_counter()
+    for index in range(runs):
+        for impl in IMPLS:
+            order = (False, True) if index % 2 == 0 else (True, False)
+            for offload in order:
+                s.offload = offload
+                results.setdefault((impl, offload), []).append(await measure(s, impl, False))
+    print(f"UDP GSO/GRO off vs on, our loop, {runs} run(s), medians (min-max), loopback")
+    for impl in IMPLS:
+        off, on = results[(impl, False)], results[(impl, True)]
+        print(f"\n{impl}")
+        print(f"{'metric':<16}{'off':>24}{'on':>24}{'on/off per run':>26}")
+        for key in off[0]:
+            lower_better = key.startswith("rtt") or " cpu " in key
+            ratios = [
+                (a[key] / b[key]) if lower_better else (b[key] / a[key])
+                for a, b in zip(off, on, strict=True)
+            ]
+            cells = []
+            for side in (off, on):
+                values = [r[key] for r in side]
+                digits = 2 if " cpu " in key else 0
+                cells.append(
+                    f"{statistics.median(values):,.{digits}f}"
+                    f" ({min(values):,.{digits}f}-{max(values):,.{digits}f})"
+                )
+            spread = f"{statistics.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})"
+            print(f"{key:<16}{cells[0]:>24}{cells[1]:>24}{spread:>26}")
+    print("(ratios above 1: on is better; for rtt and cpu, off/on)")
     print(f"\ntotal {time.perf_counter() - started:.1f} s")
 
 

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from felix_broker.cache.service import CacheLimits, CacheService
 from felix_broker.catalog import Catalog
-from felix_broker.config import BrokerConfig, FsyncMode, warn_ignored_knobs
+from felix_broker.config import BrokerConfig, FsyncMode, UdpOffload, warn_ignored_knobs
 from felix_broker.discovery.service import DISCOVERY_FEATURES, DiscoveryService
 from felix_broker.groups.service import GroupService
 from felix_broker.inspection.service import InspectionService
@@ -226,6 +226,8 @@ class Broker:
             self.tls.chain_pem(),
             self.tls.key_pem(),
             impl=config.quic_impl.value,
+            udp_gso=config.udp_gso is UdpOffload.AUTO,
+            udp_gro=config.udp_gso is UdpOffload.AUTO,
             require_alpn=config.tls_require_alpn,
             max_datagram_size=config.max_datagram_size,
             idle_timeout=config.max_idle_timeout_ms / 1000,

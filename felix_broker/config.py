@@ -123,6 +123,13 @@ class QuicImpl(StrEnum):
     AIOQUIC = "aioquic"
 
 
+class UdpOffload(StrEnum):
+    """Whether the transport batches datagrams with Linux UDP GSO/GRO."""
+
+    AUTO = "auto"
+    OFF = "off"
+
+
 # RFC 1123 host names: dot-separated labels of letters, digits and inner hyphens.
 _HOST_LABEL = re.compile(r"[A-Za-z0-9](?:[A-Za-z0-9-]{0,61}[A-Za-z0-9])?")
 
@@ -311,6 +318,17 @@ class BrokerConfig:
     )
     quic_impl: QuicImpl = _enum(
         QuicImpl.QH3, "FELIX_QUIC_IMPL", doc="The QUIC stack the transport runs on."
+    )
+    udp_gso: UdpOffload = _enum(
+        UdpOffload.AUTO,
+        "FELIX_UDP_GSO",
+        doc=(
+            "`auto`: a transmit's datagrams to one address leave in one `sendmsg` per up to "
+            "64 segments (Linux UDP GSO, kernel >= 4.18) and the listener receives with UDP "
+            "GRO (several datagrams per call); where the kernel refuses either, one datagram "
+            "per call, detected once. "
+            "`off`: one system call per datagram."
+        ),
     )
     max_idle_timeout_ms: int = _int(
         6000,

@@ -111,6 +111,10 @@ class TransportConfig:
     signature_algorithms: tuple[str, ...] = DEFAULT_SIGNATURE_ALGORITHMS
     socket_buffer_size: int = 4 * 1024 * 1024
     max_datagrams_per_wakeup: int = 64
+    # Linux UDP segmentation offload on send and receive (felix_transport.udp):
+    # off, or refused by the kernel, means one system call per datagram.
+    udp_gso: bool = True
+    udp_gro: bool = True
     preauth_stream_window: int | None = None
     preauth_connection_budget: int = 256 * 1024
     preauth_global_budget: int = 16 * 1024 * 1024

@@ -111,7 +111,7 @@ class ReceiveBudget:
 class _Driver(Protocol):
     """What a connection needs from the datagram loop that drives it."""
 
-    def sendto(self, data: bytes, addr: Address) -> None: ...
+    def send_datagrams(self, datagrams: list[tuple[bytes, Address]]) -> None: ...
 
     def schedule_transmit(self, connection: Connection) -> None: ...
 
@@ -593,7 +593,6 @@ class Connection:
         if self.termination is not None:
             return
         now = self._loop.time()
-        sendto = self._driver.sendto
         try:
             datagrams = self._adapter.datagrams_to_send(now)
         except Exception as exc:
@@ -603,8 +602,8 @@ class Connection:
             # succeeds, so keep the connection rather than fail it.
             logger.debug("%r: stack failed to build packets: %s", self, exc)
             datagrams = []
-        for data, addr in datagrams:
-            sendto(data, addr)
+        if datagrams:
+            self._driver.send_datagrams(datagrams)
         self._arm_timer()
         if self._blocked_writers:
             self._wake_writers()

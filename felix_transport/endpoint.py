@@ -12,6 +12,12 @@ mark their connection dirty and are flushed together in one ``call_soon``
 callback. Socket buffers are raised to
 ``socket_buffer_size`` (4 MiB by default; the kernel may cap this).
 
+With ``udp_gso`` (the default) a transmit's datagrams to one address leave in
+as few ``sendmsg`` calls as Linux UDP GSO allows (``felix_transport.udp``),
+and with ``udp_gro`` one receive call may bring several datagrams of one sender
+(``max_datagrams_per_wakeup`` still counts datagrams); where the kernel refuses
+either, one datagram per call.
+
 Server routing is by destination connection id: the client's original DCID
 and every id the connection issues. Only QUIC v1 Initials of at least 1200
 bytes open a connection; other unknown packets are dropped.
@@ -28,6 +34,7 @@ import socket
 from collections import OrderedDict
 from collections.abc import Awaitable, Callable
 
+from . import udp
 from .backends import Address, ConnectionAdapter, create_client_adapter, server_factory
 from .config import TransportConfig
 from .connection import Connection, ReceiveBudget
@@ -93,13 +100,26 @@ class _Endpoint(abc.ABC):
         self._flush_scheduled = False
         self._sock_closed = False
         self.send_errors = 0
-        self._loop.add_reader(sock.fileno(), self._on_readable)
+        # System calls that sent, and the datagrams they carried.
+        self.send_calls = 0
+        self.datagrams_sent = 0
+        self.gso = config.udp_gso and udp.gso_supported(sock)
+        self.gro = config.udp_gro and udp.enable_gro(sock)
+        # Datagrams a GRO receive brought past this wake-up's budget: the next
+        # pass takes them first (at most one call's worth, 63 datagrams).
+        self._carry: list[tuple[bytes, Address]] = []
+        self._carry_scheduled = False
+        self._loop.add_reader(
+            sock.fileno(), self._on_readable_gro if self.gro else self._on_readable
+        )
 
     # -- _Driver protocol ----------------------------------------------------
 
     def sendto(self, data: bytes, addr: Address) -> None:
         if self._sock_closed:
             return
+        self.send_calls += 1
+        self.datagrams_sent += 1
         try:
             self._sock.sendto(data, addr)
         except (BlockingIOError, InterruptedError):
@@ -108,6 +128,38 @@ class _Endpoint(abc.ABC):
         except OSError as exc:
             self.send_errors += 1
             logger.debug("sendto %s failed: %s", addr, exc)
+
+    def send_datagrams(self, datagrams: list[tuple[bytes, Address]]) -> None:
+        if len(datagrams) < 2 or not self.gso:
+            for data, addr in datagrams:
+                self.sendto(data, addr)
+            return
+        if self._sock_closed:
+            return
+        for addr, size, run in udp.gso_runs(datagrams):
+            if len(run) == 1 or not self.gso:
+                for data in run:
+                    self.sendto(data, addr)
+                continue
+            self.send_calls += 1
+            self.datagrams_sent += len(run)
+            try:
+                udp.send_gso(self._sock, addr, size, run)
+            except (BlockingIOError, InterruptedError):
+                self.send_errors += len(run)  # as above: loss recovery resends
+            except OSError as exc:
+                if exc.errno not in udp.GSO_REFUSED:
+                    self.send_errors += len(run)
+                    logger.debug("sendmsg %s failed: %s", addr, exc)
+                    continue
+                # Detected once: this socket (or the route's device) cannot
+                # segment; from now on one datagram per call.
+                logger.info("UDP GSO refused (%s); sending one datagram per call", exc)
+                self.gso = False
+                self.send_calls -= 1
+                self.datagrams_sent -= len(run)
+                for data in run:
+                    self.sendto(data, addr)
 
     def schedule_transmit(self, connection: Connection) -> None:
         # The first write of a loop turn goes out at once (a lone request
@@ -166,16 +218,64 @@ class _Endpoint(abc.ABC):
                 # e.g. ECONNREFUSED from an ICMP error on a connected socket.
                 logger.debug("recvfrom failed: %s", exc)
                 break
-            connection = self._route(data, addr)
-            if connection is None:
+            self._add(batch, data, addr)
+        self._deliver(batch)
+
+    def _on_readable_gro(self) -> None:
+        # As _on_readable, but one call may return several datagrams of one sender
+        # glued together (UDP GRO), cut apart at the segment size the kernel
+        # reports. max_datagrams_per_wakeup still counts datagrams, not calls:
+        # what a call brings past it waits in _carry for the next pass, so a paused
+        # connection takes in no more per wake-up than without GRO.
+        self._carry_scheduled = False
+        batch: dict[Connection, list[tuple[Address, list[bytes]]]] = {}
+        budget = self._config.max_datagrams_per_wakeup
+        carry = self._carry
+        if carry:
+            for data, addr in carry[:budget]:
+                self._add(batch, data, addr)
+            taken = min(budget, len(carry))
+            del carry[:taken]
+            budget -= taken
+        recvmsg = self._sock.recvmsg
+        space = udp.gro_cmsg_space()
+        while budget > 0:
+            try:
+                data, ancdata, _flags, addr = recvmsg(_RECV_SIZE, space)
+            except (BlockingIOError, InterruptedError):
+                break
+            except OSError as exc:
+                logger.debug("recvmsg failed: %s", exc)
+                break
+            if not ancdata:
+                self._add(batch, data, addr)
+                budget -= 1
                 continue
-            runs = batch.get(connection)
-            if runs is None:
-                batch[connection] = [(addr, [data])]
-            elif runs[-1][0] == addr:
-                runs[-1][1].append(data)
-            else:
-                runs.append((addr, [data]))
+            pieces = udp.split_gro(data, ancdata)
+            for piece in pieces[:budget]:
+                self._add(batch, piece, addr)
+            carry.extend((piece, addr) for piece in pieces[budget:])
+            budget -= len(pieces)
+        if carry and not self._carry_scheduled and not self._sock_closed:
+            self._carry_scheduled = True
+            self._loop.call_soon(self._on_readable_gro)
+        self._deliver(batch)
+
+    def _add(
+        self, batch: dict[Connection, list[tuple[Address, list[bytes]]]], data: bytes, addr: Address
+    ) -> None:
+        connection = self._route(data, addr)
+        if connection is None:
+            return
+        runs = batch.get(connection)
+        if runs is None:
+            batch[connection] = [(addr, [data])]
+        elif runs[-1][0] == addr:
+            runs[-1][1].append(data)
+        else:
+            runs.append((addr, [data]))
+
+    def _deliver(self, batch: dict[Connection, list[tuple[Address, list[bytes]]]]) -> None:
         if not batch:
             return
         now = self._loop.time()

@@ -310,8 +310,7 @@ class Log:
         new one, which it may make larger than ``segment_bytes``.
         """
         self._check_usable()
-        if not payloads:
-            raise ValueError("append needs at least one payload")
+        total = self.check_payloads(payloads)
         flags, principal = encode_principal(publisher)
         extension_bytes = b""
         if extension is not None:
@@ -319,11 +318,6 @@ class Log:
             flags |= extension_flags
             if extension.commit is not None and len(payloads) != 1:
                 raise ValueError("a commit is exactly one record")
-        total = sum(map(len, payloads))
-        if total > MAX_PAYLOAD_BYTES:  # only then can a single payload be too big
-            for payload in payloads:
-                if len(payload) > MAX_PAYLOAD_BYTES:
-                    raise ValueError(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD_BYTES}")
         # Only the active segment can be empty, so the newest held record is in
         # it or in the segment before.
         for segment in self._segments[-1:-3:-1]:
@@ -374,6 +368,60 @@ class Log:
             self._fail("write", exc)  # no-op when a failed fsync already stopped the log
             raise LogFailedError(f"log {self.directory} failed: {self._failure}") from exc
         return base
+
+    @staticmethod
+    def check_payloads(payloads: Sequence[bytes]) -> int:
+        """Raise the ValueError :meth:`append` would raise for these payloads; their size."""
+        if not payloads:
+            raise ValueError("append needs at least one payload")
+        total = sum(map(len, payloads))
+        if total > MAX_PAYLOAD_BYTES:  # only then can a single payload be too big
+            for payload in payloads:
+                if len(payload) > MAX_PAYLOAD_BYTES:
+                    raise ValueError(f"payload of {len(payload)} bytes exceeds {MAX_PAYLOAD_BYTES}")
+        return total
+
+    def append_many(self, batches: Sequence[tuple[Sequence[bytes], int, str | None]]) -> list[int]:
+        """Append batches ``(payloads, timestamp_us, publisher)`` in order, each stored
+        as :meth:`append` stores it; returns each batch's first offset.
+
+        When they all fit the active segment they are handed to the OS with one
+        write (a stream's publish pass: one write instead of one per publish);
+        otherwise one :meth:`append` each. Either way every batch is handed to the
+        OS before this returns, and a failed write fails the log as in :meth:`append`.
+        """
+        self._check_usable()
+        if len(batches) == 1:
+            payloads, timestamp_us, publisher = batches[0]
+            return [self.append(payloads, timestamp_us=timestamp_us, publisher=publisher)]
+        segment = self._segments[-1]
+        floor = 0
+        for held in self._segments[-1:-3:-1]:
+            if held.count:
+                floor = held.last_timestamp_us
+                break
+        entries: list[tuple[int, int, int, bytes, Sequence[bytes]]] = []
+        offset = self._next_offset
+        size = segment.size
+        for payloads, timestamp_us, publisher in batches:
+            total = self.check_payloads(payloads)
+            flags, principal = encode_principal(publisher)
+            floor = max(floor, timestamp_us)
+            entries.append((offset, floor, flags, principal, payloads))
+            size += batch_size(len(principal), len(payloads), total)
+            offset += len(payloads)
+        if size > self.config.segment_bytes:
+            return [
+                self.append(payloads, timestamp_us=timestamp_us, publisher=publisher)
+                for payloads, timestamp_us, publisher in batches
+            ]
+        try:
+            segment.append_many(entries)
+        except OSError as exc:
+            self._fail("write", exc)
+            raise LogFailedError(f"log {self.directory} failed: {self._failure}") from exc
+        self._next_offset = offset
+        return [entry[0] for entry in entries]
 
     def _roll(self) -> None:
         active = self._segments[-1]

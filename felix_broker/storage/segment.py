@@ -367,6 +367,38 @@ class Segment:
             ),
         )
 
+    def append_many(self, batches: Sequence[tuple[int, int, int, bytes, Sequence[bytes]]]) -> None:
+        """Write several batches ``(first_offset, timestamp_us, flags, principal,
+        payloads)``, each as :meth:`append` would, with one write for all of them."""
+        if self.fd is None:
+            raise RuntimeError(f"{self.path} is not the active segment")
+        pieces: list[bytes] = []
+        heads: list[tuple[int, BatchHead]] = []
+        position = start = self.size
+        for first_offset, timestamp_us, flags, principal, payloads in batches:
+            encoded = encode_batch(first_offset, timestamp_us, flags, principal, payloads)
+            length = sum(map(len, encoded))
+            pieces.extend(encoded)
+            heads.append(
+                (
+                    position,
+                    BatchHead(
+                        0,
+                        length,
+                        first_offset,
+                        timestamp_us,
+                        len(payloads),
+                        flags,
+                        len(principal),
+                        0,
+                    ),
+                )
+            )
+            position += length
+        _write_pieces(self.fd, pieces, start, position - start)
+        for at, head in heads:
+            self._account(at, head)
+
     def seal(self) -> int | None:
         """Stop being the active segment; returns the write descriptor for the caller to close.
 

@@ -50,7 +50,7 @@ import itertools
 import logging
 import time
 from collections import deque
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 from felix_broker.catalog import Catalog, StreamSpec
@@ -425,6 +425,9 @@ class Shard:
         # so readable: consumer groups wake their long polls here.
         self.listeners: list[Callable[[], None]] = []
         self._pending: list[Chunk] = []
+        # Durable batches of this publish pass not handed to the OS yet
+        # (`append(defer=True)`, `write_deferred`): one write per pass, not per publish.
+        self._unwritten: list[tuple[Sequence[bytes], int, str | None]] = []
         self._max_events = config.event_batch_max_events
         self._max_bytes = config.event_batch_max_bytes
         # Whether a durable stream stores each batch's publisher: record_publishers on a
@@ -447,12 +450,28 @@ class Shard:
         publisher: str | None,
         timestamp_us: int,
         extension: BatchExtension | None = None,
+        *,
+        defer: bool = False,
     ) -> int:
         """Append one publish batch; returns its base offset. A durable stream stores the
         publisher only when record_publishers is on (and reports what it stored); an
-        in-memory stream reports the publishing connection's principal."""
+        in-memory stream reports the publishing connection's principal.
+
+        With `defer` (the publish pass) a durable batch without an extension takes its
+        offsets now but reaches the OS in `write_deferred`, together with the pass's
+        other batches of this shard; the caller calls it, with no await in between, before
+        anything waits on, reads or delivers those offsets. A payload the log would
+        refuse is refused here (ValueError), so one bad publish fails alone."""
         if self.log is not None:
             stored = publisher if self.record_publishers else None
+            if defer and extension is None:
+                self.log.check_payloads(payloads)
+                base = self.next_offset
+                self._unwritten.append((payloads, timestamp_us, stored))
+                self.next_offset = base + len(payloads)
+                self._pending.append(Chunk(payloads, stored, base, [timestamp_us] * len(payloads)))
+                return base
+            self.write_deferred()  # disk order is offset order
             base = self.log.append(
                 payloads, timestamp_us=timestamp_us, publisher=stored, extension=extension
             )
@@ -466,6 +485,25 @@ class Shard:
         self.next_offset += len(payloads)
         self._pending.append(Chunk(payloads, publisher, base, None))
         return base
+
+    def write_deferred(self) -> None:
+        """Hand the deferred batches to the OS, in one write when they fit the active
+        segment (`Log.append_many`). On failure (the log fails: StorageError) their
+        records are forgotten: never delivered, and their offsets not taken."""
+        unwritten = self._unwritten
+        if not unwritten:
+            return
+        assert self.log is not None
+        self._unwritten = []
+        first = self.log.next_offset
+        try:
+            bases = self.log.append_many(unwritten)
+        except BaseException:
+            self.next_offset = first
+            self._pending = [c for c in self._pending if c.base_offset < first]
+            raise
+        if bases[0] != first or self.log.next_offset != self.next_offset:
+            raise StorageError(f"log of {self.spec.name} shard {self.index} was appended meanwhile")
 
     def cut(self, chunks: list[Chunk], split_by_publisher: bool) -> list[Chunk]:
         """Records cut into event batches of at most max events and max bytes; a new
@@ -616,7 +654,9 @@ class _TenantPipeline:
                         continue
                     extension = guard.extension(shard.durable)
                 try:
-                    base = shard.append(request.payloads, request.publisher, now, extension)
+                    base = shard.append(
+                        request.payloads, request.publisher, now, extension, defer=True
+                    )
                 except (StorageError, ValueError) as exc:
                     _log.error(
                         "append to %s shard %d failed: %s", shard.spec.name, shard.index, exc
@@ -639,7 +679,15 @@ class _TenantPipeline:
             # queued meanwhile shares the next fsync (group commit).
             failed: set[int] = set()
             for key, shard in touched.items():
-                if shard.log is not None:
+                # The pass's batches of a shard in one write (no await since they
+                # were appended, so nothing has read or delivered them yet).
+                try:
+                    shard.write_deferred()
+                except StorageError as exc:
+                    _log.error("write to %s shard %d failed: %s", shard.spec.name, shard.index, exc)
+                    failed.add(key)
+            for key, shard in touched.items():
+                if shard.log is not None and key not in failed:
                     try:
                         await shard.log.wait_durable(shard.next_offset - 1)
                     except StorageError as exc:
