@@ -213,6 +213,32 @@ async def test_a_partitioned_leaders_group_settles_answer_quorum_timeout(
             assert durable_state(fleet.brokers[node]) in ((None, set()), (0, set()), (1, set()))
 
 
+async def test_a_settle_the_leader_failed_to_replicate_is_never_answered_ok_when_repeated(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    """Issue 19: an fsync failure stops the leader's replica while an ack is in flight;
+    the ack is refused, but the leader's in-memory group state had taken it already,
+    so the client's resend of that ack was answered ok with nothing written (and a
+    later leader handed the record out again). The repeat must be refused too."""
+    async with running(tmp_path, etcd_server.endpoint) as (fleet, leader, _generation):
+        await publish_all(fleet.brokers[leader], fleet.issuer, [b"r%d" % i for i in range(4)])
+        client, s = await fleet.session(leader)
+        assert offsets(await ask(s, poll(1))) == [0, 1, 2, 3]
+        assert await ask(s, ack(0, 2)) == CacheOk(request_id=2)
+        write_fault(faults_file(tmp_path, leader), Faults(fail=True))
+        await asyncio.sleep(0.3)  # the fault file is reread within 50 ms
+        first = await ask(s, ack(1, 3))
+        assert isinstance(first, Error), first
+        for rid in (4, 5):  # the client's resends (shard_unavailable: retry)
+            again = await ask(s, ack(1, rid))
+            assert isinstance(again, Error), again
+            assert again.code == "shard_unavailable", again
+        client.close()
+        # Nothing acknowledged 1 on any replica: a successor hands it out again.
+        for node in NODES:
+            assert durable_state(fleet.brokers[node])[0] in (None, 0, 1)
+
+
 async def test_a_restarted_follower_keeps_the_group_and_applies_what_it_missed(
     etcd_server: EtcdProcess, tmp_path: Path
 ) -> None:
