@@ -260,6 +260,11 @@ class _ShardGroups:
     # replication applied), never the leader's in-memory settles ahead of the mark
     # (`durable` may hold those). Compaction copies this one. None: not replicated.
     committed: dict[str, GroupDurable] | None = None
+    # A Quorum shard's replicated writes in flight, and whether one of them failed:
+    # its settle is in the in-memory states already but may never commit, so they
+    # are stale until rebuilt from `committed` (GroupService._durable).
+    replicating: int = 0
+    stale: bool = False
 
     @property
     def tail(self) -> int:
@@ -467,10 +472,7 @@ class GroupService:
             raise
         groups = _ShardGroups(stream, log, durable, last_stamp_us=last_stamp)
         if self.replication is not None and spec.replicated:
-            groups.committed = {
-                name: GroupDurable(d.cursor, set(d.dead), set(d.redriven), set(d.acked))
-                for name, d in durable.items()
-            }
+            groups.committed = _copied(durable)
         stream.listeners.append(groups.signal.fire)
         self._shards[key] = groups
         return groups
@@ -603,14 +605,38 @@ class GroupService:
         if self._replicated(groups):
             assert self.replication is not None
             stream = groups.stream
+            groups.replicating += 1
+            written = False
             try:
                 await self.replication.write(stream.spec, stream.index, changes)
+                written = True
             except ReplicationRefusedError as exc:
                 raise _Refused(exc.code, str(exc), exc.retry) from None
+            finally:
+                groups.replicating -= 1
+                if not written:
+                    # The settle is in the in-memory states already (a claim taken,
+                    # an ack recorded), yet may never commit: answering a repeat of
+                    # it from them would acknowledge what no replica holds.
+                    groups.stale = True
+                if groups.stale and not groups.replicating:
+                    self._rebuild(groups)
             return
         last = self._append(groups, changes)
         assert last is not None
         await groups.log.wait_durable(last)
+
+    def _rebuild(self, groups: _ShardGroups) -> None:
+        """Drop a Quorum shard's in-memory group states for its committed state (what
+        its group log holds), once no replicated write of the shard is in flight: every
+        write answered ok was applied here before it returned, so nothing acknowledged
+        is forgotten; claims are not durable (their records are handed out again)."""
+        assert groups.committed is not None
+        groups.durable = _copied(groups.committed)
+        groups.live.clear()
+        groups.last_used.clear()
+        groups.stale = False
+        groups.signal.fire()
 
     def append_replicated(
         self, spec: StreamSpec, index: int, changes: list[GroupChange]
@@ -860,7 +886,11 @@ class GroupService:
         if refused is not None:  # a Quorum shard: only its open, caught-up leader serves
             code, reason = refused
             raise _Refused(code, f"{code.wire}: {reason}" if reason else code.wire)
-        return self._shard_groups(spec, request.shard)
+        groups = self._shard_groups(spec, request.shard)
+        if groups.stale:  # until its in-flight writes settle and it is rebuilt
+            code = ErrorCode.SHARD_UNAVAILABLE
+            raise _Refused(code, f"{code.wire}: not_ready", RetryClass.RETRY)
+        return groups
 
     def _live(self, groups: _ShardGroups, name: str) -> GroupState:
         state = self._state(groups, name)
@@ -1026,8 +1056,8 @@ class GroupService:
             if next_deadline is not None:
                 remaining = min(remaining, max(0.0, (next_deadline - now) / 1000) + 0.001)
             await groups.signal.wait(remaining)
-            if groups.released:
-                break  # its shard moved away: what was taken so far (none), no more
+            if groups.released or groups.stale:
+                break  # its shard moved away, or its states are stale: none taken
         records = [
             GroupRecord(
                 offset=record.offset,
@@ -1070,6 +1100,13 @@ class GroupService:
         offers_taken = [offer for offer, _ in taken]
         state.claim(now, offers_taken, conn, member, visibility_ms, time.perf_counter())
         return taken
+
+
+def _copied(state: dict[str, GroupDurable]) -> dict[str, GroupDurable]:
+    return {
+        name: GroupDurable(d.cursor, set(d.dead), set(d.redriven), set(d.acked))
+        for name, d in state.items()
+    }
 
 
 def _read(groups: _ShardGroups, offers: list[Offer]) -> list[tuple[Offer, Record]]:

@@ -302,7 +302,10 @@ class ReplicaDriver:
         before it (by this leader's predecessors) lies below it, and this leader
         acknowledges a write only once its stream log holds it (`_do_acked`), so a
         stream log behind a later mark lacks only writes nobody was told of yet.
-        Gating on the moving mark refused readers at random under steady writes."""
+        Gating on the moving mark refused readers at random under steady writes.
+        A stopped replica (a disk failure) serves nobody: its writes are refused."""
+        if self.failure is not None or self._closed:
+            return ErrorCode.SHARD_UNAVAILABLE, "owner_unavailable"
         result = self.replica.read(0, 0)
         if result.code is not None:
             return result.code, result.reason

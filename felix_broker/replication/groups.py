@@ -11,7 +11,10 @@ shard's `ReplicaDriver`, next to the publish batches. So:
   settle is made durable): once a majority of the replica set holds the entry
   durably and this replica applied it, exactly like a Quorum publish. No majority
   within FELIX_PUBLISH_QUORUM_TIMEOUT_MS: `quorum_timeout` (outcome unknown: the
-  change may still commit); deposed or fenced meanwhile: `leadership_lost`.
+  change may still commit); deposed or fenced meanwhile: `leadership_lost`. Any
+  failed write makes the shard's in-memory group states stale: the group service
+  rebuilds them from the committed state once no write is in flight (a resent
+  ack is replicated again, never answered from memory alone).
 - **Application** (`GroupStreamApplier`, the shard's applier around the stream's
   `StreamApplier`): every replica applies committed entries in log order: batches
   to the stream log, group changes to the shard's group log (through

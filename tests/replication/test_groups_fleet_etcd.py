@@ -213,6 +213,58 @@ async def test_a_partitioned_leaders_group_settles_answer_quorum_timeout(
             assert durable_state(fleet.brokers[node]) in ((None, set()), (0, set()), (1, set()))
 
 
+async def test_a_settle_the_leader_failed_to_replicate_is_never_answered_ok_when_repeated(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    """Issue 19: an ack whose replicated write failed (here quorum_timeout; in the
+    chaos run the leader's replica stopped on an fsync failure) had been taken by the
+    leader's in-memory group state already, so the client's resend of that ack was
+    answered ok with nothing written, and a later leader handed the record out again.
+    The resend must be replicated again (and fail again while the fault lasts)."""
+    async with running(tmp_path, etcd_server.endpoint) as (fleet, leader, _generation):
+        followers = [n for n in NODES if n != leader]
+        await publish_all(fleet.brokers[leader], fleet.issuer, [b"r%d" % i for i in range(4)])
+        client, s = await fleet.session(leader)
+        assert offsets(await ask(s, poll(1))) == [0, 1, 2, 3]
+        assert await ask(s, ack(0, 2)) == CacheOk(request_id=2)
+        write_fault(faults_file(tmp_path, leader), Faults(peer_blocked=frozenset(followers)))
+        await asyncio.sleep(0.3)  # the fault file is reread within 50 ms
+        for rid in (3, 4, 5):  # the ack, then the client's resends of it
+            answer = await ask(s, ack(1, rid))
+            assert isinstance(answer, Error), answer
+            assert answer.code in ("quorum_timeout", "shard_unavailable"), answer
+        client.close()
+        for node in NODES:  # nobody holds an ack of 1 (cursor 1 once 0 is acked)
+            assert durable_state(fleet.brokers[node])[0] in (None, 0, 1)
+
+
+async def test_a_leader_whose_replica_stopped_serves_no_group_request(
+    etcd_server: EtcdProcess, tmp_path: Path
+) -> None:
+    """Issue 19: after an fsync failure stopped the leader's replica, it still served
+    group polls (claims it could never settle: every ack refused)."""
+    async with running(tmp_path, etcd_server.endpoint) as (fleet, leader, _generation):
+        await publish_all(fleet.brokers[leader], fleet.issuer, [b"r%d" % i for i in range(4)])
+        client, s = await fleet.session(leader)
+        assert offsets(await ask(s, poll(1))) == [0, 1, 2, 3]
+        write_fault(faults_file(tmp_path, leader), Faults(fail=True))
+        await asyncio.sleep(0.3)  # the fault file is reread within 50 ms
+        replication = fleet.brokers[leader].replication
+        assert replication is not None
+        driver = replication.driver(SHARD)
+        assert driver is not None
+        for offset in range(3):  # a periodic fsync fails; the next write stops it
+            await ask(s, ack(offset, 10 + offset))
+            await asyncio.sleep(0.3)  # periodic fsyncs run every 100 ms
+            if driver.failure is not None:
+                break
+        assert driver.failure is not None
+        for message in (poll(300), ack(3, 301)):
+            answer = await ask(s, message)
+            assert isinstance(answer, Error) and answer.code == "shard_unavailable", answer
+        client.close()
+
+
 async def test_a_restarted_follower_keeps_the_group_and_applies_what_it_missed(
     etcd_server: EtcdProcess, tmp_path: Path
 ) -> None:
