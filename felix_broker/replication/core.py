@@ -38,7 +38,7 @@ reads, not memory.
 
 **Compaction of the replication log file.** The disk keeps the records from
 `stored_from`. The leader moves it to the least of `base` and every follower's
-`matched` (what all replicas hold, committed and applied here), and tells the
+`durable` (what all replicas hold through a crash, committed and applied here), and tells the
 followers in each ship (`compacted`); a follower moves its own to the least of
 that and its `base`. `CompactLog(length)` says the disk may drop what is below.
 Every record below `stored_from` is held by every replica, so no ship ever needs
@@ -735,6 +735,10 @@ class Replica:
             # before it (pipelined behind a lost or refused ship), not news.
             return []
         state.in_flight.clear()
+        # The follower's word is what it holds now: one that restarted has lost what
+        # it received but never synced, so what it once matched above `resume_at` is
+        # gone (shipping from the old `matched` would be refused forever).
+        state.matched = min(state.matched, message.resume_at)
         state.next_offset = max(state.matched, min(message.resume_at, state.next_offset - 1))
         return self._ship(message.sender, now)
 
@@ -922,7 +926,8 @@ class Replica:
             del self.log[: floor - self.base]
             self.base = floor
         if self.phase is Phase.LEADER:
-            held = min([self.base, *(p.matched for p in self._peers.values())])
+            # `durable`, not `matched`: a follower's unsynced records die with it.
+            held = min([self.base, *(p.durable for p in self._peers.values())])
         elif self.phase is Phase.FOLLOWER and self.leader is not None:
             held = min(self.base, self._told_compacted)
         else:

@@ -396,3 +396,28 @@ def test_a_leader_write_held_by_a_majority_first_is_acknowledged_before_it_is_ap
     assert leader.commit == 2
     assert b"v1" in c.acked
     assert leader.mark is not None and leader.mark >= leader.commit
+
+
+def test_a_follower_that_lost_unsynced_records_in_a_crash_is_shipped_them_again() -> None:
+    # Found by the model in Leader mode (TestLeaderReplicaSet): the leader counted a
+    # follower's received-but-unsynced records as held by every replica, compacted its
+    # disk past them and, after the follower's crash, kept shipping from its old
+    # `matched`, which the follower refused forever (a ship/refuse loop, never caught up).
+    c = Cluster(3)
+    c.promote("n0")
+    c.settle()
+    for i in range(5):
+        c.append("n0", f"v{i}".encode())
+    c.sync("n0")
+    c.flush()  # n1 and n2 receive everything and answer; only n2 syncs it
+    c.sync("n2")
+    c.flush()
+    leader = c.nodes["n0"]
+    assert leader is not None and leader.commit == 6
+    c.crash("n1")  # loses the five records it never synced
+    c.restart("n1")
+    c.settle()
+    assert not c.network, "the leader and n1 never stopped exchanging ships"
+    follower = c.nodes["n1"]
+    assert follower is not None and c.full_log(follower) == c.full_log(leader)
+    c.check()
