@@ -424,6 +424,13 @@ class ShardedFeed(OpenedByAwait, Generic[T]):
         return self
 
     async def __anext__(self) -> T:
+        if self._opened and not self._closed and not self._pending and not self._ready:
+            # `_next`'s first step when no read is pending, without its frame: most
+            # items of a busy feed are the rest of a read a shard already made.
+            for part in self.parts.values():
+                item = part.take_buffered()
+                if item is not None:
+                    return item
         return await self._next()
 
     async def next(self, timeout: float | None = None) -> T:
