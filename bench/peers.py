@@ -1001,6 +1001,11 @@ def report(table: list[Row], results: Results, servers: dict[str, Server], round
                     # Ratios of the same round only: both ran minutes apart at most.
                     ratios = [mine[r] / theirs[r] for r in sorted(mine) if theirs.get(r)]
                     line += f" {fmt_ratio(ratios):>20}"
+                raw = results.get((row.label, "felix-raw", metric), {})
+                if system == "felix" and raw:
+                    # What felix_client costs over raw frames on the same broker.
+                    ratios = [mine[r] / raw[r] for r in sorted(mine) if raw.get(r)]
+                    line += f"  felix/raw {fmt_ratio(ratios)}"
                 print(line)
     print(
         "ratios are per round (same-run), median (min-max) of "

@@ -59,7 +59,33 @@ class Hello:
 
 @dataclass(frozen=True, slots=True)
 class Records:
-    records: list[Record]
+    """A run of events with consecutive offsets, as one frame carried them: the
+    payloads, the first one's offset (None: the stream has none), one timestamp
+    per payload (or None), the publisher of all of them, and how many offsets
+    right below the first hold no event. Kept as the frame's columns so that a
+    subscriber builds one object per event, not two; `records` builds them."""
+
+    payloads: list[bytes]
+    base_offset: int | None
+    timestamps: list[int] | None
+    publisher: str | None
+    skipped_before: int
+
+    @property
+    def records(self) -> list[Record]:
+        base = self.base_offset
+        stamps = self.timestamps
+        return [
+            Record(
+                payload=payload,
+                offset=None if base is None else base + index,
+                timestamp_micros=None if stamps is None else stamps[index],
+                publisher=self.publisher,
+                # skipped_before counts offsets below the run's first event only.
+                skipped_before=self.skipped_before if index == 0 else 0,
+            )
+            for index, payload in enumerate(self.payloads)
+        ]
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,25 +109,6 @@ class StreamEnd:
 
 
 Item = Hello | Records | CacheChange | StreamEnd
-
-
-def _batch_records(frame: EventBatchSharedFrame | EventBatchLegacyFrame) -> list[Record]:
-    base = frame.base_offset
-    stamps = frame.timestamps
-    skipped = frame.skipped_before or 0
-    out: list[Record] = []
-    for index, payload in enumerate(frame.payloads):
-        out.append(
-            Record(
-                payload=payload,
-                offset=None if base is None else base + index,
-                timestamp_micros=None if stamps is None else stamps[index],
-                publisher=frame.publisher,
-                # skipped_before counts offsets below the batch's first event only.
-                skipped_before=skipped if index == 0 else 0,
-            )
-        )
-    return out
 
 
 class EventStreamDecoder:
@@ -138,17 +145,17 @@ class EventStreamDecoder:
         if self.ended is not None:
             raise ProtocolViolationError("frame after the event stream's last frame")
         if isinstance(value, EventBatchSharedFrame | EventBatchLegacyFrame):
-            return Records(_batch_records(value))
-        if isinstance(value, EventBatch):
-            base = value.base_offset
             return Records(
-                [
-                    Record(p, None if base is None else base + i, None, None, 0)
-                    for i, p in enumerate(value.payloads)
-                ]
+                value.payloads,
+                value.base_offset,
+                value.timestamps,
+                value.publisher,
+                value.skipped_before or 0,
             )
+        if isinstance(value, EventBatch):
+            return Records(list(value.payloads), value.base_offset, None, None, 0)
         if isinstance(value, Event):
-            return Records([Record(value.payload, value.offset, None, None, 0)])
+            return Records([value.payload], value.offset, None, None, 0)
         if isinstance(value, CacheEvent):
             return CacheChange(value.key, value.value, value.offset, value.expires_at_millis)
         if isinstance(value, SubscriptionLagged | ShardMoved | StreamDeleted | CacheWatchLagged):

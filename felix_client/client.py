@@ -657,6 +657,23 @@ class Client:
             )
         return answer
 
+    def _owner_target(self, ref: ShardRef) -> str | None:
+        """Where a request about shard `ref` goes first: the owner held for it (see
+        `_follow`), else the entry broker (ENTRY)."""
+        owner = self._fleet.owner(ref)
+        return owner.addr if owner is not None else ENTRY
+
+    async def _side_channel(self, target: str | None, name: str) -> Channel:
+        """A stream of the caller's own on the request connection to `target`
+        (ENTRY: the entry broker); the caller closes it."""
+        _pub, requests, _ev = self._pools(target)
+        link = await requests.link(self._next_turn())
+        channel = await self._dialer.channel(
+            link.connection, f"{link.label}/{name}{self._next_turn()}"
+        )
+        channel.addr = link.addr
+        return channel
+
     async def _exclusive_raw(
         self,
         build: Callable[[int], Message],

@@ -61,6 +61,7 @@ from .errors import (
 from .subscription import Start, start_position
 
 if TYPE_CHECKING:
+    from ._channel import Channel
     from .client import Client
 
 __all__ = [
@@ -441,6 +442,7 @@ class Consumer:
         self._tasks: list[asyncio.Task[None]] = []
         self._polls: dict[int, asyncio.Task[None]] = {}
         self._in_poll: set[int] = set()  # shards with a poll on the wire
+        self._acks = _AckPipe(client, group)
         self._started = False
         self._closed = False
         self.delivered = 0
@@ -506,6 +508,7 @@ class Consumer:
                 await self.group.nack(item.shard, item.offset, attempts=attempts)
 
         await asyncio.gather(*(hand_back(r) for r in unsettled))
+        await self._acks.aclose()
         self._ready.put_nowait(StopAsyncIteration())  # wakes a reader waiting for more
 
     @property
@@ -553,7 +556,9 @@ class Consumer:
             if nack:
                 attempts = item.attempts if self._claim_control else 0
                 await self.group.nack(item.shard, item.offset, delay=delay, attempts=attempts)
-            else:
+            elif not await self._acks.ack(item.shard, item.offset):
+                # Not answered ok on the shared stream: once more on a stream of its
+                # own, where a refusal is this ack's (a repeated ack is answered ok).
                 await self.group.ack(item.shard, item.offset)
         finally:
             self._in_work.pop((item.shard, item.offset), None)
@@ -627,6 +632,75 @@ class Consumer:
                     )
                     continue
                 item._deadline = loop.time() + granted
+
+
+class _AckPipe:
+    """A consumer's acks, pipelined on one stream per broker (the shard's owner,
+    else the entry broker) instead of a stream each: many acks then share a
+    datagram and cost no stream set-up, as their answers do on the way back.
+
+    An ack counts as done only when the broker answers it with `cache_ok` under
+    its own request id, which the broker sends once the ack is durable (as on a
+    stream of its own). A refusal names no request, so on a shared stream it
+    cannot be told whose it is: the stream is retired at the first refusal (or
+    loss, or timeout), every ack pending on it fails over, and `ack` returns
+    False for each; the caller then sends that ack on a stream of its own
+    (`Group.ack`), where the refusal, if any, is its own. Resending is safe: a
+    repeated ack is answered ok and changes nothing. The acks in flight here
+    are bounded by the consumer's `max_in_flight` (each settles one claim)."""
+
+    def __init__(self, client: Client, group: Group) -> None:
+        self._client = client
+        self._group = group
+        self._channels: dict[str | None, Channel] = {}
+        self._opening = asyncio.Lock()
+        self._checked = False
+        self._closed = False
+
+    async def _channel(self, target: str | None) -> Channel:
+        channel = self._channels.get(target)
+        if channel is not None and not channel.closed:
+            return channel
+        async with self._opening:
+            channel = self._channels.get(target)
+            if channel is None or channel.closed:
+                channel = await self._client._side_channel(target, "acks")
+                self._channels[target] = channel
+            return channel
+
+    async def ack(self, shard: int, offset: int) -> bool:
+        """True once the broker answered this ack ok; False: send it again apart."""
+        if self._closed:
+            return False
+        group = self._group
+        scope = group._scope(shard)
+
+        def build(rid: int) -> Message:
+            return GroupAck(**scope, offset=offset, request_id=rid)
+
+        if not self._checked:
+            self._client._require(build(0))  # the same gates for every ack
+            self._checked = True
+        target = self._client._owner_target(("stream", group.namespace, group.stream, shard))
+        channel: Channel | None = None
+        try:
+            channel = await self._channel(target)
+            answer = await channel.call(build, self._client.config.request_timeout)
+        except (BrokerError, ClientError, OSError) as exc:
+            if channel is not None and self._channels.get(target) is channel:
+                del self._channels[target]
+                channel.abandon(ConnectionLostError(f"{channel.label}: retired ({exc})"))
+            return False
+        return isinstance(answer, CacheOk)
+
+    async def aclose(self) -> None:
+        """Close the streams; acks still pending on them fail over (see above)."""
+        self._closed = True
+        channels = list(self._channels.values())
+        self._channels.clear()
+        for channel in channels:
+            with contextlib.suppress(ClientError, OSError):
+                await channel.aclose()
 
 
 class _Places:

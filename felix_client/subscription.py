@@ -16,9 +16,10 @@ import asyncio
 import logging
 from collections import deque
 from collections.abc import Awaitable, Callable, Generator, Mapping
-from dataclasses import dataclass
 from types import TracebackType
 from typing import Any, Generic, Literal, Self, TypeVar
+
+import msgspec
 
 from felix_transport import StreamClosedError
 from felix_wire.messages import (
@@ -67,14 +68,18 @@ def start_position(start: Start) -> StartPosition:
     raise ValueError(f"start must be 'latest', 'earliest' or an offset >= 0, not {start!r}")
 
 
-@dataclass(frozen=True, slots=True)
-class Event:
-    """One delivered event.
+class Event(msgspec.Struct, frozen=True, gc=False):
+    """One delivered event (immutable; compared and printed field by field).
 
     `offset`, `timestamp_micros` and `publisher` are set when the broker sends
     them (offsets and times on durable streams; the publisher when recorded).
     `dropped_before` counts events lost right before this one, seen as a gap in
-    the offsets (always 0 without offsets)."""
+    the offsets (always 0 without offsets).
+
+    A msgspec Struct rather than a frozen dataclass: one is built per event
+    received, and a frozen dataclass's `__init__` sets each field through
+    `object.__setattr__` (several times slower; `gc=False`: its fields hold no
+    containers)."""
 
     payload: bytes
     offset: int | None
@@ -279,22 +284,39 @@ class Subscription(Feed[Event]):
 
     def _accept(self, item: Item) -> None:
         if isinstance(item, Records):
-            for record in item.records:
-                lost = self._tracker.observe(record.offset, record.skipped_before)
+            # One run of consecutive offsets: only its first event can follow a gap
+            # (the tracker's rule applied to each event gives 0 for the rest).
+            payloads = item.payloads
+            if not payloads:
+                return
+            base, stamps, publisher, shard = (
+                item.base_offset,
+                item.timestamps,
+                item.publisher,
+                self.shard,
+            )
+            lost = self._tracker.observe(base, item.skipped_before)
+            if base is None:
+                events = [Event(p, None, None, publisher, shard) for p in payloads]
+            else:
                 if lost:
-                    logger.warning(
-                        "%s: %d event(s) lost before %s", self.label, lost, record.offset
+                    logger.warning("%s: %d event(s) lost before %s", self.label, lost, base)
+                self._tracker.next_offset = base + len(payloads)
+                if stamps is None:
+                    events = [
+                        Event(p, base + i, None, publisher, shard) for i, p in enumerate(payloads)
+                    ]
+                else:
+                    events = [
+                        Event(p, base + i, stamps[i], publisher, shard)
+                        for i, p in enumerate(payloads)
+                    ]
+                if lost:
+                    first = events[0]
+                    events[0] = Event(
+                        first.payload, base, first.timestamp_micros, publisher, shard, lost
                     )
-                self._buffer.append(
-                    Event(
-                        payload=record.payload,
-                        offset=record.offset,
-                        timestamp_micros=record.timestamp_micros,
-                        publisher=record.publisher,
-                        shard=self.shard,
-                        dropped_before=lost,
-                    )
-                )
+            self._buffer.extend(events)
         elif isinstance(item, StreamEnd):
             self._end(item.terminal)
         else:
@@ -402,6 +424,13 @@ class ShardedFeed(OpenedByAwait, Generic[T]):
         return self
 
     async def __anext__(self) -> T:
+        if self._opened and not self._closed and not self._pending and not self._ready:
+            # `_next`'s first step when no read is pending, without its frame: most
+            # items of a busy feed are the rest of a read a shard already made.
+            for part in self.parts.values():
+                item = part.take_buffered()
+                if item is not None:
+                    return item
         return await self._next()
 
     async def next(self, timeout: float | None = None) -> T:

@@ -115,6 +115,40 @@ async def test_the_consumer_reads_every_shard(
         assert state.in_flight == 0 and state.owed == 0 and state.committed == state.tail
 
 
+async def test_the_consumers_acks_share_a_stream_and_a_refusal_there_loses_none(
+    client: felix_client.Client, felix_fixture: dict[str, Any]
+) -> None:
+    """A consumer's acks are pipelined on one stream; a refusal there names no
+    request, so it retires the stream and every ack pending on it is sent again
+    on a stream of its own: each ack is still answered by its own outcome."""
+    stream = felix_fixture["durable_stream"]
+    group = await _fresh_group(client, stream, "piped")
+    shard = await client.shard_for_key(stream, b"piped")
+    for i in range(40):
+        await client.publish(stream, b"p%02d" % i, key=b"piped")
+    async with client.consumer(
+        stream, group=group.name, shards=[shard], batch=16, max_in_flight=32, wait=0.3
+    ) as consumer:
+        first = [await consumer.next(timeout=10) for _ in range(8)]
+        await asyncio.gather(*(r.ack() for r in first))
+        pipe = consumer._acks._channels[None]
+        second = [await consumer.next(timeout=10) for _ in range(24)]
+        refused, *acked = await asyncio.gather(
+            consumer._acks.ack(shard, 10**9),  # past the tail: refused on the shared stream
+            *(r.ack() for r in second),
+        )
+        assert refused is False and acked == [None] * 24
+        assert pipe.closed and consumer._acks._channels.get(None) is not pipe
+        with pytest.raises(InvalidRequestError):
+            await group.ack(shard, 10**9)  # on its own stream the refusal is its own
+        rest = [await consumer.next(timeout=10) for _ in range(8)]
+        await asyncio.gather(*(r.ack() for r in rest))
+        assert [r.payload for r in first + second + rest] == [b"p%02d" % i for i in range(40)]
+        assert consumer.in_flight == 0
+    state = await group.describe(shard)
+    assert state.in_flight == 0 and state.owed == 0 and state.committed == state.tail
+
+
 async def test_the_consumer_bounds_what_is_in_flight(
     client: felix_client.Client, felix_fixture: dict[str, Any]
 ) -> None:

@@ -303,3 +303,32 @@ def test_event_stream_decoding_and_gaps() -> None:
     assert isinstance(items[-1], StreamEnd)
     with pytest.raises(ProtocolViolationError):
         decoder.feed(encode_frame(EventBatchSharedFrame(payloads=[b"late"])))
+
+
+def test_a_subscription_turns_a_run_of_events_into_events_with_one_gap() -> None:
+    """A frame's run of consecutive offsets becomes one event each; only the
+    first can follow a gap (less the offsets the broker said hold no event)."""
+    from felix_client.subscription import Event, Subscription
+
+    async def never(_start: object) -> object:
+        raise AssertionError("not opened in this test")
+
+    sub = Subscription(never, stream="s", shard=2, start=5)  # type: ignore[arg-type]
+    sub._tracker.next_offset = 5
+    sub._accept(Records([b"a", b"b", b"c"], 10, [1, 2, 3], "pub", 2))
+    assert list(sub._buffer) == [
+        Event(b"a", 10, 1, "pub", 2, 3),
+        Event(b"b", 11, 2, "pub", 2, 0),
+        Event(b"c", 12, 3, "pub", 2, 0),
+    ]
+    assert (sub.next_offset, sub.dropped) == (13, 3)
+    sub._accept(Records([b"d"], 13, None, None, 0))
+    sub._accept(Records([b"e"], None, None, None, 0))  # a stream without offsets
+    assert [(e.payload, e.offset, e.dropped_before) for e in list(sub._buffer)[3:]] == [
+        (b"d", 13, 0),
+        (b"e", None, 0),
+    ]
+    assert (sub.next_offset, sub.dropped) == (14, 3)
+    event = sub._buffer[0]
+    with pytest.raises(AttributeError):
+        event.payload = b"x"  # type: ignore[misc]
