@@ -166,6 +166,39 @@ class _CaseRun:
             self.log.sent(step.conn, f"[CONNECTION_CLOSE {step.code or 0}]")
         elif action == "control":
             await self._control(step)
+        elif action == "handshake":
+            await self._handshake(step)
+
+    async def _handshake(self, step: Step) -> None:
+        """Make connection `step.conn` offering the step's ALPN ids and hold the
+        broker to accepting (and selecting `step.selected`) or refusing it."""
+        address = self._broker(step)
+        offered = ", ".join(step.alpn) or "no ALPN"
+        try:
+            connection = await self.session.handshake(step.conn, address, step.alpn)
+        except TargetUnreachableError as exc:
+            if step.accepted:
+                raise StepFailedError(
+                    step, f"handshake offering {offered} failed: {exc}", "accepted", "refused"
+                ) from None
+            self.log.note(step.conn, f"handshake refused as expected: {exc}")
+            return
+        if not step.accepted:
+            raise StepFailedError(
+                step,
+                f"the broker completed a handshake offering {offered} "
+                f"(selected ALPN {connection.alpn_protocol or 'none'})",
+                "refused",
+                "accepted",
+            )
+        selected = connection.alpn_protocol or ""
+        if step.selected is not None and selected != step.selected:
+            raise StepFailedError(
+                step,
+                f"the broker selected ALPN {selected or 'none'}",
+                step.selected or "none",
+                selected or "none",
+            )
 
     async def _control(self, step: Step) -> None:
         """POST a fault to the target's control endpoint and match its JSON answer.

@@ -109,9 +109,13 @@ class Session:
     """The connections and streams of one case, by the names the transcript gives."""
 
     def __init__(
-        self, connect: Callable[[str | None], Awaitable[Connection]], log: WireLog
+        self,
+        connect: Callable[[str | None, tuple[str, ...] | None], Awaitable[Connection]],
+        log: WireLog,
     ) -> None:
-        self._connect = connect  # HOST:PORT of a fleet broker, or None: the target
+        # (HOST:PORT of a fleet broker or None: the target; the ALPN ids to offer,
+        # or None: the kit's default) -> a connection
+        self._connect = connect
         self.log = log
         self.connections: dict[str, Connection] = {}
         self.addresses: dict[str, str | None] = {}  # where each connection went
@@ -123,7 +127,7 @@ class Session:
         already made is the transcript's mistake (TranscriptError)."""
         connection = self.connections.get(name)
         if connection is None:
-            connection = await self._connect(address)
+            connection = await self._connect(address, None)
             self.connections[name] = connection
             self.addresses[name] = address
             self.log.note(name, f"connected to {address}" if address else "connected")
@@ -133,6 +137,21 @@ class Session:
                 f"connection {name} already goes to {self.addresses[name] or 'the target'}, "
                 f"not {address}",
             )
+        return connection
+
+    async def handshake(
+        self, name: str, address: str | None, alpn: tuple[str, ...] | None
+    ) -> Connection:
+        """A new connection `name` made offering exactly `alpn` (none when empty);
+        what the handshake fails with propagates (TargetUnreachableError)."""
+        if name in self.connections:
+            raise TranscriptError(name, f"connection {name} is already made")
+        offered = "none" if not alpn else ", ".join(alpn)
+        self.log.note(name, f"handshake offering ALPN {offered}")
+        connection = await self._connect(address, alpn)
+        self.connections[name] = connection
+        self.addresses[name] = address
+        self.log.note(name, f"connected (ALPN selected: {connection.alpn_protocol or 'none'})")
         return connection
 
     async def open(
