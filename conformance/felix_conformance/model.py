@@ -98,6 +98,9 @@ class Step:
     alpn: tuple[str, ...] = ()
     accepted: bool = True
     selected: str | None = None
+    # expect: the matching JSON message must also be compact, `type` first and
+    # its fields in catalogue order (frames.encoding_problems).
+    compact: bool = False
 
     def describe(self) -> str:
         where = self.stream or self.conn
@@ -175,6 +178,7 @@ def _step(index: int, raw: dict[str, Any]) -> Step:
         "broker": body.get("broker"),
         "repeat": int(body.get("repeat", 1)),
         "skip": int(body.get("skip", 0)),
+        "compact": bool(body.get("compact", False)),
     }
     if action == "expect_silence":
         args["seconds"] = float(body["for"])

@@ -26,7 +26,7 @@ from felix_wire.catalogue import FEATURES
 from felix_wire.frame import FrameReader
 from felix_wire.wire_errors import FrameError
 
-from .frames import build_frame, decode_received, match_frame
+from .frames import build_frame, decode_received, encoding_problems, match_frame
 from .matching import MissingVariableError, match, substitute
 from .model import CONTROL_URL, Case, Level, Step
 from .routing import route_to_owner
@@ -302,6 +302,15 @@ class _CaseRun:
             problems: list[str] = []
             for spec in step.frames:
                 found = match_frame(spec, event.frame, self.variables, self.variables)
+                if not found and step.compact:
+                    encoding = encoding_problems(event.frame)
+                    if encoding:
+                        raise StepFailedError(
+                            step,
+                            "; ".join(encoding),
+                            "compact JSON, type first, catalogue order",
+                            event.frame.payload[:400].decode(errors="replace"),
+                        )
                 if not found:
                     return
                 problems += found
