@@ -110,12 +110,14 @@ class Session:
 
     def __init__(
         self,
-        connect: Callable[[str | None, tuple[str, ...] | None], Awaitable[Connection]],
+        connect: Callable[[str | None], Awaitable[Connection]],
         log: WireLog,
+        handshake: Callable[[str | None, tuple[str, ...]], Awaitable[Connection]] | None = None,
     ) -> None:
-        # (HOST:PORT of a fleet broker or None: the target; the ALPN ids to offer,
-        # or None: the kit's default) -> a connection
+        # HOST:PORT of a fleet broker, or None: the target -> a connection
         self._connect = connect
+        # The same, offering the given ALPN ids (none when empty), kept alive.
+        self._handshake = handshake
         self.log = log
         self.connections: dict[str, Connection] = {}
         self.addresses: dict[str, str | None] = {}  # where each connection went
@@ -127,7 +129,7 @@ class Session:
         already made is the transcript's mistake (TranscriptError)."""
         connection = self.connections.get(name)
         if connection is None:
-            connection = await self._connect(address, None)
+            connection = await self._connect(address)
             self.connections[name] = connection
             self.addresses[name] = address
             self.log.note(name, f"connected to {address}" if address else "connected")
@@ -140,15 +142,17 @@ class Session:
         return connection
 
     async def handshake(
-        self, name: str, address: str | None, alpn: tuple[str, ...] | None
+        self, name: str, address: str | None, alpn: tuple[str, ...]
     ) -> Connection:
         """A new connection `name` made offering exactly `alpn` (none when empty);
         what the handshake fails with propagates (TargetUnreachableError)."""
         if name in self.connections:
             raise TranscriptError(name, f"connection {name} is already made")
+        if self._handshake is None:
+            raise TranscriptError(name, "this session cannot make handshakes of its own")
         offered = "none" if not alpn else ", ".join(alpn)
         self.log.note(name, f"handshake offering ALPN {offered}")
-        connection = await self._connect(address, alpn)
+        connection = await self._handshake(address, alpn)
         self.connections[name] = connection
         self.addresses[name] = address
         self.log.note(name, f"connected (ALPN selected: {connection.alpn_protocol or 'none'})")
