@@ -9,9 +9,8 @@ fields as base64, like the JSON wire) before it is compared.
 
 from __future__ import annotations
 
-import json
-
 import base64
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any

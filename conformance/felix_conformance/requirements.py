@@ -33,8 +33,7 @@ NOT_JUDGEABLE: dict[str, str] = {
     "T12": "a default listen address is deployment configuration (a target listens "
     "where it was told to), and auth_ok.listener_ports needs a broker on several "
     "UDP ports, which no profile describes",
-    "T13": "the plain-HTTP metrics and health listener is outside the QUIC protocol "
-    "the kit speaks",
+    "T13": "the plain-HTTP metrics and health listener is outside the QUIC protocol the kit speaks",
     "T14": "a default idle timeout is configuration, and the effective timeout is "
     "the smaller of both peers' (the kit's own included), so no wire shows the "
     "broker's default",

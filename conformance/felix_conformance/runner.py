@@ -183,7 +183,9 @@ class _CaseRun:
         count is back down before the next case."""
         address = self._broker(step)
         offered = ", ".join(step.alpn) or "no ALPN"
-        names = [step.conn] if step.repeat == 1 else [f"{step.conn}.{i}" for i in range(step.repeat)]
+        names = (
+            [step.conn] if step.repeat == 1 else [f"{step.conn}.{i}" for i in range(step.repeat)]
+        )
         held: list[Connection] = []
         try:
             for name in names:
@@ -197,9 +199,7 @@ class _CaseRun:
                             "accepted",
                             "refused",
                         ) from None
-                    self.log.note(
-                        name, f"handshake refused as expected, {len(held)} held: {exc}"
-                    )
+                    self.log.note(name, f"handshake refused as expected, {len(held)} held: {exc}")
                     return
                 held.append(connection)
                 selected = connection.alpn_protocol or ""

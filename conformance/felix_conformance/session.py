@@ -141,9 +141,7 @@ class Session:
             )
         return connection
 
-    async def handshake(
-        self, name: str, address: str | None, alpn: tuple[str, ...]
-    ) -> Connection:
+    async def handshake(self, name: str, address: str | None, alpn: tuple[str, ...]) -> Connection:
         """A new connection `name` made offering exactly `alpn` (none when empty);
         what the handshake fails with propagates (TargetUnreachableError)."""
         if name in self.connections:

@@ -169,7 +169,9 @@ class Target:
         for _attempt in range(CONNECT_ATTEMPTS):
             try:
                 async with asyncio.timeout(CONNECT_TIMEOUT):
-                    return await connect(self.transport_config(alpn, keepalive=keepalive), host, port)
+                    return await connect(
+                        self.transport_config(alpn, keepalive=keepalive), host, port
+                    )
             except (ConnectionClosedError, OSError, TimeoutError) as exc:
                 problems.append(str(exc) or type(exc).__name__)
                 _log.warning("connecting to %s failed: %s", where, problems[-1])

@@ -63,7 +63,6 @@ def test_not_judgeable_requirements_are_counted_apart_with_reasons() -> None:
         assert f"{requirement_id} ({why})" in line
 
 
-
 async def _transport_only(config: TransportConfig) -> dict[str, Verdict]:
     """The handshake cases against a bare QUIC server (no protocol behind it) with
     `config`'s ALPN settings; the verdict of each case."""
