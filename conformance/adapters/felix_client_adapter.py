@@ -86,6 +86,13 @@ class Adapter:
                 )
             )
             return {"offsets": list(offsets)}
+        if op == "publish_if":
+            offset = await client.publish_if(
+                request["stream"],
+                base64.b64decode(request["payload"]),
+                expected_offset=int(request["expected_offset"]),
+            )
+            return {"offset": offset}
         if op == "cache_put":
             await client.cache(request["cache"]).put(
                 request["key"], base64.b64decode(request["value"])

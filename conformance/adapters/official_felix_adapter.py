@@ -20,7 +20,13 @@ from typing import Any
 import felix
 
 
+class _NotInClientError(Exception):
+    """An operation the official client has no API for."""
+
+
 def _error(exc: BaseException) -> dict[str, Any]:
+    if isinstance(exc, _NotInClientError):
+        return {"kind": "unsupported", "message": str(exc)}
     if isinstance(exc, felix.ConnectionError):
         return {"kind": "connection", "message": str(exc)}
     if isinstance(exc, felix.FelixError):
@@ -70,6 +76,8 @@ class Adapter:
                 )
             )
             return {"offsets": offsets}
+        if op == "publish_if":
+            raise _NotInClientError("the official client has no conditional publish (publish_if)")
         if op == "cache_put":
             c.cache_put(t, ns, request["cache"], request["key"], base64.b64decode(request["value"]))
             return {}

@@ -43,7 +43,12 @@ from felix_wire.wire_errors import WireError
 from .frames import build_frame
 from .matching import MissingVariableError, is_matcher
 from .model import Case, FrameSpec, Level, parse_int
-from .requirements import REQUIREMENT_IDS, cited_requirements, covered_requirements
+from .requirements import (
+    NOT_JUDGEABLE,
+    REQUIREMENT_IDS,
+    cited_requirements,
+    covered_requirements,
+)
 from .schema import TranscriptError
 
 __all__ = ["NEEDS", "SIDES", "Coverage", "Dimension", "compute_coverage", "format_coverage"]
@@ -62,13 +67,15 @@ class Dimension:
     covered: frozenset[str]
     # entry -> the sides that exercised it (SIDES); every covered entry has one.
     sides: Mapping[str, frozenset[str]] = field(default_factory=dict)
+    # entry -> why no case can judge it over the wire; counted apart from missing.
+    not_judgeable: Mapping[str, str] = field(default_factory=dict)
 
     def by_side(self, side: str) -> list[str]:
         return [n for n in self.total if side in self.sides.get(n, frozenset())]
 
     @property
     def missing(self) -> list[str]:
-        return [n for n in self.total if n not in self.covered]
+        return [n for n in self.total if n not in self.covered and n not in self.not_judgeable]
 
     @property
     def count(self) -> int:
@@ -303,7 +310,11 @@ def compute_coverage(
             dimension("features", tuple(FEATURES), "features"),
             dimension("error codes", tuple(c.wire for c in ERROR_CODES.values()), "errors"),
             Dimension(
-                "requirements", REQUIREMENT_IDS, frozenset(requirement_sides), requirement_sides
+                "requirements",
+                REQUIREMENT_IDS,
+                frozenset(requirement_sides),
+                requirement_sides,
+                {i: why for i, why in NOT_JUDGEABLE.items() if i not in requirement_sides},
             ),
             dimension("retry classes", tuple(r.wire for r in RetryClass), "retries"),
         )
@@ -354,8 +365,11 @@ def format_coverage(coverage: Coverage, *, show_missing: bool = True) -> str:
     lines = []
     for d in coverage.dimensions:
         per_side = ", ".join(f"{side} {len(d.by_side(side))}" for side in SIDES if d.by_side(side))
+        apart = f", {len(d.not_judgeable)} not judgeable over the wire" if d.not_judgeable else ""
         lines.append(
-            f"{d.name}: {d.count}/{len(d.total)} exercised" + (f" ({per_side})" if per_side else "")
+            f"{d.name}: {d.count}/{len(d.total)} exercised"
+            + (f" ({per_side})" if per_side else "")
+            + apart
         )
         lines.append(
             "  exercised: " + (", ".join(_labelled(d, n) for n in d.total if n in d.covered) or "-")
@@ -363,6 +377,11 @@ def format_coverage(coverage: Coverage, *, show_missing: bool = True) -> str:
         if show_missing:
             missing = [n + _needs(d.name, n) for n in d.missing]
             lines.append("  none: " + (", ".join(missing) or "-"))
+        if d.not_judgeable:
+            lines.append(
+                "  not judgeable over the wire: "
+                + ", ".join(f"{n} ({why})" for n, why in d.not_judgeable.items())
+            )
     return "\n".join(lines) + "\n"
 
 

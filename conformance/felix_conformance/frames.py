@@ -10,6 +10,7 @@ fields as base64, like the JSON wire) before it is compared.
 from __future__ import annotations
 
 import base64
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -26,7 +27,15 @@ from .matching import match, substitute
 from .model import FrameSpec, parse_int
 from .schema import TranscriptError
 
-__all__ = ["MAX_FILL", "Received", "build_frame", "decode_received", "match_frame", "spec_of"]
+__all__ = [
+    "MAX_FILL",
+    "Received",
+    "build_frame",
+    "decode_received",
+    "encoding_problems",
+    "match_frame",
+    "spec_of",
+]
 
 
 @dataclass(frozen=True)
@@ -120,6 +129,53 @@ def _raw(body: dict[str, Any]) -> bytes:
         data = encode_header(parse_int(body["flags"]), length) + payload
     cut = int(body.get("truncate", 0))
     return data[: len(data) - cut] if cut else data
+
+
+def _whitespace_outside_strings(text: bytes) -> int | None:
+    """The offset of the first whitespace byte outside a JSON string, or None."""
+    in_string = escaped = False
+    for offset, byte in enumerate(text):
+        if in_string:
+            if escaped:
+                escaped = False
+            elif byte == 0x5C:  # backslash
+                escaped = True
+            elif byte == 0x22:
+                in_string = False
+        elif byte == 0x22:
+            in_string = True
+        elif byte in b" \t\r\n":
+            return offset
+    return None
+
+
+def encoding_problems(received: Received) -> list[str]:
+    """How a JSON message's bytes depart from the compact catalogue encoding: any
+    whitespace outside strings, `type` not the first key, or catalogue fields out
+    of catalogue order (keys the catalogue lacks are passed over). Empty for a
+    binary frame, which has no JSON encoding."""
+    if received.flags != 0:
+        return []
+    problems: list[str] = []
+    where = _whitespace_outside_strings(received.payload)
+    if where is not None:
+        problems.append(f"whitespace outside strings at byte {where} (not compact JSON)")
+    try:
+        keys = [k for k, _ in json.loads(received.payload, object_pairs_hook=lambda kv: kv)]
+    except (ValueError, TypeError):
+        return [*problems, "payload is not a JSON object"]
+    if not keys or keys[0] != "type":
+        problems.append(f"'type' is not the first key (keys: {', '.join(keys)})")
+    message = MESSAGE_CLASSES.get(received.name)
+    if message is not None:
+        order = {name: i for i, name in enumerate(message.__struct_fields__)}
+        known = [k for k in keys if k in order]
+        if known != sorted(known, key=order.__getitem__):
+            problems.append(
+                f"fields out of catalogue order: {', '.join(known)} "
+                f"(catalogue: {', '.join(k for k in message.__struct_fields__ if k in known)})"
+            )
+    return problems
 
 
 def match_frame(

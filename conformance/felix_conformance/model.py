@@ -92,6 +92,15 @@ class Step:
     # before the end of a subscription.
     repeat: int = 1
     skip: int = 0
+    # handshake: the ALPN ids offered (empty: none), whether the broker must
+    # accept the handshake, and the ALPN it must then select ("" for none; None
+    # when the case does not care).
+    alpn: tuple[str, ...] = ()
+    accepted: bool = True
+    selected: str | None = None
+    # expect: the matching JSON message must also be compact, `type` first and
+    # its fields in catalogue order (frames.encoding_problems).
+    compact: bool = False
 
     def describe(self) -> str:
         where = self.stream or self.conn
@@ -169,9 +178,15 @@ def _step(index: int, raw: dict[str, Any]) -> Step:
         "broker": body.get("broker"),
         "repeat": int(body.get("repeat", 1)),
         "skip": int(body.get("skip", 0)),
+        "compact": bool(body.get("compact", False)),
     }
     if action == "expect_silence":
         args["seconds"] = float(body["for"])
+    if action == "handshake":
+        args["alpn"] = tuple(body.get("alpn", ()))
+        args["accepted"] = body.get("expect", "accepted") == "accepted"
+        selected = body.get("selected", ...)
+        args["selected"] = None if selected is ... else (selected or "")
     return Step(index, action, **args)
 
 

@@ -15,11 +15,39 @@ from felix_wire.requirements import CITATION, REQUIREMENTS
 
 from .model import Case
 
-__all__ = ["REQUIREMENT_IDS", "cited_requirements", "covered_requirements", "unknown_citations"]
+__all__ = [
+    "NOT_JUDGEABLE",
+    "REQUIREMENT_IDS",
+    "cited_requirements",
+    "covered_requirements",
+    "unknown_citations",
+]
 
 # What a case can be held to: every requirement but the open items (what no source
 # specifies, stated so that code can cite it).
 REQUIREMENT_IDS: tuple[str, ...] = tuple(r.id for r in REQUIREMENTS.values() if not r.open)
+
+# Requirements no case can judge over the wire, with the reason: `coverage` lists
+# them apart from the uncovered ones (a case for them would judge nothing).
+NOT_JUDGEABLE: dict[str, str] = {
+    "T12": "a default listen address is deployment configuration (a target listens "
+    "where it was told to), and auth_ok.listener_ports needs a broker on several "
+    "UDP ports, which no profile describes",
+    "T13": "the plain-HTTP metrics and health listener is outside the QUIC protocol the kit speaks",
+    "T14": "a default idle timeout is configuration, and the effective timeout is "
+    "the smaller of both peers' (the kit's own included), so no wire shows the "
+    "broker's default",
+    "T17": "the WebSocket gateway for browsers is outside this protocol",
+    "T18": "the inter-broker protocol is outside this one (that a client listener "
+    "refuses its ALPN is T2, judged by transport.alpn-internal-only)",
+    "PL6": "publish streams per shard, in-flight budgets and idempotent batches in "
+    "flight are a reference client's internal conventions, stated as no wire rule",
+    "H1": "the HTTP endpoints (/live, /ready, /metrics, ...) are outside the QUIC "
+    "protocol the kit speaks",
+    "H2": "/backup/offsets is an HTTP endpoint outside the QUIC protocol the kit speaks",
+    "CF1": "knob defaults and their FELIX_* variables are documentation and "
+    "configuration, never on the wire",
+}
 
 _RANGE = re.compile(rf"({CITATION.pattern})\s*[-–]\s*({CITATION.pattern})")
 _ID = re.compile(r"([A-Z]+)([0-9]+)")

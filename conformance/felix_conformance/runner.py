@@ -12,6 +12,7 @@ something else has told us it does not serve that request: "unsupported" too.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -21,12 +22,12 @@ from typing import Any
 import aiohttp
 import msgspec
 
-from felix_transport import ConnectionClosedError, StreamClosedError
+from felix_transport import Connection, ConnectionClosedError, StreamClosedError
 from felix_wire.catalogue import FEATURES
 from felix_wire.frame import FrameReader
 from felix_wire.wire_errors import FrameError
 
-from .frames import build_frame, decode_received, match_frame
+from .frames import build_frame, decode_received, encoding_problems, match_frame
 from .matching import MissingVariableError, match, substitute
 from .model import CONTROL_URL, Case, Level, Step
 from .routing import route_to_owner
@@ -117,7 +118,11 @@ class _CaseRun:
     def __init__(self, case: Case, target: Target, log: WireLog) -> None:
         self.case = case
         self.variables: dict[str, Any] = dict(target.variables)
-        self.session = Session(target.connect, log)
+        self.session = Session(
+            target.connect,
+            log,
+            lambda address, alpn: target.connect(address, alpn, keepalive=True),
+        )
         self.fleet = target.fleet
         self.log = log
 
@@ -166,6 +171,65 @@ class _CaseRun:
             self.log.sent(step.conn, f"[CONNECTION_CLOSE {step.code or 0}]")
         elif action == "control":
             await self._control(step)
+        elif action == "handshake":
+            await self._handshake(step)
+
+    async def _handshake(self, step: Step) -> None:
+        """Make connection `step.conn` offering the step's ALPN ids and hold the
+        broker to accepting (and selecting `step.selected`) or refusing it. With
+        `repeat: N`, N connections (`conn.0` ...) made one after another and held:
+        `accepted` needs every one accepted, `refused` one refused (a connection
+        cap), after which the held ones are closed and waited out so the broker's
+        count is back down before the next case."""
+        address = self._broker(step)
+        offered = ", ".join(step.alpn) or "no ALPN"
+        names = (
+            [step.conn] if step.repeat == 1 else [f"{step.conn}.{i}" for i in range(step.repeat)]
+        )
+        held: list[Connection] = []
+        try:
+            for name in names:
+                try:
+                    connection = await self.session.handshake(name, address, step.alpn)
+                except TargetUnreachableError as exc:
+                    if step.accepted:
+                        raise StepFailedError(
+                            step,
+                            f"handshake of {name} offering {offered} failed: {exc}",
+                            "accepted",
+                            "refused",
+                        ) from None
+                    self.log.note(name, f"handshake refused as expected, {len(held)} held: {exc}")
+                    return
+                held.append(connection)
+                selected = connection.alpn_protocol or ""
+                if step.accepted and step.selected is not None and selected != step.selected:
+                    raise StepFailedError(
+                        step,
+                        f"the broker selected ALPN {selected or 'none'}",
+                        step.selected or "none",
+                        selected or "none",
+                    )
+            if not step.accepted:
+                raise StepFailedError(
+                    step,
+                    f"the broker completed {len(held)} handshake(s) offering {offered}, "
+                    "refusing none",
+                    "refused",
+                    "accepted",
+                )
+        finally:
+            if not step.accepted and step.repeat > 1:
+                await self._let_go(held, step.timeout)
+
+    async def _let_go(self, connections: list[Connection], timeout: float) -> None:
+        """Close `connections` and wait (at most `timeout`) until each is gone."""
+        for connection in connections:
+            connection.close()
+        with contextlib.suppress(TimeoutError):
+            async with asyncio.timeout(timeout):
+                for connection in connections:
+                    await connection.wait_closed()
 
     async def _control(self, step: Step) -> None:
         """POST a fault to the target's control endpoint and match its JSON answer.
@@ -269,6 +333,15 @@ class _CaseRun:
             problems: list[str] = []
             for spec in step.frames:
                 found = match_frame(spec, event.frame, self.variables, self.variables)
+                if not found and step.compact:
+                    encoding = encoding_problems(event.frame)
+                    if encoding:
+                        raise StepFailedError(
+                            step,
+                            "; ".join(encoding),
+                            "compact JSON, type first, catalogue order",
+                            event.frame.payload[:400].decode(errors="replace"),
+                        )
                 if not found:
                     return
                 problems += found

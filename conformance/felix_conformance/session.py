@@ -109,9 +109,15 @@ class Session:
     """The connections and streams of one case, by the names the transcript gives."""
 
     def __init__(
-        self, connect: Callable[[str | None], Awaitable[Connection]], log: WireLog
+        self,
+        connect: Callable[[str | None], Awaitable[Connection]],
+        log: WireLog,
+        handshake: Callable[[str | None, tuple[str, ...]], Awaitable[Connection]] | None = None,
     ) -> None:
-        self._connect = connect  # HOST:PORT of a fleet broker, or None: the target
+        # HOST:PORT of a fleet broker, or None: the target -> a connection
+        self._connect = connect
+        # The same, offering the given ALPN ids (none when empty), kept alive.
+        self._handshake = handshake
         self.log = log
         self.connections: dict[str, Connection] = {}
         self.addresses: dict[str, str | None] = {}  # where each connection went
@@ -133,6 +139,21 @@ class Session:
                 f"connection {name} already goes to {self.addresses[name] or 'the target'}, "
                 f"not {address}",
             )
+        return connection
+
+    async def handshake(self, name: str, address: str | None, alpn: tuple[str, ...]) -> Connection:
+        """A new connection `name` made offering exactly `alpn` (none when empty);
+        what the handshake fails with propagates (TargetUnreachableError)."""
+        if name in self.connections:
+            raise TranscriptError(name, f"connection {name} is already made")
+        if self._handshake is None:
+            raise TranscriptError(name, "this session cannot make handshakes of its own")
+        offered = "none" if not alpn else ", ".join(alpn)
+        self.log.note(name, f"handshake offering ALPN {offered}")
+        connection = await self._handshake(address, alpn)
+        self.connections[name] = connection
+        self.addresses[name] = address
+        self.log.note(name, f"connected (ALPN selected: {connection.alpn_protocol or 'none'})")
         return connection
 
     async def open(

@@ -91,6 +91,7 @@ FIXTURE_VARIABLES = (
 )
 CONNECT_TIMEOUT = 10.0
 CONNECT_ATTEMPTS = 2
+KEEPALIVE_INTERVAL = 2.0  # below the 6 s QUIC idle timeout both sides default to
 
 
 class TargetUnreachableError(Exception):
@@ -127,8 +128,19 @@ class Target:
         host, port = parse_host_port(address)
         return Target(host, port, self.ca_pem, self.server_name, self.variables, self.unavailable)
 
-    def transport_config(self) -> TransportConfig:
-        return TransportConfig.client(self.ca_pem, server_name=self.server_name)
+    def transport_config(
+        self, alpn: tuple[str, ...] | None = None, *, keepalive: bool = False
+    ) -> TransportConfig:
+        """The kit's client configuration; `alpn` given, the handshake offers exactly
+        those ALPN ids (none when empty), else the kit's default (none offered).
+        `keepalive` PINGs every KEEPALIVE_INTERVAL so an idle connection the case
+        holds (one of a connection cap's) is not lost to the idle timeout."""
+        options: dict[str, Any] = {"server_name": self.server_name}
+        if alpn:
+            options.update(alpn_protocols=alpn, offer_alpn=True)
+        if keepalive:
+            options["keepalive_interval"] = KEEPALIVE_INTERVAL
+        return TransportConfig.client(self.ca_pem, **options)
 
     @property
     def fleet(self) -> list[str]:
@@ -139,7 +151,13 @@ class Target:
             return [str(b) for b in brokers]
         return [self.address]
 
-    async def connect(self, address: str | None = None) -> Connection:
+    async def connect(
+        self,
+        address: str | None = None,
+        alpn: tuple[str, ...] | None = None,
+        *,
+        keepalive: bool = False,
+    ) -> Connection:
         """A new connection to the target, or to `address` (HOST:PORT of another
         broker of its fleet, trusted with the same CA and server name). A handshake
         that fails is tried once more: on a loaded machine a lost Initial packet can
@@ -151,7 +169,9 @@ class Target:
         for _attempt in range(CONNECT_ATTEMPTS):
             try:
                 async with asyncio.timeout(CONNECT_TIMEOUT):
-                    return await connect(self.transport_config(), host, port)
+                    return await connect(
+                        self.transport_config(alpn, keepalive=keepalive), host, port
+                    )
             except (ConnectionClosedError, OSError, TimeoutError) as exc:
                 problems.append(str(exc) or type(exc).__name__)
                 _log.warning("connecting to %s failed: %s", where, problems[-1])

@@ -68,6 +68,7 @@ from felix_wire.messages import (
     Ok,
     Publish,
     PublishError,
+    PublishIf,
     PublishOk,
     ShardMoved,
     StartOffset,
@@ -207,6 +208,28 @@ class RawClient:
             code = _code_name(answer.code)
             retry = answer.retry.wire if isinstance(answer.retry, RetryClass) else None
             return _fail("broker", answer.message, code, retry)
+        return _fail("client", f"unexpected answer {answer!r}")
+
+    async def publish_if(self, request: dict[str, Any]) -> dict[str, Any]:
+        """One conditional write on the control stream; `resend` sends it again once
+        whatever the refusal's class."""
+        assert self.control is not None
+        await self.send(
+            PublishIf(
+                tenant_id=self.tenant, namespace=self.namespace, stream=request["stream"],
+                payloads=[base64.b64decode(request["payload"])],
+                expected_offset=int(request["expected_offset"]), request_id=self.rid(),
+            )
+        )  # fmt: skip
+        if self.mode == "never-reads":
+            return _ok({"offset": None})
+        answer = await self.control.next(1.0 if self.mode == "impatient" else 8.0)
+        if isinstance(answer, PublishOk):
+            return _ok({"offset": answer.offset})
+        if self.mode == "resend" and not request.get("resent"):
+            return await self.publish_if({**request, "resent": True})
+        if isinstance(answer, Error):
+            return _fail("broker", answer.message, answer.code, answer.retry)
         return _fail("client", f"unexpected answer {answer!r}")
 
     async def publish_many(self, request: dict[str, Any]) -> dict[str, Any]:

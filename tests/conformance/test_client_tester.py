@@ -73,6 +73,10 @@ async def test_the_official_client_is_reported_case_by_case() -> None:
         verdict, detail = verdicts.pop(case_id)
         assert verdict is Verdict.UNSUPPORTED, (case_id, detail)
         assert "does not resend on its own" in detail
+    # It has no conditional publish at all.
+    verdict, detail = verdicts.pop("client.conditional-outcome-unknown-not-resent")
+    assert verdict is Verdict.UNSUPPORTED, detail
+    assert "no conditional publish" in detail
     # Its adapter reports no gap counts (the client has none to give).
     for case_id in ("client.gap-detected", "client.skipped-not-lost"):
         gap_verdict, gap_detail = verdicts.pop(case_id)
@@ -96,6 +100,7 @@ async def test_the_official_client_is_reported_case_by_case() -> None:
             {
                 "client.publish-refused",
                 "client.outcome-unknown-not-resent",
+                "client.conditional-outcome-unknown-not-resent",
                 "client.retry-resent",
                 "client.retry-after-waited",
                 "client.fatal-not-resent",
@@ -117,6 +122,7 @@ async def test_the_official_client_is_reported_case_by_case() -> None:
             "resend",
             {
                 "client.outcome-unknown-not-resent",
+                "client.conditional-outcome-unknown-not-resent",
                 "client.fatal-not-resent",
                 "client.retry-after-waited",
                 "client.internal-not-resent",

@@ -615,6 +615,49 @@ def _judge_not_resent(broker: ScriptedBroker, replies: Sequence[dict[str, Any]])
     return _judge_refused("quorum_timeout")(broker, replies)
 
 
+_GUARDED = b"guarded"
+
+
+def _conditional_outcome_unknown() -> Handler:
+    """Refuse every publish_if as quorum_timeout / outcome_unknown: the write may
+    have been applied, so only a read at expected_offset can tell."""
+
+    async def handler(ex: Exchange, request: Any) -> None:
+        codes = ex.client.has_feature(int(Feature.FEATURE_ERROR_CODES))
+        await ex.reply(
+            Error(
+                message="the conditional write may have been applied (scripted broker)",
+                code=ErrorCode.QUORUM_TIMEOUT.wire if codes else None,
+                retry=RetryClass.OUTCOME_UNKNOWN.wire if codes else None,
+            )
+        )
+
+    return handler
+
+
+def _judge_conditional_not_resent(
+    broker: ScriptedBroker, replies: Sequence[dict[str, Any]]
+) -> str | None:
+    last = replies[-1]
+    if not last["ok"] and last["error"]["kind"] == "unsupported":
+        raise ClientUnsupportedError(
+            f"the client has no conditional publish: {last['error']['message']}"
+        )
+    sent = [r for r in broker.requests("publish_if") if list(r.payloads) == [_GUARDED]]
+    if not sent:
+        return f"the client never sent the publish_if (adapter reply {last})"
+    if len(sent) > 1:
+        return (
+            f"the client sent the conditional write {len(sent)} times after an "
+            "outcome_unknown refusal (it may have been applied: read at expected_offset)"
+        )
+    if last["ok"]:
+        return "the broker refused the conditional write, the client reported success"
+    if last["error"]["kind"] != "broker":
+        return f"an outcome_unknown refusal reported as {last['error']['kind']}"
+    return None
+
+
 def _sends(broker: ScriptedBroker, payload: bytes) -> list[float]:
     """When each publish of `payload` (binary or JSON) reached the broker."""
     return [
@@ -1030,6 +1073,27 @@ CLIENT_CASES: tuple[ClientCase, ...] = (
         (_publish_op(retry=True),),
         _judge_not_resent,
         messages=("publish", "publish_error", "publish_batch", "publish_ack"),
+    ),
+    ClientCase(
+        "client.conditional-outcome-unknown-not-resent",
+        "a conditional write refused as outcome_unknown is reported, never resent blindly",
+        "9 Conditional writes",
+        "A client MUST NOT resend on its own a publish_if whose answer was lost "
+        "(refused outcome_unknown: it may have been applied); it reports the refusal, "
+        "so the writer can read at expected_offset instead (C3).",
+        _script(lambda: {"publish_if": _conditional_outcome_unknown()}),
+        (
+            {
+                "op": "publish_if",
+                "stream": "orders",
+                "payload": _b64(_GUARDED),
+                "expected_offset": 7,
+            },
+        ),
+        _judge_conditional_not_resent,
+        messages=("publish_if", "error"),
+        error_codes=("quorum_timeout",),
+        retries=("outcome_unknown",),
     ),
     ClientCase(
         "client.retry-resent",
