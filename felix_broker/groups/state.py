@@ -17,7 +17,8 @@ below is finished) up:
   lowest offset first, before any new record.
 - `finished`: acknowledged or dead-lettered above the position; the position
   moves only over a contiguous run of them (Q7).
-- offsets from `next_new` on were never handed out since this state was built.
+- offsets from `next_new` on were never handed out since this state was built;
+  `next_new` never trails the position (everything below it is finished).
 
 What a state rebuilt after a restart or an idle eviction (or voided by a seek)
 cannot know is who held what: it accepts a settle of anything below
@@ -480,6 +481,10 @@ class GroupState:
             position += 1
         if position != self.position:
             self.position = position
+            # A rebuilt state accepts acks of records it never handed out (claimed
+            # before the rebuild): they can carry the position past `next_new`, and
+            # what lies between is finished, never new (issue 19).
+            self.next_new = max(self.next_new, position)
             self._set_cursor(position)
 
     def _set_cursor(self, position: int) -> None:

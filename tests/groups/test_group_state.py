@@ -122,6 +122,20 @@ def test_settle_rules_of_a_rebuilt_state() -> None:
     assert poll(state, 0, 10, tail=7) == [(2, 1), (4, 1), (5, 1), (6, 1)]
 
 
+def test_a_rebuilt_state_never_hands_out_what_acks_moved_its_position_over() -> None:
+    # Issue 19 (chaos seed 4): a promoted leader rebuilds its group at the cursor
+    # (1762) with the acks above it (1765-1779); consumers then ack records the old
+    # leader handed them (1762-1764), so the position jumps over everything acked.
+    # The poll after must start at the position, never at the rebuilt state's
+    # first new record (which the jump left behind).
+    durable = GroupDurable(cursor=1762, acked=set(range(1765, 1780)))
+    state = GroupState.build("g", durable, LIMITS, tail=1800)
+    for offset in (1762, 1763, 1764):
+        state.ack(0, offset, 1800)
+    assert state.position == 1780
+    assert poll(state, 0, 5, tail=1800) == [(o, 1) for o in range(1780, 1785)]
+
+
 def test_seek_voids_claims_and_keeps_dead_letters() -> None:
     state = fresh()
     poll(state, 0, 4, tail=10)
