@@ -187,6 +187,10 @@ class ReplicationManager:
     def driver(self, shard: ShardId) -> ReplicaDriver | None:
         return self.service.drivers.get(shard)
 
+    def stream_applier(self, shard: ShardId) -> StreamApplier | None:
+        """The StreamApplier of a stream shard replicated here (its retention cut)."""
+        return self._streams.get(shard)
+
     def halted(self) -> list[Any]:
         """`/replication/halted`: this broker's halted replicas (`[]` when healthy)."""
         return halts(self.node_id, list(self.service.drivers.values()))
