@@ -54,21 +54,44 @@ at that offset); the compaction weighing (`records_of`, called by the disk's
 compaction in log order, each entry once, from the records below the disk's base
 that the restart walk was given) keeps its own running tail and the judged sizes
 of idempotent batches, in log order.
+
+**Retention cuts** (decision `quorum-retention-cut`). The producer table of a
+replicated shard forgets batches only where its replication log says so: the
+leader, when its retention policy would move its stream log's start past the last
+cut (`proposed_cut`), appends a `ReplicatedRetention` entry (spec/fleet.yaml) with
+that start; every replica applies it in log order (`ShardMarks.cut_producers`),
+so every replica forgets the same producers at the same place and judges an idle
+producer's next batch alike. The table ignores its own log's start
+(`ShardMarks.producers_follow_log` off), and the log's local retention never
+removes a segment holding a record at or above the last cut applied
+(`Log.retention_floor`), so a restarted replica's table, rebuilt from its log and
+trimmed at the cut it kept (`cut_file`, replaced atomically once what was applied
+before the cut is durable), is the same as a live one's. A retention entry is a
+one-field msgpack map like a group entry (first byte 0x81); the field name after
+it tells them apart (`is_retention_entry`). It takes no stream records.
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 from collections import deque
 from collections.abc import Sequence
+from pathlib import Path
 
 import msgspec
 
 from felix_broker.storage.format import BatchExtension, CommitMark, ProducerMark, StoredChange
+from felix_broker.storage.retention import Retention
 from felix_broker.streams.engine import Shard
 from felix_broker.streams.guards import ShardMarks
 from felix_broker.streams.producers import Append, Decision, Duplicate, Refusal, RefusalReason
-from felix_wire.fleet import ReplicatedBatch, ReplicatedCommit, ReplicatedStateChange
+from felix_wire.fleet import (
+    ReplicatedBatch,
+    ReplicatedCommit,
+    ReplicatedRetention,
+    ReplicatedStateChange,
+)
 
 from .core import Entry
 
@@ -76,15 +99,22 @@ __all__ = [
     "StreamApplier",
     "commit_mark",
     "decode_batch",
+    "decode_retention",
     "decode_verdict",
     "encode_batch",
+    "encode_retention",
     "encode_verdict",
+    "is_retention_entry",
     "records_at",
     "replicated_commit",
 ]
 
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(ReplicatedBatch)
+_retention_decoder = msgspec.msgpack.Decoder(ReplicatedRetention)
+# The first bytes of every encoded ReplicatedRetention: a one-field map and its key
+# (0 encodes as one byte, the value, which is what [:-1] leaves out).
+_RETENTION_MARK = _encoder.encode(ReplicatedRetention(retain_from=0))[:-1]
 
 
 def encode_batch(batch: ReplicatedBatch) -> bytes:
@@ -95,6 +125,18 @@ def encode_batch(batch: ReplicatedBatch) -> bytes:
 
 def decode_batch(payload: bytes) -> ReplicatedBatch:
     return _decoder.decode(payload)
+
+
+def encode_retention(retain_from: int) -> bytes:
+    return _encoder.encode(ReplicatedRetention(retain_from=retain_from))
+
+
+def decode_retention(payload: bytes) -> int:
+    return _retention_decoder.decode(payload).retain_from
+
+
+def is_retention_entry(entry: Entry) -> bool:
+    return not entry.start and entry.payload.startswith(_RETENTION_MARK)
 
 
 def replicated_commit(mark: CommitMark) -> ReplicatedCommit:
@@ -115,7 +157,7 @@ def records_at(entry: Entry, tail: int) -> int:
     """How many stream records an entry becomes once applied after `tail` records
     (a guarded batch whose condition fails at that tail becomes none; an idempotent
     batch is counted whole: only the applier knows its verdict)."""
-    if entry.start:
+    if entry.start or is_retention_entry(entry):
         return 0
     batch = decode_batch(entry.payload)
     return len(batch.payloads) if _admitted(batch, tail) else 0
@@ -180,12 +222,20 @@ def _extension(batch: ReplicatedBatch) -> BatchExtension | None:
 
 class StreamApplier:
     """Applies committed entries to one durable stream shard of the engine. The
-    shard must take no other appends (its publishes go through replication)."""
+    shard must take no other appends (its publishes go through replication).
+    `cut_file` keeps the last retention cut applied (None: in memory only, a test's
+    choice); `retention` is the shard's policy, which the leader's cuts follow."""
 
-    def __init__(self, shard: Shard) -> None:
+    def __init__(
+        self, shard: Shard, *, cut_file: Path | None = None, retention: Retention | None = None
+    ) -> None:
         if shard.log is None:
             raise ValueError(f"stream {shard.spec.name!r} is not durable: nothing to apply to")
         self.shard = shard
+        self.cut_file = cut_file
+        self.retention = retention
+        self.retained_from = _read_cut(cut_file) if cut_file is not None else 0
+        self._follow_cut()
         self._weighed = 0  # the compaction weighing's running tail (see the module docs)
         # Records each judged idempotent batch became, in log order, from the disk's
         # base: what the compaction weighing takes (each once) instead of a guess.
@@ -195,6 +245,39 @@ class StreamApplier:
     def records(self) -> int:
         """Stream records applied so far (the stream log's length)."""
         return self.shard.next_offset
+
+    def _follow_cut(self) -> None:
+        """The shard's table and log follow the cut (after opening or a rebuild)."""
+        log = self.shard.log
+        assert log is not None
+        log.retention_floor = self.retained_from
+        self.shard.marks.producers_follow_log = False
+        self.shard.marks.cut_producers(self.retained_from)
+
+    def proposed_cut(self, now_us: int) -> int | None:
+        """The cut a leader appends now: the start its retention policy would leave its
+        stream log, when that is past the last cut applied; else None."""
+        log = self.shard.log
+        assert log is not None
+        if self.retention is None or log.closed:
+            return None
+        start = log.retention_start(self.retention, now_us=now_us)
+        return start if start > self.retained_from else None
+
+    async def _apply_cut(self, retain_from: int) -> None:
+        if retain_from <= self.retained_from:
+            return  # applied already (a restart applies the tail's cuts again)
+        shard = self.shard
+        log = shard.log
+        assert log is not None
+        if shard.next_offset:
+            # What was applied before the cut is durable before the cut is kept, so a
+            # restart never judges those entries again against the cut table.
+            await log.wait_durable(shard.next_offset - 1)
+        if self.cut_file is not None:
+            await asyncio.to_thread(_write_cut, self.cut_file, retain_from)
+        self.retained_from = retain_from
+        self._follow_cut()
 
     def records_of(self, entry: Entry) -> int:
         """The stream records `entry` became (the disk's weight of a record): called
@@ -225,6 +308,8 @@ class StreamApplier:
         holds a batch with its mark at `tail` (`marked`: `stream_marks`); one at the
         stream log's end is not applied yet (a refused one is judged again, the same way:
         nothing was appended since)."""
+        if is_retention_entry(entry):
+            return None if tail >= self.records else 0  # at the end: applied again
         size = records_at(entry, tail)
         if not size or entry.start:
             return size
@@ -291,6 +376,7 @@ class StreamApplier:
         await log.truncate(records)
         shard.next_offset = log.next_offset
         shard.marks = await asyncio.to_thread(ShardMarks.rebuild, log)
+        self._follow_cut()
         self._judged.clear()
         self._weighed = min(self._weighed, records)
 
@@ -310,6 +396,10 @@ class StreamApplier:
             if tails is not None:
                 tails.append(shard.next_offset)
             if entry.start:
+                bases.append(None)
+                continue
+            if is_retention_entry(entry):
+                await self._apply_cut(decode_retention(entry.payload))
                 bases.append(None)
                 continue
             batch = decode_batch(entry.payload)
@@ -350,3 +440,28 @@ class StreamApplier:
             assert isinstance(original, Duplicate)
             return _reused(original.offset)
         return encode_verdict(decision, at)
+
+
+def _read_cut(path: Path) -> int:
+    """The cut kept in `path` (0 when there is none yet)."""
+    try:
+        text = path.read_text(encoding="ascii")
+    except FileNotFoundError:
+        return 0
+    return int(text)
+
+
+def _write_cut(path: Path, retain_from: int) -> None:
+    """Replace `path` atomically: temp file, fsync, rename, folder fsync."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    temp = path.with_name(path.name + ".tmp")
+    with temp.open("w", encoding="ascii") as file:
+        file.write(str(retain_from))
+        file.flush()
+        os.fsync(file.fileno())
+    os.replace(temp, path)
+    folder = os.open(path.parent, os.O_RDONLY)
+    try:
+        os.fsync(folder)
+    finally:
+        os.close(folder)

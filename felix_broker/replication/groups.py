@@ -39,9 +39,11 @@ shard's `ReplicaDriver`, next to the publish batches. So:
   change is a plain "set" of state, so applying a suffix of the changes a
   second time gives the same state.
 
-The two entry payloads are told apart by their first byte: a msgpack map of one
-field (0x81) is a `ReplicatedGroupChanges`; a `ReplicatedBatch` has two required
-fields, so its map never starts with 0x81.
+The entry payloads are told apart by their first bytes: a msgpack map of one
+field (0x81) whose key is `group_changes` is a `ReplicatedGroupChanges`; a
+`ReplicatedBatch` has two required fields, so its map never starts with 0x81; a
+`ReplicatedRetention` (a retention cut, replication/apply.py) is a one-field map
+too, with the key `retain_from`.
 
 - **Compaction** of a Quorum shard's group log copies only committed state: the
   group service keeps, beside its in-memory states (which on a leader run ahead of
@@ -84,8 +86,9 @@ _TO_WIRE: dict[Kind, GroupChangeKind] = {kind: GroupChangeKind(kind.name.lower()
 _FROM_WIRE: dict[GroupChangeKind, Kind] = {wire: kind for kind, wire in _TO_WIRE.items()}
 _encoder = msgspec.msgpack.Encoder()
 _decoder = msgspec.msgpack.Decoder(ReplicatedGroupChanges)
-# The first byte of every encoded ReplicatedGroupChanges (a one-field map).
-_MARK = b"\x81"
+# The first bytes of every encoded ReplicatedGroupChanges: a one-field map and its
+# key (an empty list encodes as one byte, which [:-1] leaves out).
+_MARK = _encoder.encode(ReplicatedGroupChanges(group_changes=[]))[:-1]
 
 
 def encode_changes(changes: Sequence[GroupChange]) -> bytes:
@@ -98,7 +101,7 @@ def encode_changes(changes: Sequence[GroupChange]) -> bytes:
         ]
     )
     payload = _encoder.encode(entry)
-    assert payload[:1] == _MARK
+    assert payload.startswith(_MARK)
     return payload
 
 
@@ -108,7 +111,7 @@ def decode_changes(payload: bytes) -> list[GroupChange]:
 
 
 def is_group_entry(entry: Entry) -> bool:
-    return not entry.start and entry.payload[:1] == _MARK
+    return not entry.start and entry.payload.startswith(_MARK)
 
 
 class GroupLogs(Protocol):

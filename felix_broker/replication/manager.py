@@ -69,7 +69,13 @@ from felix_common.catalog import Consistency
 from felix_wire.errors import ErrorCode, RetryClass
 from felix_wire.fleet import PromotionRefusal, ReplicatedBatch
 
-from .apply import StreamApplier, decode_verdict, encode_batch, replicated_commit
+from .apply import (
+    StreamApplier,
+    decode_verdict,
+    encode_batch,
+    encode_retention,
+    replicated_commit,
+)
 from .core import Config, Effect, PromotionRefused
 from .disk import ReplicaDisk
 from .driver import Applier, ReplicaDriver, ReplicationRefusedError
@@ -79,6 +85,8 @@ from .service import Blocked, ReplicationService, peer_sender
 __all__ = ["ReplicationManager"]
 
 _log = logging.getLogger(__name__)
+# Where a replica keeps the last retention cut it applied (beside ballot.json).
+_CUT_FILE = "retention-cut"
 
 # A replica the routing view names leader that is not open (fencing, or its promotion
 # was refused): nobody serves the shard, and a redirect would point back here.
@@ -150,6 +158,9 @@ class ReplicationManager:
         # Whether the fleet enabled replicated_conditions (set by the broker); until
         # then guarded and idempotent writes are refused (`publish`).
         self.conditions_enabled: Callable[[], bool] = lambda: False
+        # Each stream shard's StreamApplier, for the leader's retention cuts.
+        self._streams: dict[ShardId, StreamApplier] = {}
+        self._cuts: asyncio.Task[None] | None = None
 
     @property
     def node_id(self) -> str:
@@ -157,14 +168,17 @@ class ReplicationManager:
 
     def start(self) -> None:
         self._view.add_listener(lambda _old, _new: self._wake.set())
-        self._task = asyncio.get_running_loop().create_task(self._follow(), name="replication")
+        loop = asyncio.get_running_loop()
+        self._task = loop.create_task(self._follow(), name="replication")
+        self._cuts = loop.create_task(self._propose_cuts(), name="replication-cuts")
         self._wake.set()
 
     async def close(self) -> None:
-        if self._task is not None:
-            self._task.cancel()
-            await asyncio.gather(self._task, return_exceptions=True)
-            self._task = None
+        for task in (self._task, self._cuts):
+            if task is not None:
+                task.cancel()
+                await asyncio.gather(task, return_exceptions=True)
+        self._task = self._cuts = None
         for shard in list(self.service.drivers):
             driver = self.service.remove(shard)
             if driver is not None:
@@ -172,6 +186,10 @@ class ReplicationManager:
 
     def driver(self, shard: ShardId) -> ReplicaDriver | None:
         return self.service.drivers.get(shard)
+
+    def stream_applier(self, shard: ShardId) -> StreamApplier | None:
+        """The StreamApplier of a stream shard replicated here (its retention cut)."""
+        return self._streams.get(shard)
 
     def halted(self) -> list[Any]:
         """`/replication/halted`: this broker's halted replicas (`[]` when healthy)."""
@@ -268,6 +286,38 @@ class ReplicationManager:
         task.add_done_callback(self._writes.discard)
         return done
 
+    # -- retention cuts (replication/apply.py; decision quorum-retention-cut)
+
+    async def _propose_cuts(self) -> None:
+        """Every retention interval of the store, the leaders' retention cuts."""
+        while True:
+            store = self._engine().store
+            await asyncio.sleep(store.retention_interval if store is not None else 30.0)
+            try:
+                await self.propose_cuts(now_micros())
+            except Exception:
+                _log.exception("replication: proposing retention cuts failed")
+
+    async def propose_cuts(self, now_us: int) -> int:
+        """Append a retention cut to each shard led and served here whose retention
+        would move its stream log's start past the last cut; returns how many were
+        acknowledged (a refused one is proposed again next time)."""
+        done = 0
+        for shard, stream in list(self._streams.items()):
+            driver = self.driver(shard)
+            if driver is None or driver.refusal() is not None or not self._named_leader(shard):
+                continue
+            cut = stream.proposed_cut(now_us)
+            if cut is None:
+                continue
+            try:
+                await driver.append([encode_retention(cut)])
+            except ReplicationRefusedError as exc:
+                _log.debug("replication: %s: retention cut %d not written: %s", shard, cut, exc)
+                continue
+            done += 1
+        return done
+
     # -- following the view
 
     async def _follow(self) -> None:
@@ -301,6 +351,7 @@ class ReplicationManager:
         streams = {shard for shard in self.service.drivers if shard.kind is ShardKind.STREAM}
         for shard in streams - wanted:  # cache shards' drivers are replication/cache.py's
             gone = self.service.remove(shard)
+            self._streams.pop(shard, None)
             if gone is not None:
                 await gone.close()
 
@@ -346,7 +397,13 @@ class ReplicationManager:
             member = self._view.snapshot.members.get(node) or members.get(node)
             return member.peer_addr if member is not None else None
 
-        stream = StreamApplier(self._engine().shard(spec, shard.shard))
+        engine = self._engine()
+        stream = StreamApplier(
+            engine.shard(spec, shard.shard),
+            cut_file=folder / _CUT_FILE,
+            retention=engine.retention_for(spec),
+        )
+        self._streams[shard] = stream
         applier = stream if self.wrap_applier is None else self.wrap_applier(stream)
         driver = ReplicaDriver.open(
             shard,

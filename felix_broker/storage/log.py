@@ -161,6 +161,10 @@ class Log:
         self._durable_offset = self._next_offset
         self._failure: BaseException | None = None
         self._closed = False
+        # Retention never removes a segment holding a record at or above this offset
+        # (None: no floor). A replicated stream shard sets it to the last retention cut
+        # its replica applied (replication/apply.py; decision quorum-retention-cut).
+        self.retention_floor: int | None = None
         # Group commit: at most one fsync round runs; waiters queue for its end.
         self._sync_running = False
         self._sync_waiters: list[asyncio.Future[None]] = []
@@ -721,16 +725,29 @@ class Log:
 
     # --- retention and closing -------------------------------------------------------
 
-    def apply_retention(self, retention: Retention, *, now_us: int) -> int:
-        """Delete whole sealed segments past ``retention``, oldest first; returns how many."""
-        if self._closed:
-            raise LogClosedError(f"log {self.directory} is closed")
-        count = segments_to_delete(
+    def retention_start(self, retention: Retention, *, now_us: int) -> int:
+        """The start offset ``retention`` alone would leave (ignoring the floor)."""
+        count = self._past(retention, now_us)
+        return self._segments[count].base_offset
+
+    def _past(self, retention: Retention, now_us: int) -> int:
+        return segments_to_delete(
             [segment.size for segment in self._segments],
             [segment.last_timestamp_us for segment in self._segments],
             retention=retention,
             now_us=now_us,
         )
+
+    def apply_retention(self, retention: Retention, *, now_us: int) -> int:
+        """Delete whole sealed segments past ``retention``, oldest first, none holding a
+        record at or above ``retention_floor``; returns how many."""
+        if self._closed:
+            raise LogClosedError(f"log {self.directory} is closed")
+        count = self._past(retention, now_us)
+        floor = self.retention_floor
+        if floor is not None:
+            while count and self._segments[count - 1].end_offset > floor:
+                count -= 1
         for segment in self._segments[:count]:
             segment.delete()
         if count:

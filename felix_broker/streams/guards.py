@@ -84,6 +84,11 @@ class ShardMarks:
         self.producers = ProducerTable()
         self.state = StateView()
         self._start = 0
+        # False on a replicated stream shard: its producer table forgets batches only
+        # at the retention cuts of its replication log (`cut_producers`), the same
+        # place on every replica, never at its own log's start (decision
+        # quorum-retention-cut).
+        self.producers_follow_log = True
 
     @classmethod
     def rebuild(cls, log: Log | None) -> ShardMarks:
@@ -108,8 +113,13 @@ class ShardMarks:
         """Forget what retention removed, once the log's start has moved past it."""
         if start_offset > self._start:
             self._start = start_offset
-            self.producers.trim(start_offset)
+            if self.producers_follow_log:
+                self.producers.trim(start_offset)
             self.state.trim(start_offset)
+
+    def cut_producers(self, retain_from: int) -> None:
+        """A replicated retention cut: forget the producer batches below ``retain_from``."""
+        self.producers.trim(retain_from)
 
 
 class AppendGuard(Protocol):

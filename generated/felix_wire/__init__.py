@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 57c602cdf16e83d3143ccad48516a0a76b4210b356d20bdca8720efebc3e18ff
+# spec sha256: 1ef184e31ee09203b3e39b05d12c995a255a5bc51535f2c9de105be7415f9e8c
 """felix_wire: the Felix wire protocol v1, generated from the catalogue.
 
 Modules (one concern each):

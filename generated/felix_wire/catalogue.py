@@ -1,5 +1,5 @@
 # Generated from spec/messages.yaml and spec/features.yaml by codegen - DO NOT EDIT.
-# spec sha256: 57c602cdf16e83d3143ccad48516a0a76b4210b356d20bdca8720efebc3e18ff
+# spec sha256: 1ef184e31ee09203b3e39b05d12c995a255a5bc51535f2c9de105be7415f9e8c
 """Read-only index of the catalogue: every name the generated layer knows.
 
 Tests count these against tests/vectors/protocol-tables.yaml; tools (the conformance
@@ -30,7 +30,7 @@ __all__ = [
     "COUNTS",
 ]
 
-SPEC_SHA256 = "57c602cdf16e83d3143ccad48516a0a76b4210b356d20bdca8720efebc3e18ff"
+SPEC_SHA256 = "1ef184e31ee09203b3e39b05d12c995a255a5bc51535f2c9de105be7415f9e8c"
 
 
 class Decision(NamedTuple):
@@ -172,6 +172,11 @@ DECISIONS: Mapping[str, Decision] = MappingProxyType(
             "at the batch's place in the replicated log, like a guarded write: the leader admits the batch without consulting its producer table, as a ReplicatedBatch carrying producer_id, sequence and digest; every replica judges it against its own producer table (a function of its stream log's producer marks) when it applies the committed entry, appends it with its producer mark only for the next expected sequence (or sequence 0 of an unknown producer), and otherwise writes no record; the leader answers once a majority holds the entry and it is applied here: publish_ok with the offset, or a duplicate's original offset, or publish_refused with the table's reason (sequence_gap {expected}, unknown_producer, sequence_expired, sequence_reused to a client that offered FEATURE_SEQUENCE_REUSED, else the original's publish_ok); no majority in time is quorum_timeout (outcome unknown, resend the same batch)",
             "the producer table is then replicated without a message of its own: it is derived from the committed log, which every replica and every later leader holds, so a promoted leader answers a resend of a batch its predecessor acknowledged as a duplicate (exactly once across failover); a table consulted at the leader before the append would include an uncommitted suffix a new leader drops, and two in-flight resends of one sequence would both pass it",
         ),
+        "quorum-retention-cut": Decision(
+            "how the replicas of a Quorum stream forget the same idempotent producers at the same place, although each runs its retention at its own time and a restarted one rebuilds its producer table from its own stream log (issue 19)",
+            "the leader decides the cut: when its retention policy (the stream's, else the broker's defaults) would move its stream log's start past the last cut, it appends a ReplicatedRetention entry with that start (retain_from) to the shard's replication log; every replica applies it in log order, trimming its producer table there (and only there: a replicated shard's table ignores its own log's start); a replica's local retention never removes a segment holding records at or above the last cut it applied, and the cut it applied is kept in a file of the replica's folder (replaced atomically) so a restart rebuilds the table from its log and trims it at that cut",
+            "an idempotent batch is judged against the table at its place in the log (quorum-idempotent-producers), so the table must forget a producer at a place in the log, not at a time; the leader's retention is the natural source of the cut and a follower only ever keeps more records than the cut, never fewer, so its rebuilt table holds every batch at or above the cut; trimming at a time (each replica's retention pass) would let a producer idle for longer than the retention be unknown_producer on one replica and appended on another",
+        ),
         "quorum-conditions-feature": Decision(
             "what a fleet member answers a guarded or idempotent write (publish_if, commit, publish_idempotent) to a Quorum stream before the fleet finalized replicated_conditions (issue 19: a follower that predates the replicated judging would append such a batch unconditionally)",
             "error (publish_error for publish_idempotent) with code invalid_request, retry class fatal (the catalogue's default), nothing written, the message naming the feature; plain publishes, and every write to a Leader stream, are served as before; once finalized (one-way) they are admitted as decisions quorum-guarded-writes and quorum-idempotent-producers say",
@@ -210,6 +215,6 @@ COUNTS: Mapping[str, int] = MappingProxyType(
         "error_codes": 17,
         "retry_classes": 5,
         "shapes": 25,
-        "decisions": 30,
+        "decisions": 31,
     }
 )

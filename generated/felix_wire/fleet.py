@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 395ff736d79b7063442dc749c41bad55f31dd4ee1ee2592753c808d3d13cf281
+# spec sha256: 01b2197a06fb92940e875012e0053afb405241902e71a7c479c5cf6f330ac44f
 """The fleet catalogue: etcd record shapes and broker-to-broker messages.
 
 Broker-to-broker QUIC (TLS 1.3, mutual TLS): each broker's peer certificate is signed by the fleet CA and names its node id as a DNS SAN; both sides check it, and the listener checks it against hello.
@@ -100,6 +100,7 @@ __all__ = [
     "CacheSnapshot",
     "ReplicatedGroupChange",
     "ReplicatedGroupChanges",
+    "ReplicatedRetention",
     "CacheOp",
     "CacheOpAnswer",
     "Hello",
@@ -746,6 +747,16 @@ class ReplicatedGroupChanges(msgspec.Struct, omit_defaults=True, kw_only=True):
 
     group_changes: list[ReplicatedGroupChange]
     """non-empty; the changes of one settle (or of one loop pass's settles), in the order the state made them"""
+
+
+class ReplicatedRetention(msgspec.Struct, omit_defaults=True, kw_only=True):
+    """The payload of a Quorum stream shard's ReplicaEntry that carries the leader's retention cut (decision quorum-retention-cut): every replica, applying it in log order, forgets the producer table's batches below `retain_from`, and its own retention never removes stream records at or above the last cut it applied. Its msgpack map has this one field, so its first byte is 0x81 like a ReplicatedGroupChanges; the field name that follows (retain_from) tells the two apart."""
+
+    retain_from: U64
+    """a stream offset of the shard: producer batches below it are forgotten, on every replica at this place in the log"""
+
+    def __post_init__(self) -> None:
+        _check_u64(self, ("retain_from",), ())
 
 
 CacheOp = Union[

@@ -1,5 +1,5 @@
 # Generated from spec/fleet.yaml (with spec/messages.yaml) by codegen - DO NOT EDIT.
-# spec sha256: 395ff736d79b7063442dc749c41bad55f31dd4ee1ee2592753c808d3d13cf281
+# spec sha256: 01b2197a06fb92940e875012e0053afb405241902e71a7c479c5cf6f330ac44f
 """Hypothesis strategies for every peer message and etcd record of the fleet catalogue.
 
 Needs the `hypothesis` package (a test dependency); nothing at run time imports it.
@@ -213,6 +213,10 @@ FLEET_SHAPE_STRATEGIES["ReplicatedGroupChanges"] = st.builds(
     group_changes=st.lists(
         st.deferred(lambda: FLEET_SHAPE_STRATEGIES["ReplicatedGroupChange"]), max_size=3
     ),
+)
+FLEET_SHAPE_STRATEGIES["ReplicatedRetention"] = st.builds(
+    _f.ReplicatedRetention,
+    retain_from=_U64,
 )
 FLEET_SHAPE_STRATEGIES["CacheOp"] = st.one_of(
     _CLIENT_MESSAGES["cache_get"],
