@@ -27,19 +27,22 @@ async def test_reads_of_a_quorum_shard_under_steady_writes_are_served(tmp_path: 
         writer, reader = await workload._client(1), await workload._client(2)
         stop = asyncio.Event()
 
-        async def write() -> int:
-            count = 0
+        written = 0
+
+        async def write() -> None:
+            nonlocal written
             while not stop.is_set():
-                await writer.publish(STREAM, b"w%d" % count)
-                count += 1
-            return count
+                await writer.publish(STREAM, b"w%d" % written)
+                written += 1
 
         writing = asyncio.create_task(write())
         group = reader.group(STREAM, "g")
         outcomes: Counter[str] = Counter()
         served = False
-        for n in range(300):
-            if outcomes["served"] >= 120:
+        # At least 120 reads, and on until more than 50 writes raced them (however slow
+        # the machine); bounded in count.
+        for n in range(3000):
+            if outcomes["served"] >= 120 and written > 50:
                 break
             try:
                 if n % 2:
@@ -54,10 +57,11 @@ async def test_reads_of_a_quorum_shard_under_steady_writes_are_served(tmp_path: 
                     outcomes[f"{exc.code_name}/{exc.detail.get('reason')}"] += 1
             await asyncio.sleep(0.005)
         stop.set()
-        written = await writing
+        await writing
         await writer.aclose()
         await reader.aclose()
         assert written > 50, written  # the reads raced real writes
-        assert outcomes == Counter(served=120), outcomes
+        assert outcomes["served"] >= 120, outcomes
+        assert outcomes == Counter(served=outcomes["served"]), outcomes  # none refused
     finally:
         await fleet.close()
