@@ -203,6 +203,19 @@ async def test_a_leader_cut_off_from_its_replicas_answers_quorum_timeout(
         client, s = await fleet.session(leader)
         assert await ask(s, put("k", b"acked", 1)) == CacheOk(request_id=1)
         assert await ask(s, add("c", 3, 2)) == CounterValue(value=3, request_id=2)
+
+        def length(node: str) -> int | None:
+            replication = fleet.brokers[node].cache_replication
+            driver = replication.driver(SHARD) if replication is not None else None
+            return driver.replica.length if driver is not None else None
+
+        # An ack needs only a majority: on a loaded machine one follower may still be a
+        # ship behind; let both hold the acknowledged ops before the cut.
+        await eventually(
+            lambda: all(length(n) == length(leader) for n in followers),
+            within=15,
+            what="both followers hold the acknowledged ops",
+        )
         write_fault(faults_file(tmp_path, leader), Faults(peer_blocked=frozenset(followers)))
         await asyncio.sleep(0.3)  # the fault file is reread within 50 ms
         for message in (put("k", b"unacked", 3), add("c", 4, 4)):
