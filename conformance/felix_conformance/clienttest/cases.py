@@ -1008,6 +1008,27 @@ def _script(
     return lambda peers: BrokerScript(_FULL.flags, _FULL.features, handlers())
 
 
+def _refusal_not_resent(
+    code: ErrorCode, retry: RetryClass, retry_word: str, what: str, when: str
+) -> ClientCase:
+    """A case where the client's publish is refused with `code` (class `retry`): the client
+    must report it as a refusal and never send it again (E4, §8)."""
+    name = code.name.lower()
+    return ClientCase(
+        f"client.{name}-not-resent",
+        f"a publish refused as {name} ({retry_word}) is reported, never sent again",
+        "8 Error codes",
+        f"A client MUST report a request refused with error code {what} as a refusal and "
+        f"MUST NOT resend it{when} (E4, §8).",
+        _publish_script(lambda: _refuse_first(code, retry)),
+        (_publish_op(retry=True),),
+        _judge_refusal_kept(name, retry),
+        messages=("publish", "publish_error", "publish_batch", "publish_ack"),
+        error_codes=(name,),
+        retries=(retry_word,),
+    )
+
+
 CLIENT_CASES: tuple[ClientCase, ...] = (
     ClientCase(
         "client.connect-negotiates",
@@ -1358,33 +1379,19 @@ CLIENT_CASES: tuple[ClientCase, ...] = (
         retries=("redirect",),
         peers=(_script(lambda: {BINARY_PUBLISH: _ack_publish, "publish": _ack_publish}),),
     ),
-    ClientCase(
-        "client.internal-not-resent",
-        "a publish refused as internal (outcome_unknown) is reported, never sent again",
-        "8 Error codes",
-        "A client MUST report a request refused with error code internal (retry class "
-        "outcome_unknown: it may have been applied) as a refusal and MUST NOT resend it "
-        "on its own, even with its retry policy on (E4, §8).",
-        _publish_script(lambda: _refuse_first(ErrorCode.INTERNAL, RetryClass.OUTCOME_UNKNOWN)),
-        (_publish_op(retry=True),),
-        _judge_refusal_kept("internal", RetryClass.OUTCOME_UNKNOWN),
-        messages=("publish", "publish_error", "publish_batch", "publish_ack"),
-        error_codes=("internal",),
-        retries=("outcome_unknown",),
+    _refusal_not_resent(
+        ErrorCode.INTERNAL,
+        RetryClass.OUTCOME_UNKNOWN,
+        "outcome_unknown",
+        "internal (retry class outcome_unknown: it may have been applied)",
+        " on its own, even with its retry policy on",
     ),
-    ClientCase(
-        "client.revoked-not-resent",
-        "a publish refused as revoked (fatal) is reported, never sent again",
-        "8 Error codes",
-        "A client MUST report a request refused with error code revoked (16, the official "
-        "client's table; a revoked credential, retry class fatal) as a refusal and MUST "
-        "NOT resend it, even with its retry policy on (E4, §8).",
-        _publish_script(lambda: _refuse_first(ErrorCode.REVOKED, RetryClass.FATAL)),
-        (_publish_op(retry=True),),
-        _judge_refusal_kept("revoked", RetryClass.FATAL),
-        messages=("publish", "publish_error", "publish_batch", "publish_ack"),
-        error_codes=("revoked",),
-        retries=("fatal",),
+    _refusal_not_resent(
+        ErrorCode.REVOKED,
+        RetryClass.FATAL,
+        "fatal",
+        "revoked (16, the official client's table; a revoked credential, retry class fatal)",
+        ", even with its retry policy on",
     ),
     ClientCase(
         "client.stream-publish-window",
